@@ -1,0 +1,62 @@
+//! The engine's error type. Every fallible public function returns [`Result`].
+
+use std::fmt;
+
+/// Everything that can go wrong inside the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No usable GPU adapter: the message says how to get one.
+    #[error("{0}")]
+    NoAdapter(String),
+    /// The adapter refused to give us a device.
+    #[error("could not open the GPU device: {0}")]
+    RequestDevice(String),
+    /// A GPU-side failure: validation error, device loss, map failure.
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    /// Operands whose shapes do not fit the operation.
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    /// An operand of the wrong element type.
+    #[error("{op} expects {expected} elements, got {got}")]
+    DType {
+        op: &'static str,
+        expected: DTypeName,
+        got: DTypeName,
+    },
+    /// Operands that live on different devices.
+    #[error("{op}: operands live on different devices ({a} and {b}); move them with Tensor::to")]
+    DeviceMismatch {
+        op: &'static str,
+        a: String,
+        b: String,
+    },
+    /// Bad or missing data files.
+    #[error("{0}")]
+    Data(String),
+    /// A configuration value that cannot work.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Element type name used in error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DTypeName(pub &'static str);
+
+impl fmt::Display for DTypeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Shorthand for a shape error.
+pub(crate) fn shape_err<T>(op: &'static str, detail: impl Into<String>) -> Result<T> {
+    Err(Error::Shape {
+        op,
+        detail: detail.into(),
+    })
+}

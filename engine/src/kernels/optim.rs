@@ -1,0 +1,197 @@
+//! Optimizer update kernels over flat parameter buffers (optim.wgsl), in place.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, OPTIM};
+use crate::error::{shape_err, Result};
+use crate::tensor::{DType, Device, Tensor};
+
+/// One SGD update, PyTorch semantics (see optim.wgsl).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdStep {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+    /// First step: the momentum buffer starts as the gradient.
+    pub first: bool,
+}
+
+/// One AdamW update, PyTorch semantics; `step` counts from 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub step: u64,
+}
+
+impl AdamWStep {
+    /// Bias corrections `1 - beta1^t` and `sqrt(1 - beta2^t)`, computed in f64.
+    fn corrections(&self) -> (f32, f32) {
+        let t = self.step.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - (self.beta1 as f64).powi(t);
+        let bc2 = 1.0 - (self.beta2 as f64).powi(t);
+        (bc1 as f32, bc2.sqrt() as f32)
+    }
+}
+
+/// CPU reference of one SGD update.
+pub fn sgd_ref(w: &mut [f32], grad: &[f32], buf: &mut [f32], s: &SgdStep) {
+    for i in 0..w.len() {
+        let mut g = grad[i] + s.weight_decay * w[i];
+        if s.momentum != 0.0 {
+            let b = if s.first {
+                g
+            } else {
+                s.momentum * buf[i] + (1.0 - s.dampening) * g
+            };
+            buf[i] = b;
+            g = if s.nesterov { g + s.momentum * b } else { b };
+        }
+        w[i] -= s.lr * g;
+    }
+}
+
+/// CPU reference of one AdamW update.
+pub fn adamw_ref(w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
+    let (bc1, bc2_sqrt) = s.corrections();
+    for i in 0..w.len() {
+        let g = grad[i];
+        m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * g;
+        v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * g * g;
+        let decayed = w[i] * (1.0 - s.lr * s.weight_decay);
+        w[i] = decayed - (s.lr / bc1) * m[i] / (v[i].sqrt() / bc2_sqrt + s.eps);
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SgdParams {
+    n: u32,
+    lr: f32,
+    momentum: f32,
+    dampening: f32,
+    weight_decay: f32,
+    nesterov: u32,
+    first: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AdamParams {
+    n: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bc1: f32,
+    bc2_sqrt: f32,
+}
+
+fn check(op: &'static str, w: &Tensor, others: &[&Tensor]) -> Result<()> {
+    w.expect_dtype(op, DType::F32)?;
+    for t in others {
+        t.expect_dtype(op, DType::F32)?;
+        w.same_device(op, t)?;
+        if t.shape() != w.shape() {
+            return shape_err(
+                op,
+                format!("parameter {:?} and state {:?}", w.shape(), t.shape()),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Updates `w` and the momentum buffer `buf` in place.
+pub fn sgd_step(w: &mut Tensor, grad: &Tensor, buf: &mut Tensor, s: &SgdStep) -> Result<()> {
+    check("sgd", w, &[grad, buf])?;
+    match w.device().clone() {
+        Device::Cpu => {
+            let g = grad.cpu_f32().expect("cpu");
+            sgd_ref(
+                w.cpu_f32_mut().expect("cpu"),
+                g,
+                buf.cpu_f32_mut().expect("cpu"),
+                s,
+            );
+        }
+        Device::Gpu(gpu) => {
+            let n = w.numel();
+            let params = SgdParams {
+                n: n as u32,
+                lr: s.lr,
+                momentum: s.momentum,
+                dampening: s.dampening,
+                weight_decay: s.weight_decay,
+                nesterov: s.nesterov as u32,
+                first: s.first as u32,
+                _pad: 0,
+            };
+            let pipeline = gpu.pipeline(&OPTIM, "sgd", &[]);
+            let wb = w.gpu_buf_unique().expect("gpu").clone();
+            let bb = buf.gpu_buf_unique().expect("gpu").clone();
+            gpu.launch(
+                &pipeline,
+                &params,
+                &[&wb, grad.gpu_buf().expect("gpu"), &bb],
+                grid_1d(n),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Updates `w` and the moments `m`, `v` in place.
+pub fn adamw_step(
+    w: &mut Tensor,
+    grad: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    s: &AdamWStep,
+) -> Result<()> {
+    check("adamw", w, &[grad, m, v])?;
+    match w.device().clone() {
+        Device::Cpu => {
+            let g = grad.cpu_f32().expect("cpu");
+            adamw_ref(
+                w.cpu_f32_mut().expect("cpu"),
+                g,
+                m.cpu_f32_mut().expect("cpu"),
+                v.cpu_f32_mut().expect("cpu"),
+                s,
+            );
+        }
+        Device::Gpu(gpu) => {
+            let n = w.numel();
+            let (bc1, bc2_sqrt) = s.corrections();
+            let params = AdamParams {
+                n: n as u32,
+                lr: s.lr,
+                beta1: s.beta1,
+                beta2: s.beta2,
+                eps: s.eps,
+                weight_decay: s.weight_decay,
+                bc1,
+                bc2_sqrt,
+            };
+            let pipeline = gpu.pipeline(&OPTIM, "adamw", &[]);
+            let wb = w.gpu_buf_unique().expect("gpu").clone();
+            let mb = m.gpu_buf_unique().expect("gpu").clone();
+            let vb = v.gpu_buf_unique().expect("gpu").clone();
+            gpu.launch(
+                &pipeline,
+                &params,
+                &[&wb, grad.gpu_buf().expect("gpu"), &mb, &vb],
+                grid_1d(n),
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! Reductions over one axis, over everything, and row-wise argmax (reduce.wgsl).
+//!
+//! Every reduction is computed in a fixed order that depends only on the shape, so repeated
+//! runs give the same bits. The GPU sums in a different order than the CPU reference (a tree
+//! against a running sum), which is why the two agree to a tolerance and not bit for bit.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, grid_groups, REDUCE};
+use crate::error::{shape_err, Result};
+use crate::gpu::{Gpu, GpuBuf};
+use crate::tensor::{DType, Device, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    Sum,
+    Max,
+    Min,
+}
+
+impl Reduce {
+    fn code(self) -> u32 {
+        self as u32
+    }
+
+    fn identity(self) -> f32 {
+        match self {
+            Reduce::Sum => 0.0,
+            Reduce::Max => f32::NEG_INFINITY,
+            Reduce::Min => f32::INFINITY,
+        }
+    }
+
+    fn combine(self, acc: f32, v: f32) -> f32 {
+        match self {
+            Reduce::Sum => acc + v,
+            Reduce::Max => acc.max(v),
+            Reduce::Min => acc.min(v),
+        }
+    }
+}
+
+/// CPU reference: `x` viewed as `[outer, len, inner]`, reduced over `len` in index order.
+pub fn reduce_ref(
+    x: &[f32],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: Reduce,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![op.identity(); outer * inner];
+    for o in 0..outer {
+        for j in 0..len {
+            let row = &x[(o * len + j) * inner..][..inner];
+            for (acc, &v) in out[o * inner..][..inner].iter_mut().zip(row) {
+                *acc = op.combine(*acc, v);
+            }
+        }
+    }
+    out.iter_mut().for_each(|v| *v *= scale);
+    out
+}
+
+/// CPU reference of argmax over the last axis of `[rows, len]` (first maximum wins).
+pub fn argmax_ref(x: &[f32], rows: usize, len: usize) -> Vec<u32> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * len..][..len];
+            let mut best = 0;
+            for (j, &v) in row.iter().enumerate().skip(1) {
+                if v > row[best] {
+                    best = j;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    outer: u32,
+    len: u32,
+    inner: u32,
+    chunk: u32,
+    chunks: u32,
+    scale: f32,
+    _pad: [u32; 2],
+}
+
+/// Axis length one workgroup reduces in a pass: 256 invocations x 256 elements each.
+const CHUNK: usize = 65536;
+
+/// GPU reduction of `[outer, len, inner]` over `len`.
+pub(crate) fn reduce_gpu(
+    gpu: &Gpu,
+    x: &GpuBuf,
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: Reduce,
+    scale: f32,
+) -> GpuBuf {
+    let outputs = outer * inner;
+    let out_of = |n: usize| gpu.alloc(4 * n as u64);
+    if outputs == 0 {
+        return out_of(0);
+    }
+    let base = Params {
+        outer: outer as u32,
+        len: len as u32,
+        inner: inner as u32,
+        chunk: 0,
+        chunks: 1,
+        scale,
+        _pad: [0; 2],
+    };
+    // Many outputs or a short axis: a thread per output, reading coalesced along `inner`.
+    if len <= 256 || outputs >= 4096 {
+        let out = out_of(outputs);
+        let pipeline = gpu.pipeline(&REDUCE, "per_thread", &[("OP", op.code() as f64)]);
+        gpu.launch(&pipeline, &base, &[x, &out], grid_1d(outputs));
+        return out;
+    }
+    let pipeline = gpu.pipeline(&REDUCE, "per_workgroup", &[("OP", op.code() as f64)]);
+    if len <= CHUNK {
+        let out = out_of(outputs);
+        let params = Params {
+            chunk: len as u32,
+            ..base
+        };
+        gpu.launch(&pipeline, &params, &[x, &out], grid_groups(outputs));
+        return out;
+    }
+    // Long axis: partial results per chunk, then reduce the chunks.
+    let chunks = len.div_ceil(CHUNK);
+    let partial = out_of(outer * chunks * inner);
+    let params = Params {
+        chunk: CHUNK as u32,
+        chunks: chunks as u32,
+        scale: 1.0,
+        ..base
+    };
+    gpu.launch(
+        &pipeline,
+        &params,
+        &[x, &partial],
+        grid_groups(outer * chunks * inner),
+    );
+    reduce_gpu(gpu, &partial, outer, chunks, inner, op, scale)
+}
+
+fn normalize_axis(op: &'static str, shape: &[usize], axis: isize) -> Result<usize> {
+    let rank = shape.len() as isize;
+    let a = if axis < 0 { axis + rank } else { axis };
+    if a < 0 || a >= rank {
+        return shape_err(op, format!("axis {axis} out of range for shape {shape:?}"));
+    }
+    Ok(a as usize)
+}
+
+fn reduce_view(
+    x: &Tensor,
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: Reduce,
+    scale: f32,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    x.expect_dtype("reduce", DType::F32)?;
+    match x.device() {
+        Device::Cpu => Tensor::from_vec(
+            x.device(),
+            out_shape,
+            reduce_ref(x.cpu_f32().expect("cpu"), outer, len, inner, op, scale),
+        ),
+        Device::Gpu(gpu) => {
+            let out = reduce_gpu(gpu, x.gpu_buf().expect("gpu"), outer, len, inner, op, scale);
+            Ok(Tensor::from_gpu(gpu, out_shape, DType::F32, out))
+        }
+    }
+}
+
+/// Reduces over `axis` (negative counts from the end); `keepdim` leaves a size-1 axis.
+pub fn reduce_axis(x: &Tensor, axis: isize, op: Reduce, keepdim: bool) -> Result<Tensor> {
+    reduce_axis_scaled(x, axis, op, keepdim, 1.0)
+}
+
+fn reduce_axis_scaled(
+    x: &Tensor,
+    axis: isize,
+    op: Reduce,
+    keepdim: bool,
+    scale: f32,
+) -> Result<Tensor> {
+    let s = x.shape();
+    let a = normalize_axis("reduce", s, axis)?;
+    if op != Reduce::Sum && s[a] == 0 {
+        return shape_err("reduce", format!("max/min over an empty axis of {s:?}"));
+    }
+    let outer: usize = s[..a].iter().product();
+    let inner: usize = s[a + 1..].iter().product();
+    let mut out_shape = s.to_vec();
+    if keepdim {
+        out_shape[a] = 1;
+    } else {
+        out_shape.remove(a);
+    }
+    reduce_view(x, outer, s[a], inner, op, scale, &out_shape)
+}
+
+/// Sum over `axis`.
+pub fn sum_axis(x: &Tensor, axis: isize, keepdim: bool) -> Result<Tensor> {
+    reduce_axis(x, axis, Reduce::Sum, keepdim)
+}
+
+/// Mean over `axis`.
+pub fn mean_axis(x: &Tensor, axis: isize, keepdim: bool) -> Result<Tensor> {
+    let a = normalize_axis("mean", x.shape(), axis)?;
+    let len = x.shape()[a];
+    reduce_axis_scaled(x, axis, Reduce::Sum, keepdim, 1.0 / len.max(1) as f32)
+}
+
+/// Sum of all elements, as a scalar tensor.
+pub fn sum_all(x: &Tensor) -> Result<Tensor> {
+    reduce_view(x, 1, x.numel(), 1, Reduce::Sum, 1.0, &[])
+}
+
+/// Mean of all elements, as a scalar tensor.
+pub fn mean_all(x: &Tensor) -> Result<Tensor> {
+    reduce_view(
+        x,
+        1,
+        x.numel(),
+        1,
+        Reduce::Sum,
+        1.0 / x.numel().max(1) as f32,
+        &[],
+    )
+}
+
+/// Largest element, as a scalar tensor.
+pub fn max_all(x: &Tensor) -> Result<Tensor> {
+    if x.numel() == 0 {
+        return shape_err("max_all", "empty tensor");
+    }
+    reduce_view(x, 1, x.numel(), 1, Reduce::Max, 1.0, &[])
+}
+
+/// Sums `x` down to `shape`, the inverse of broadcasting `shape` up to `x.shape()`: the
+/// gradient of a broadcast operand.
+pub fn sum_to_shape(x: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    let xs = x.shape().to_vec();
+    if xs == shape {
+        return Ok(x.clone());
+    }
+    if super::binary::broadcast_shape(shape, &xs)? != xs {
+        return shape_err(
+            "sum_to_shape",
+            format!("{shape:?} does not broadcast to {xs:?}"),
+        );
+    }
+    // Which axes of x are summed: leading extra axes, and axes where `shape` has 1.
+    let offset = xs.len() - shape.len();
+    let summed: Vec<bool> = (0..xs.len())
+        .map(|i| i < offset || (shape[i - offset] == 1 && xs[i] != 1))
+        .collect();
+    // Merge runs of summed and kept axes, then reduce each summed run as one axis.
+    let mut runs: Vec<(bool, usize)> = vec![];
+    for (i, &s) in summed.iter().enumerate() {
+        match runs.last_mut() {
+            Some((rs, n)) if *rs == s => *n *= xs[i],
+            _ => runs.push((s, xs[i])),
+        }
+    }
+    let mut cur = x.reshape(&runs.iter().map(|r| r.1).collect::<Vec<_>>())?;
+    for i in (0..runs.len()).rev() {
+        if runs[i].0 {
+            cur = sum_axis(&cur, i as isize, true)?;
+        }
+    }
+    cur.reshape(shape)
+}
+
+/// Index of the largest element along the last axis, as u32 (first wins on ties).
+pub fn argmax_last(x: &Tensor) -> Result<Tensor> {
+    x.expect_dtype("argmax", DType::F32)?;
+    let s = x.shape();
+    let Some((&len, lead)) = s.split_last() else {
+        return shape_err("argmax", "needs at least one axis");
+    };
+    if len == 0 {
+        return shape_err("argmax", format!("empty last axis in {s:?}"));
+    }
+    let rows: usize = lead.iter().product();
+    match x.device() {
+        Device::Cpu => Tensor::from_u32(
+            x.device(),
+            lead,
+            argmax_ref(x.cpu_f32().expect("cpu"), rows, len),
+        ),
+        Device::Gpu(gpu) => {
+            let out = gpu.alloc(4 * rows as u64);
+            let pipeline = gpu.pipeline(&REDUCE, "argmax", &[]);
+            let params = Params {
+                outer: rows as u32,
+                len: len as u32,
+                inner: 1,
+                chunk: 0,
+                chunks: 1,
+                scale: 1.0,
+                _pad: [0; 2],
+            };
+            gpu.launch(
+                &pipeline,
+                &params,
+                &[x.gpu_buf().expect("gpu"), &out],
+                grid_1d(rows),
+            );
+            Ok(Tensor::from_gpu(gpu, lead, DType::U32, out))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_reduces_the_middle_axis() {
+        // [2, 3, 2]
+        let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        assert_eq!(
+            reduce_ref(&x, 2, 3, 2, Reduce::Sum, 1.0),
+            [6., 9., 24., 27.]
+        );
+        assert_eq!(
+            reduce_ref(&x, 2, 3, 2, Reduce::Max, 1.0),
+            [4., 5., 10., 11.]
+        );
+        assert_eq!(reduce_ref(&x, 1, 12, 1, Reduce::Sum, 0.5), [33.]);
+        assert_eq!(argmax_ref(&[1., 3., 3., 0., -1., -2.], 2, 3), [1, 0]);
+    }
+
+    #[test]
+    fn sum_to_shape_inverts_broadcasting() {
+        let d = Device::Cpu;
+        let x = Tensor::from_vec(&d, &[2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        assert_eq!(
+            sum_to_shape(&x, &[3]).unwrap().to_vec().unwrap(),
+            [5., 7., 9.]
+        );
+        assert_eq!(
+            sum_to_shape(&x, &[2, 1]).unwrap().to_vec().unwrap(),
+            [6., 15.]
+        );
+        assert_eq!(sum_to_shape(&x, &[]).unwrap().to_vec().unwrap(), [21.]);
+        assert_eq!(sum_to_shape(&x, &[1, 1]).unwrap().shape(), [1, 1]);
+        assert!(sum_to_shape(&x, &[2]).is_err());
+    }
+}

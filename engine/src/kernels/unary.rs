@@ -1,0 +1,223 @@
+//! Elementwise unary functions and their derivatives (unary.wgsl).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, UNARY};
+use crate::error::{shape_err, Result};
+use crate::tensor::{DType, Device, Tensor};
+
+/// A unary function. GELU uses the tanh approximation (as GPT-2 does), computed as
+/// `x * sigmoid(2u)` with `u = sqrt(2/pi) (x + 0.044715 x^3)`: the same function as
+/// `0.5 x (1 + tanh u)` without its cancellation for negative x.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    Exp,
+    Log,
+    Sqrt,
+    Square,
+    Abs,
+    /// `alpha * x + beta`: scaling, shifting and negation.
+    Affine {
+        alpha: f32,
+        beta: f32,
+    },
+}
+
+const GELU_C: f32 = 0.797_884_6; // sqrt(2 / pi)
+const GELU_A: f32 = 0.044715;
+
+fn safe_tanh(x: f32) -> f32 {
+    x.clamp(-15.0, 15.0).tanh()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Unary {
+    fn code(self) -> u32 {
+        match self {
+            Unary::Relu => 0,
+            Unary::Gelu => 1,
+            Unary::Tanh => 2,
+            Unary::Sigmoid => 3,
+            Unary::Exp => 4,
+            Unary::Log => 5,
+            Unary::Sqrt => 6,
+            Unary::Square => 7,
+            Unary::Abs => 8,
+            Unary::Affine { .. } => 9,
+        }
+    }
+
+    fn alpha_beta(self) -> (f32, f32) {
+        match self {
+            Unary::Affine { alpha, beta } => (alpha, beta),
+            _ => (1.0, 0.0),
+        }
+    }
+
+    /// CPU reference of `f(x)`.
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Unary::Relu => x.max(0.0),
+            Unary::Gelu => x * sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)),
+            Unary::Tanh => safe_tanh(x),
+            Unary::Sigmoid => sigmoid(x),
+            Unary::Exp => x.exp(),
+            Unary::Log => x.ln(),
+            Unary::Sqrt => x.sqrt(),
+            Unary::Square => x * x,
+            Unary::Abs => x.abs(),
+            Unary::Affine { alpha, beta } => alpha * x + beta,
+        }
+    }
+
+    /// CPU reference of `f'(x)`.
+    pub fn derivative(self, x: f32) -> f32 {
+        match self {
+            Unary::Relu => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Unary::Gelu => {
+                let s = sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
+                s + 2.0 * x * s * (1.0 - s) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
+            }
+            Unary::Tanh => {
+                let t = safe_tanh(x);
+                1.0 - t * t
+            }
+            Unary::Sigmoid => {
+                let s = sigmoid(x);
+                s * (1.0 - s)
+            }
+            Unary::Exp => x.exp(),
+            Unary::Log => 1.0 / x,
+            Unary::Sqrt => 0.5 / x.sqrt(),
+            Unary::Square => 2.0 * x,
+            // WGSL's sign(0) is 0.
+            Unary::Abs => {
+                if x == 0.0 {
+                    0.0
+                } else {
+                    x.signum()
+                }
+            }
+            Unary::Affine { alpha, .. } => alpha,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n: u32,
+    alpha: f32,
+    beta: f32,
+    _pad: u32,
+}
+
+fn params(op: Unary, n: usize) -> Params {
+    let (alpha, beta) = op.alpha_beta();
+    Params {
+        n: n as u32,
+        alpha,
+        beta,
+        _pad: 0,
+    }
+}
+
+/// `y = f(x)` elementwise.
+pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
+    x.expect_dtype("unary", DType::F32)?;
+    match x.device() {
+        Device::Cpu => {
+            let y = x
+                .cpu_f32()
+                .expect("cpu")
+                .iter()
+                .map(|&v| op.apply(v))
+                .collect();
+            Tensor::from_vec(x.device(), x.shape(), y)
+        }
+        Device::Gpu(gpu) => {
+            let n = x.numel();
+            let out = gpu.alloc(4 * n as u64);
+            let pipeline = gpu.pipeline(&UNARY, "forward", &[("OP", op.code() as f64)]);
+            gpu.launch(
+                &pipeline,
+                &params(op, n),
+                &[x.gpu_buf().expect("gpu"), &out],
+                grid_1d(n),
+            );
+            Ok(Tensor::from_gpu(gpu, x.shape(), DType::F32, out))
+        }
+    }
+}
+
+/// `dx = dy * f'(x)` elementwise.
+pub fn unary_backward(x: &Tensor, dy: &Tensor, op: Unary) -> Result<Tensor> {
+    x.expect_dtype("unary_backward", DType::F32)?;
+    dy.expect_dtype("unary_backward", DType::F32)?;
+    x.same_device("unary_backward", dy)?;
+    if x.shape() != dy.shape() {
+        return shape_err(
+            "unary_backward",
+            format!("x {:?} and dy {:?}", x.shape(), dy.shape()),
+        );
+    }
+    match x.device() {
+        Device::Cpu => {
+            let (xs, ds) = (x.cpu_f32().expect("cpu"), dy.cpu_f32().expect("cpu"));
+            let dx = xs
+                .iter()
+                .zip(ds)
+                .map(|(&v, &d)| d * op.derivative(v))
+                .collect();
+            Tensor::from_vec(x.device(), x.shape(), dx)
+        }
+        Device::Gpu(gpu) => {
+            let n = x.numel();
+            let out = gpu.alloc(4 * n as u64);
+            let pipeline = gpu.pipeline(&UNARY, "backward", &[("OP", op.code() as f64)]);
+            let bufs = [x.gpu_buf().expect("gpu"), dy.gpu_buf().expect("gpu"), &out];
+            gpu.launch(&pipeline, &params(op, n), &bufs, grid_1d(n));
+            Ok(Tensor::from_gpu(gpu, x.shape(), DType::F32, out))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_values_at_known_points() {
+        assert_eq!(Unary::Relu.apply(-2.0), 0.0);
+        assert_eq!(Unary::Relu.derivative(3.0), 1.0);
+        assert!((Unary::Gelu.apply(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((Unary::Sigmoid.apply(0.0) - 0.5).abs() < 1e-7);
+        assert_eq!(
+            Unary::Tanh.apply(1e4),
+            1.0,
+            "large inputs saturate instead of NaN"
+        );
+        assert_eq!(
+            Unary::Affine {
+                alpha: -2.0,
+                beta: 1.0
+            }
+            .apply(3.0),
+            -5.0
+        );
+        assert_eq!(Unary::Abs.derivative(0.0), 0.0);
+    }
+}

@@ -1,0 +1,65 @@
+//! Where a tensor's data lives.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::gpu::Gpu;
+
+/// The CPU (reference implementations) or a GPU (WGSL kernels).
+#[derive(Clone)]
+pub enum Device {
+    Cpu,
+    Gpu(Arc<Gpu>),
+}
+
+impl Device {
+    /// Opens the GPU chosen by `MURMUR_ADAPTER` / `MURMUR_BACKEND`, or the best one found.
+    pub fn gpu() -> Result<Device> {
+        Ok(Device::Gpu(Gpu::new()?))
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Device::Gpu(_))
+    }
+
+    /// The GPU, when this is one.
+    pub fn as_gpu(&self) -> Option<&Arc<Gpu>> {
+        match self {
+            Device::Gpu(g) => Some(g),
+            Device::Cpu => None,
+        }
+    }
+
+    /// Same device (the same opened GPU, not merely the same adapter).
+    pub fn same(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cpu, Device::Cpu) => true,
+            (Device::Gpu(a), Device::Gpu(b)) => a.id() == b.id(),
+            _ => false,
+        }
+    }
+
+    /// Submits recorded GPU work and waits for it; a no-op on the CPU.
+    pub fn sync(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Gpu(g) => g.sync(),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu(g) => write!(f, "gpu {}", g.describe()),
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

@@ -1,0 +1,1 @@
+pub use murmur_engine as engine;

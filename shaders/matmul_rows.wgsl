@@ -1,0 +1,89 @@
+// Batched matrix product for CPU adapters (lavapipe, WARP): C[z] = A[z] * B[z] with A [M, K],
+// B [K, N], C [M, N] row-major, K a multiple of 4 and N a multiple of 8 (the host pads other
+// shapes and transposes first; see kernels/matmul.rs).
+//
+// Why a second kernel: a software rasteriser runs a subgroup of invocations as SIMD lanes, so a
+// load whose address is the same in every lane is one scalar load and a broadcast, while a load
+// that differs per lane becomes a loop over the lanes. The shared-memory tiled kernel is
+// nearly all per-lane loads; here every workgroup owns TM rows, so all A loads are uniform
+// (vec4 along K), and each lane loads 8 consecutive columns of B per k, each reused for TM
+// rows. Measured on a 2-core AVX2 machine through lavapipe: 4 GFLOPS for the tiled kernel, 30
+// for this one (docs/benchmarks.md).
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    // Added to the dispatch's z: batches beyond the 65535-workgroup limit take several launches.
+    batch_offset: u32,
+    a_batch_stride: u32,
+    b_batch_stride: u32,
+    c_batch_stride: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
+
+// Rows per workgroup (uniform across its lanes) and lanes per workgroup (8 columns each).
+const TM: u32 = 32u;
+const LANES: u32 = 16u;
+
+@compute @workgroup_size(LANES)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let z = wid.z + p.batch_offset;
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let row0 = wid.y * TM;
+    // First of this lane's two vec4 columns; lanes past the edge compute a clamped copy and
+    // do not store.
+    let c4 = (wid.x * LANES + lid.x) * 2u;
+    let cc = min(c4, n4 - 2u);
+    let a_base = z * (p.a_batch_stride / 4u);
+    let b_base = z * (p.b_batch_stride / 4u) + cc;
+
+    var lo: array<vec4<f32>, TM>;
+    var hi: array<vec4<f32>, TM>;
+    var rows: array<u32, TM>;
+    for (var i = 0u; i < TM; i++) {
+        lo[i] = vec4<f32>(0.0);
+        hi[i] = vec4<f32>(0.0);
+        // Rows past M repeat the last row: still uniform, never stored.
+        rows[i] = a_base + min(row0 + i, p.m - 1u) * k4;
+    }
+
+    for (var k = 0u; k < k4; k++) {
+        let r = b_base + 4u * k * n4;
+        let b0 = b[r];
+        let b1 = b[r + n4];
+        let b2 = b[r + 2u * n4];
+        let b3 = b[r + 3u * n4];
+        let d0 = b[r + 1u];
+        let d1 = b[r + n4 + 1u];
+        let d2 = b[r + 2u * n4 + 1u];
+        let d3 = b[r + 3u * n4 + 1u];
+        for (var i = 0u; i < TM; i++) {
+            let av = a[rows[i] + k];
+            lo[i] = fma(vec4<f32>(av.x), b0, lo[i]);
+            lo[i] = fma(vec4<f32>(av.y), b1, lo[i]);
+            lo[i] = fma(vec4<f32>(av.z), b2, lo[i]);
+            lo[i] = fma(vec4<f32>(av.w), b3, lo[i]);
+            hi[i] = fma(vec4<f32>(av.x), d0, hi[i]);
+            hi[i] = fma(vec4<f32>(av.y), d1, hi[i]);
+            hi[i] = fma(vec4<f32>(av.z), d2, hi[i]);
+            hi[i] = fma(vec4<f32>(av.w), d3, hi[i]);
+        }
+    }
+
+    if (c4 < n4) {
+        let c_base = z * (p.c_batch_stride / 4u) + c4;
+        for (var i = 0u; i < TM; i++) {
+            if (row0 + i < p.m) {
+                c[c_base + (row0 + i) * n4] = lo[i];
+                c[c_base + (row0 + i) * n4 + 1u] = hi[i];
+            }
+        }
+    }
+}

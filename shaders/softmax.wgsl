@@ -1,0 +1,153 @@
+// Row-wise softmax, and softmax fused with cross-entropy, over the last axis of [rows, cols].
+// One workgroup per row; 64 invocations stride over the columns and combine partial maxima and
+// sums as a fixed binary tree, so the bits do not depend on scheduling. Subtracting the row
+// maximum before exp keeps every step finite for any finite input.
+//
+// xent_forward:  loss[r] = log(sum_j exp(x[r,j] - m)) + m - x[r, label[r]]  and
+//                probs[r,j] = softmax(x[r])_j, kept for the backward pass.
+// xent_backward: dx[r,j] = (probs[r,j] - [j == label[r]]) * dloss[r].
+// softmax_forward / softmax_backward: y = softmax(x); dx = y * (dy - sum_j dy_j y_j).
+// A label >= cols contributes no target term (the host validates labels before upload).
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+const T: u32 = 64u;
+var<workgroup> scratch: array<f32, 64>;
+
+fn tree_max(lid: u32, v: f32) -> f32 {
+    scratch[lid] = v;
+    workgroupBarrier();
+    for (var w = T / 2u; w > 0u; w = w / 2u) {
+        if (lid < w) {
+            scratch[lid] = max(scratch[lid], scratch[lid + w]);
+        }
+        workgroupBarrier();
+    }
+    let r = scratch[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn tree_sum(lid: u32, v: f32) -> f32 {
+    scratch[lid] = v;
+    workgroupBarrier();
+    for (var w = T / 2u; w > 0u; w = w / 2u) {
+        if (lid < w) {
+            scratch[lid] = scratch[lid] + scratch[lid + w];
+        }
+        workgroupBarrier();
+    }
+    let r = scratch[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.y * nwg.x + wid.x;
+}
+
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> labels: array<u32>;
+@group(0) @binding(3) var<storage, read_write> loss: array<f32>;
+@group(0) @binding(4) var<storage, read_write> probs: array<f32>;
+
+@compute @workgroup_size(64)
+fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = row_id(wid, nwg);
+    if (r >= p.rows) {
+        return;
+    }
+    let base = r * p.cols;
+    var m = bitcast<f32>(0xff800000u);
+    for (var j = lid; j < p.cols; j += T) {
+        m = max(m, x[base + j]);
+    }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < p.cols; j += T) {
+        s += exp(x[base + j] - m);
+    }
+    s = tree_sum(lid, s);
+    let inv = 1.0 / s;
+    for (var j = lid; j < p.cols; j += T) {
+        probs[base + j] = exp(x[base + j] - m) * inv;
+    }
+    if (lid == 0u) {
+        let label = labels[r];
+        var target_logit = m + log(s);
+        if (label < p.cols) {
+            target_logit = x[base + label];
+        }
+        loss[r] = log(s) + m - target_logit;
+    }
+}
+
+@group(0) @binding(1) var<storage, read> probs_in: array<f32>;
+@group(0) @binding(3) var<storage, read> dloss: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dx: array<f32>;
+
+@compute @workgroup_size(256)
+fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i >= p.rows * p.cols) {
+        return;
+    }
+    let r = i / p.cols;
+    let j = i % p.cols;
+    let onehot = select(0.0, 1.0, labels[r] == j);
+    dx[i] = (probs_in[i] - onehot) * dloss[r];
+}
+
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = row_id(wid, nwg);
+    if (r >= p.rows) {
+        return;
+    }
+    let base = r * p.cols;
+    var m = bitcast<f32>(0xff800000u);
+    for (var j = lid; j < p.cols; j += T) {
+        m = max(m, x[base + j]);
+    }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < p.cols; j += T) {
+        s += exp(x[base + j] - m);
+    }
+    s = tree_sum(lid, s);
+    let inv = 1.0 / s;
+    for (var j = lid; j < p.cols; j += T) {
+        y[base + j] = exp(x[base + j] - m) * inv;
+    }
+}
+
+// softmax_backward binds y at 1, dy at 2, dx at 3.
+@group(0) @binding(1) var<storage, read> y_in: array<f32>;
+@group(0) @binding(2) var<storage, read> dy: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dx_soft: array<f32>;
+
+@compute @workgroup_size(64)
+fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = row_id(wid, nwg);
+    if (r >= p.rows) {
+        return;
+    }
+    let base = r * p.cols;
+    var s = 0.0;
+    for (var j = lid; j < p.cols; j += T) {
+        s += dy[base + j] * y_in[base + j];
+    }
+    s = tree_sum(lid, s);
+    for (var j = lid; j < p.cols; j += T) {
+        dx_soft[base + j] = y_in[base + j] * (dy[base + j] - s);
+    }
+}
