@@ -1,7 +1,8 @@
 // Layer normalization over the last axis of [rows, cols]:
 //   y = (x - mean) * rstd * gamma + beta,  rstd = 1 / sqrt(var + eps)  (biased variance).
 // `forward`: one workgroup per row (64 invocations, fixed-order tree sums); keeps mean and
-//   rstd per row for the backward pass.
+//   rstd per row for the backward pass. The CPU reference (kernels/layernorm.rs) computes
+//   the same expressions in the same order.
 // `backward_input`: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
 // `backward_params`: one invocation per column sums over rows in order:
 //   dgamma = sum_r dy * xhat,  dbeta = sum_r dy.
@@ -84,9 +85,10 @@ fn backward_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     var sg = 0.0;
     var sgx = 0.0;
     for (var j = lid; j < p.cols; j += T) {
+        let xhat = (x[base + j] - mean) * rstd;
         let g = dy[base + j] * gamma[j];
         sg += g;
-        sgx += g * (x[base + j] - mean) * rstd;
+        sgx += g * xhat;
     }
     let mean_g = tree_sum(lid, sg) / n;
     let mean_gx = tree_sum(lid, sgx) / n;

@@ -1,7 +1,8 @@
 // Row-wise softmax, and softmax fused with cross-entropy, over the last axis of [rows, cols].
 // One workgroup per row; 64 invocations stride over the columns and combine partial maxima and
-// sums as a fixed binary tree, so the bits do not depend on scheduling. Subtracting the row
-// maximum before exp keeps every step finite for any finite input.
+// sums as a fixed binary tree, so the bits do not depend on scheduling (the CPU reference,
+// kernels/softmax.rs, sums in the same order and uses the same exp and log from
+// common/math.wgsl). Subtracting the row maximum before exp keeps every step finite.
 //
 // xent_forward:  loss[r] = log(sum_j exp(x[r,j] - m)) + m - x[r, label[r]]  and
 //                probs[r,j] = softmax(x[r])_j, kept for the backward pass.
@@ -72,20 +73,20 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     m = tree_max(lid, m);
     var s = 0.0;
     for (var j = lid; j < p.cols; j += T) {
-        s += exp(x[base + j] - m);
+        s += det_exp(x[base + j] - m);
     }
     s = tree_sum(lid, s);
     let inv = 1.0 / s;
     for (var j = lid; j < p.cols; j += T) {
-        probs[base + j] = exp(x[base + j] - m) * inv;
+        probs[base + j] = det_exp(x[base + j] - m) * inv;
     }
     if (lid == 0u) {
         let label = labels[r];
-        var target_logit = m + log(s);
+        var target_logit = m + det_log(s);
         if (label < p.cols) {
             target_logit = x[base + label];
         }
-        loss[r] = log(s) + m - target_logit;
+        loss[r] = det_log(s) + m - target_logit;
     }
 }
 
@@ -121,12 +122,12 @@ fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     m = tree_max(lid, m);
     var s = 0.0;
     for (var j = lid; j < p.cols; j += T) {
-        s += exp(x[base + j] - m);
+        s += det_exp(x[base + j] - m);
     }
     s = tree_sum(lid, s);
     let inv = 1.0 / s;
     for (var j = lid; j < p.cols; j += T) {
-        y[base + j] = exp(x[base + j] - m) * inv;
+        y[base + j] = det_exp(x[base + j] - m) * inv;
     }
 }
 

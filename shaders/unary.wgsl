@@ -4,7 +4,8 @@
 //   cancellation for negative x)   2 tanh   3 sigmoid   4 exp   5 log
 //   6 sqrt   7 square   8 abs   9 affine (alpha * x + beta)
 // `forward` writes y = f(x); `backward` writes dx = dy * f'(x), recomputing f from x.
-// The CPU reference is kernels/unary.rs; keep the formulas identical.
+// exp, log, tanh and sigmoid come from common/math.wgsl, so results match the CPU reference
+// (kernels/unary.rs, same formulas in the same order) bit for bit on non-contracting drivers.
 
 struct Params {
     n: u32,
@@ -17,26 +18,20 @@ struct Params {
 
 override OP: u32 = 0u;
 
-const GELU_C: f32 = 0.7978845608028654; // sqrt(2 / pi)
-const GELU_A: f32 = 0.044715;
-
-// tanh that stays finite: some drivers compute tanh through exp(2x) and return NaN for |x| > 44.
-fn safe_tanh(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
-
-fn sigmoid(x: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-x));
-}
+// sqrt(2 / pi) and the cubic coefficient, as f32 bit patterns (see common/math.wgsl).
+const GELU_C: f32 = 0.797884583473205566;
+const GELU_A: f32 = 0.0447149984538555145;
+// 3 * GELU_A * GELU_C, rounded as f32 products.
+const GELU_C3A: f32 = 0.10703221708536148;
 
 fn f(x: f32) -> f32 {
     switch OP {
         case 0u: { return max(x, 0.0); }
-        case 1u: { return x * sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)); }
-        case 2u: { return safe_tanh(x); }
-        case 3u: { return sigmoid(x); }
-        case 4u: { return exp(x); }
-        case 5u: { return log(x); }
+        case 1u: { return x * det_sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)); }
+        case 2u: { return det_tanh(x); }
+        case 3u: { return det_sigmoid(x); }
+        case 4u: { return det_exp(x); }
+        case 5u: { return det_log(x); }
         case 6u: { return sqrt(x); }
         case 7u: { return x * x; }
         case 8u: { return abs(x); }
@@ -48,12 +43,16 @@ fn df(x: f32) -> f32 {
     switch OP {
         case 0u: { return select(0.0, 1.0, x > 0.0); }
         case 1u: {
-            let s = sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
-            return s + 2.0 * x * s * (1.0 - s) * GELU_C * (1.0 + 3.0 * GELU_A * x * x);
+            // s + 2 x s (1 - s) u'(x) with u'(x) = GELU_C + GELU_C3A x^2. Constants stand first
+            // in each product so that compilers which regroup constant factors (Mesa's NIR
+            // does) have nothing to regroup.
+            let s = det_sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
+            let du = GELU_C + GELU_C3A * x * x;
+            return s + 2.0 * x * s * (1.0 - s) * du;
         }
-        case 2u: { let t = safe_tanh(x); return 1.0 - t * t; }
-        case 3u: { let s = sigmoid(x); return s * (1.0 - s); }
-        case 4u: { return exp(x); }
+        case 2u: { let t = det_tanh(x); return 1.0 - t * t; }
+        case 3u: { let s = det_sigmoid(x); return s * (1.0 - s); }
+        case 4u: { return det_exp(x); }
         case 5u: { return 1.0 / x; }
         case 6u: { return 0.5 / sqrt(x); }
         case 7u: { return 2.0 * x; }

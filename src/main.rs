@@ -1,1 +1,16 @@
-fn main() {}
+//! The `murmur` command line: train, inspect the GPU, benchmark.
+
+mod commands;
+mod env;
+
+use clap::Parser;
+
+fn main() {
+    env::quiet_mesa_wsi();
+    let cli = commands::Cli::parse();
+    env::init_logging();
+    if let Err(e) = commands::run(cli) {
+        eprintln!("murmur: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -4,12 +4,17 @@
 //! The engine knows nothing of sockets: distributed algorithms talk to the `Collective` and
 //! `StageLink` traits, which `murmur-net` implements over QUIC.
 
+pub mod autograd;
+pub mod data;
 pub mod error;
 pub mod gpu;
-pub mod rng;
-
-pub use error::{Error, Result};
 pub mod kernels;
+pub mod nn;
+pub mod optim;
+pub mod rng;
 pub mod tensor;
+pub mod train;
 
+pub use autograd::{Grads, Graph, Var};
+pub use error::{Error, Result};
 pub use tensor::{DType, Device, Tensor};

@@ -47,6 +47,11 @@ impl GpuBuf {
         self.bytes.max(4)
     }
 
+    /// Identifies the allocation while any handle to it lives.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// True when no other handle shares this buffer, so it may be written in place.
     pub fn is_unique(&self) -> bool {
         Arc::strong_count(&self.inner) == 1
@@ -251,6 +256,22 @@ impl Gpu {
             workgroups.iter().all(|&w| w <= max),
             "dispatch {workgroups:?} exceeds the adapter's {max} workgroups per dimension"
         );
+        let limit = self.info.limits.max_storage_buffer_binding_size as u64;
+        if let Some(big) = buffers.iter().find(|b| b.binding_size() > limit) {
+            // Surfaces at the next read or sync, like a validation error.
+            let msg = format!(
+                "{}: a {} MiB buffer exceeds this adapter's largest storage binding ({} MiB); use smaller tensors or partitions",
+                pipeline.label,
+                big.bytes() >> 20,
+                limit >> 20
+            );
+            tracing::error!("{msg}");
+            self.first_error
+                .lock()
+                .expect("error sink")
+                .get_or_insert(msg);
+            return;
+        }
         let mut rec = self.recorder.lock().expect("recorder lock");
         if rec.params_full() {
             rec.flush(&self.queue);

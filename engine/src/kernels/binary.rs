@@ -97,25 +97,22 @@ fn collapse(out: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize
     (dims, a, b)
 }
 
-/// CPU reference: walks every output coordinate.
+/// CPU reference: walks every output coordinate; `sa` and `sb` are the operands' strides
+/// for `out` (see [`broadcast_strides`]).
 pub fn binary_ref(
     a: &[f32],
-    a_shape: &[usize],
+    sa: &[usize],
     b: &[f32],
-    b_shape: &[usize],
+    sb: &[usize],
+    out: &[usize],
     op: Binary,
-) -> Result<Vec<f32>> {
-    let out = broadcast_shape(a_shape, b_shape)?;
-    let (sa, sb) = (
-        broadcast_strides(a_shape, &out),
-        broadcast_strides(b_shape, &out),
-    );
-    let n = numel(&out);
+) -> Vec<f32> {
+    let n = numel(out);
     let mut result = Vec::with_capacity(n);
     let mut coord = vec![0usize; out.len()];
     for _ in 0..n {
-        let ia: usize = coord.iter().zip(&sa).map(|(c, s)| c * s).sum();
-        let ib: usize = coord.iter().zip(&sb).map(|(c, s)| c * s).sum();
+        let ia: usize = coord.iter().zip(sa).map(|(c, s)| c * s).sum();
+        let ib: usize = coord.iter().zip(sb).map(|(c, s)| c * s).sum();
         result.push(op.apply(a[ia], b[ib]));
         for ax in (0..out.len()).rev() {
             coord[ax] += 1;
@@ -125,7 +122,7 @@ pub fn binary_ref(
             coord[ax] = 0;
         }
     }
-    Ok(result)
+    result
 }
 
 #[repr(C)]
@@ -144,25 +141,45 @@ pub fn binary(a: &Tensor, b: &Tensor, op: Binary) -> Result<Tensor> {
     b.expect_dtype("binary", DType::F32)?;
     a.same_device("binary", b)?;
     let out_shape = broadcast_shape(a.shape(), b.shape())?;
+    binary_into_shape(a, b, op, &out_shape)
+}
+
+/// `x` repeated along broadcast axes to `shape` (the gradient of a sum over those axes).
+pub fn broadcast_to(x: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    x.expect_dtype("broadcast_to", DType::F32)?;
+    if broadcast_shape(x.shape(), shape)? != shape {
+        return shape_err(
+            "broadcast_to",
+            format!("{:?} does not broadcast to {shape:?}", x.shape()),
+        );
+    }
+    let zero = Tensor::zeros(x.device(), &[])?;
+    binary_into_shape(x, &zero, Binary::Add, shape)
+}
+
+/// Runs `a op b` producing `out_shape`, which both operands broadcast to.
+fn binary_into_shape(a: &Tensor, b: &Tensor, op: Binary, out_shape: &[usize]) -> Result<Tensor> {
+    let (sa, sb) = (
+        broadcast_strides(a.shape(), out_shape),
+        broadcast_strides(b.shape(), out_shape),
+    );
     match a.device() {
-        Device::Cpu => {
-            let v = binary_ref(
+        Device::Cpu => Tensor::from_vec(
+            a.device(),
+            out_shape,
+            binary_ref(
                 a.cpu_f32().expect("cpu"),
-                a.shape(),
+                &sa,
                 b.cpu_f32().expect("cpu"),
-                b.shape(),
+                &sb,
+                out_shape,
                 op,
-            )?;
-            Tensor::from_vec(a.device(), &out_shape, v)
-        }
+            ),
+        ),
         Device::Gpu(gpu) => {
-            let n = numel(&out_shape);
-            let same = a.shape() == b.shape();
-            let (dims, sa, sb) = collapse(
-                &out_shape,
-                &broadcast_strides(a.shape(), &out_shape),
-                &broadcast_strides(b.shape(), &out_shape),
-            );
+            let n = numel(out_shape);
+            let same = a.shape() == out_shape && b.shape() == out_shape;
+            let (dims, sa, sb) = collapse(out_shape, &sa, &sb);
             if dims.len() > 4 {
                 return shape_err(
                     "binary",
@@ -203,7 +220,7 @@ pub fn binary(a: &Tensor, b: &Tensor, op: Binary) -> Result<Tensor> {
                 &[a.gpu_buf().expect("gpu"), b.gpu_buf().expect("gpu"), &out],
                 grid_1d(n),
             );
-            Ok(Tensor::from_gpu(gpu, &out_shape, DType::F32, out))
+            Ok(Tensor::from_gpu(gpu, out_shape, DType::F32, out))
         }
     }
 }
@@ -239,9 +256,24 @@ mod tests {
 
     #[test]
     fn reference_broadcasts_rows_and_columns() {
-        let r = binary_ref(&[1., 2., 3., 4.], &[2, 2], &[10., 20.], &[2], Binary::Add).unwrap();
-        assert_eq!(r, [11., 22., 13., 24.]);
-        let r = binary_ref(&[1., 2.], &[2, 1], &[10., 20., 30.], &[3], Binary::Mul).unwrap();
-        assert_eq!(r, [10., 20., 30., 20., 40., 60.]);
+        let d = Device::Cpu;
+        let a = Tensor::from_vec(&d, &[2, 2], vec![1., 2., 3., 4.]).unwrap();
+        let b = Tensor::from_vec(&d, &[2], vec![10., 20.]).unwrap();
+        assert_eq!(
+            binary(&a, &b, Binary::Add).unwrap().to_vec().unwrap(),
+            [11., 22., 13., 24.]
+        );
+        let a = Tensor::from_vec(&d, &[2, 1], vec![1., 2.]).unwrap();
+        let b = Tensor::from_vec(&d, &[3], vec![10., 20., 30.]).unwrap();
+        assert_eq!(
+            binary(&a, &b, Binary::Mul).unwrap().to_vec().unwrap(),
+            [10., 20., 30., 20., 40., 60.]
+        );
+        let col = Tensor::from_vec(&d, &[2, 1], vec![1., 2.]).unwrap();
+        assert_eq!(
+            broadcast_to(&col, &[2, 3]).unwrap().to_vec().unwrap(),
+            [1., 1., 1., 2., 2., 2.]
+        );
+        assert!(broadcast_to(&col, &[3, 3]).is_err());
     }
 }

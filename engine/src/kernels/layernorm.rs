@@ -2,7 +2,11 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::math::workgroup_sum;
 use super::{grid_1d, grid_groups, LAYERNORM};
+
+/// Invocations per row in layernorm.wgsl; the references sum in its order.
+const LANES: usize = 64;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -28,8 +32,8 @@ pub fn layernorm_ref(
     let mut stats = vec![0.0; 2 * rows];
     for r in 0..rows {
         let row = &x[r * cols..][..cols];
-        let mean = row.iter().sum::<f32>() / cols as f32;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+        let mean = workgroup_sum(row.iter().copied(), LANES) / cols as f32;
+        let var = workgroup_sum(row.iter().map(|v| (v - mean) * (v - mean)), LANES) / cols as f32;
         let rstd = 1.0 / (var + eps).sqrt();
         for j in 0..cols {
             y[r * cols + j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
@@ -58,8 +62,8 @@ pub fn layernorm_backward_ref(
             .map(|v| (v - mean) * rstd)
             .collect();
         let g: Vec<f32> = (0..cols).map(|j| dy[r * cols + j] * gamma[j]).collect();
-        let mean_g = g.iter().sum::<f32>() / cols as f32;
-        let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f32>() / cols as f32;
+        let mean_g = workgroup_sum(g.iter().copied(), LANES) / cols as f32;
+        let mean_gx = workgroup_sum(g.iter().zip(&xhat).map(|(a, b)| a * b), LANES) / cols as f32;
         for j in 0..cols {
             dx[r * cols + j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
             dgamma[j] += dy[r * cols + j] * xhat[j];

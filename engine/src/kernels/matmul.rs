@@ -111,7 +111,10 @@ impl MatmulDims {
     }
 }
 
-/// CPU reference: sums over k in increasing order for every output element.
+/// CPU reference: for every output element, `acc = acc + a_ik * b_kj` for k in increasing
+/// order from `acc = 0`. The kernels take the same steps with `fma`, which some drivers fuse
+/// (results then differ in the last bits) and others, lavapipe among them, evaluate as a
+/// rounded product and a rounded sum: there the reference gives the kernels' exact bits.
 pub fn matmul_ref(a: &[f32], b: &[f32], d: &MatmulDims) -> Vec<f32> {
     let (m, n, k) = (d.m, d.n, d.k);
     let mut c = vec![0.0f32; d.batch * m * n];

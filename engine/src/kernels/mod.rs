@@ -9,6 +9,7 @@ pub mod copy;
 pub mod embedding;
 pub mod fill;
 pub mod layernorm;
+pub mod math;
 pub mod matmul;
 pub mod optim;
 pub mod reduce;
@@ -19,14 +20,15 @@ use crate::gpu::Shader;
 use crate::wgsl;
 
 pub(crate) static GRID: Shader = wgsl!("common/grid.wgsl");
+pub(crate) static MATH: Shader = wgsl!("common/math.wgsl");
 pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl");
 pub(crate) static MATMUL_ROWS: Shader = wgsl!("matmul_rows.wgsl");
 pub(crate) static COPY2D: Shader = wgsl!("copy2d.wgsl", includes: [GRID]);
 pub(crate) static FILL: Shader = wgsl!("fill.wgsl", includes: [GRID]);
-pub(crate) static UNARY: Shader = wgsl!("unary.wgsl", includes: [GRID]);
+pub(crate) static UNARY: Shader = wgsl!("unary.wgsl", includes: [GRID, MATH]);
 pub(crate) static BINARY: Shader = wgsl!("binary.wgsl", includes: [GRID]);
 pub(crate) static REDUCE: Shader = wgsl!("reduce.wgsl", includes: [GRID]);
-pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID]);
+pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID, MATH]);
 pub(crate) static LAYERNORM: Shader = wgsl!("layernorm.wgsl", includes: [GRID]);
 pub(crate) static EMBEDDING: Shader = wgsl!("embedding.wgsl", includes: [GRID]);
 pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
@@ -35,6 +37,7 @@ pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
 pub fn all_shaders() -> Vec<&'static Shader> {
     vec![
         &GRID,
+        &MATH,
         &MATMUL_TILED,
         &MATMUL_ROWS,
         &COPY2D,

@@ -6,6 +6,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::math::workgroup_fold;
 use super::{grid_1d, grid_groups, REDUCE};
 use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
@@ -40,7 +41,36 @@ impl Reduce {
     }
 }
 
-/// CPU reference: `x` viewed as `[outer, len, inner]`, reduced over `len` in index order.
+/// How a reduction of `[outer, len, inner]` is split across invocations; it fixes the
+/// summation order, which the CPU reference follows too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// One invocation per output walks the axis in order (many outputs or a short axis).
+    PerThread,
+    /// 256 invocations per output, combined as a tree.
+    PerWorkgroup,
+    /// Per-workgroup partial results over chunks of `CHUNK`, then a reduction of the chunks.
+    TwoPass { chunks: usize },
+}
+
+/// Axis length one workgroup reduces in a pass: 256 invocations x 256 elements each.
+const CHUNK: usize = 65536;
+const LANES: usize = 256;
+
+fn plan(outputs: usize, len: usize) -> Plan {
+    if len <= 256 || outputs >= 4096 {
+        Plan::PerThread
+    } else if len <= CHUNK {
+        Plan::PerWorkgroup
+    } else {
+        Plan::TwoPass {
+            chunks: len.div_ceil(CHUNK),
+        }
+    }
+}
+
+/// CPU reference: `x` viewed as `[outer, len, inner]`, reduced over `len` in the order the
+/// GPU plan uses, then multiplied by `scale`.
 pub fn reduce_ref(
     x: &[f32],
     outer: usize,
@@ -49,17 +79,44 @@ pub fn reduce_ref(
     op: Reduce,
     scale: f32,
 ) -> Vec<f32> {
-    let mut out = vec![op.identity(); outer * inner];
-    for o in 0..outer {
-        for j in 0..len {
-            let row = &x[(o * len + j) * inner..][..inner];
-            for (acc, &v) in out[o * inner..][..inner].iter_mut().zip(row) {
-                *acc = op.combine(*acc, v);
+    let at = |o: usize, j: usize, i: usize| x[(o * len + j) * inner + i];
+    let fold = |o: usize, i: usize, js: std::ops::Range<usize>| {
+        workgroup_fold(js.map(|j| at(o, j, i)), LANES, op.identity(), |a, b| {
+            op.combine(a, b)
+        })
+    };
+    match plan(outer * inner, len) {
+        Plan::PerThread => {
+            let mut out = vec![op.identity(); outer * inner];
+            for o in 0..outer {
+                for j in 0..len {
+                    for (acc, &v) in out[o * inner..][..inner]
+                        .iter_mut()
+                        .zip(&x[(o * len + j) * inner..][..inner])
+                    {
+                        *acc = op.combine(*acc, v);
+                    }
+                }
             }
+            out.iter_mut().for_each(|v| *v *= scale);
+            out
+        }
+        Plan::PerWorkgroup => (0..outer * inner)
+            .map(|oi| fold(oi / inner, oi % inner, 0..len) * scale)
+            .collect(),
+        Plan::TwoPass { chunks } => {
+            let mut partial = vec![0.0; outer * chunks * inner];
+            for o in 0..outer {
+                for c in 0..chunks {
+                    for i in 0..inner {
+                        let js = c * CHUNK..((c + 1) * CHUNK).min(len);
+                        partial[(o * chunks + c) * inner + i] = fold(o, i, js);
+                    }
+                }
+            }
+            reduce_ref(&partial, outer, chunks, inner, op, scale)
         }
     }
-    out.iter_mut().for_each(|v| *v *= scale);
-    out
 }
 
 /// CPU reference of argmax over the last axis of `[rows, len]` (first maximum wins).
@@ -89,9 +146,6 @@ struct Params {
     scale: f32,
     _pad: [u32; 2],
 }
-
-/// Axis length one workgroup reduces in a pass: 256 invocations x 256 elements each.
-const CHUNK: usize = 65536;
 
 /// GPU reduction of `[outer, len, inner]` over `len`.
 pub(crate) fn reduce_gpu(

@@ -2,6 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::math::{exp, ln, workgroup_sum};
 use super::{grid_1d, grid_groups, SOFTMAX};
 use crate::error::{shape_err, Error, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -25,16 +26,22 @@ fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
     }
 }
 
+/// Invocations per row in softmax.wgsl; the references sum in its order.
+const LANES: usize = 64;
+
+/// Row maximum and sum of `exp(x - max)`, in the kernel's order.
+fn max_and_sum(row: &[f32]) -> (f32, f32) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (m, workgroup_sum(row.iter().map(|&v| exp(v - m)), LANES))
+}
+
 /// CPU reference of a numerically stable softmax of one row.
 pub fn softmax_row_ref(row: &[f32], out: &mut [f32]) {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut s = 0.0;
-    for (o, &v) in out.iter_mut().zip(row) {
-        *o = (v - m).exp();
-        s += *o;
-    }
+    let (m, s) = max_and_sum(row);
     let inv = 1.0 / s;
-    out.iter_mut().for_each(|o| *o *= inv);
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = exp(v - m) * inv;
+    }
 }
 
 /// CPU reference of the per-row cross-entropy loss and the probabilities.
@@ -46,9 +53,8 @@ pub fn cross_entropy_ref(logits: &[f32], labels: &[u32], cols: usize) -> (Vec<f3
         .map(|(r, &label)| {
             let row = &logits[r * cols..][..cols];
             softmax_row_ref(row, &mut probs[r * cols..][..cols]);
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let s: f32 = row.iter().map(|&v| (v - m).exp()).sum();
-            s.ln() + m - row[label as usize]
+            let (m, s) = max_and_sum(row);
+            ln(s) + m - row[label as usize]
         })
         .collect();
     (losses, probs)
@@ -101,7 +107,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
             let mut dx = vec![0.0; ys.len()];
             for r in 0..rows {
                 let (yr, dr) = (&ys[r * cols..][..cols], &ds[r * cols..][..cols]);
-                let s: f32 = yr.iter().zip(dr).map(|(a, b)| a * b).sum();
+                let s = workgroup_sum(dr.iter().zip(yr).map(|(d, y)| d * y), LANES);
                 for j in 0..cols {
                     dx[r * cols + j] = yr[j] * (dr[j] - s);
                 }

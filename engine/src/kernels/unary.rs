@@ -27,16 +27,13 @@ pub enum Unary {
     },
 }
 
-const GELU_C: f32 = 0.797_884_6; // sqrt(2 / pi)
-const GELU_A: f32 = 0.044715;
+use super::math::{exp, ln, sigmoid, tanh};
 
-fn safe_tanh(x: f32) -> f32 {
-    x.clamp(-15.0, 15.0).tanh()
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
+/// sqrt(2 / pi) and the cubic coefficient; the WGSL spells out the same f32 values.
+const GELU_C: f32 = f32::from_bits(0x3f4c_422a);
+const GELU_A: f32 = f32::from_bits(0x3d37_2713);
+/// 3 * GELU_A * GELU_C as f32 products.
+const GELU_C3A: f32 = f32::from_bits(0x3ddb_33b5);
 
 impl Unary {
     fn code(self) -> u32 {
@@ -66,10 +63,10 @@ impl Unary {
         match self {
             Unary::Relu => x.max(0.0),
             Unary::Gelu => x * sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)),
-            Unary::Tanh => safe_tanh(x),
+            Unary::Tanh => tanh(x),
             Unary::Sigmoid => sigmoid(x),
-            Unary::Exp => x.exp(),
-            Unary::Log => x.ln(),
+            Unary::Exp => exp(x),
+            Unary::Log => ln(x),
             Unary::Sqrt => x.sqrt(),
             Unary::Square => x * x,
             Unary::Abs => x.abs(),
@@ -89,17 +86,18 @@ impl Unary {
             }
             Unary::Gelu => {
                 let s = sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
-                s + 2.0 * x * s * (1.0 - s) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
+                let du = GELU_C + GELU_C3A * x * x;
+                s + 2.0 * x * s * (1.0 - s) * du
             }
             Unary::Tanh => {
-                let t = safe_tanh(x);
+                let t = tanh(x);
                 1.0 - t * t
             }
             Unary::Sigmoid => {
                 let s = sigmoid(x);
                 s * (1.0 - s)
             }
-            Unary::Exp => x.exp(),
+            Unary::Exp => exp(x),
             Unary::Log => 1.0 / x,
             Unary::Sqrt => 0.5 / x.sqrt(),
             Unary::Square => 2.0 * x,

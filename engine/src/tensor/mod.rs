@@ -155,6 +155,16 @@ impl Tensor {
         &self.device
     }
 
+    /// Identifies the data this tensor shares with its clones (not its shape): the graph uses
+    /// it to recognise a parameter used twice, as in weight tying.
+    pub fn storage_id(&self) -> usize {
+        match &self.storage {
+            Storage::F32(v) => Arc::as_ptr(v) as usize,
+            Storage::U32(v) => Arc::as_ptr(v) as usize,
+            Storage::Gpu(b) => b.id(),
+        }
+    }
+
     /// The same data under another shape with the same element count.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_len("reshape", shape, self.numel())?;

@@ -16,6 +16,15 @@ pub fn gpu() -> Device {
     .clone()
 }
 
+/// True on adapters known to evaluate every kernel with the CPU reference's exact arithmetic
+/// (no fused multiply-adds, IEEE division and square root): lavapipe. Tests then demand equal
+/// bits, not closeness; see engine/src/kernels/math.rs.
+pub fn exact_adapter() -> bool {
+    gpu()
+        .as_gpu()
+        .is_some_and(|g| g.info().adapter.name.contains("llvmpipe"))
+}
+
 /// `n` values uniform in [-scale, scale).
 pub fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.uniform_in(-scale, scale)).collect()
@@ -23,9 +32,18 @@ pub fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
 
 /// Fails with the worst element when `got` and `want` differ by more than
 /// `atol + rtol * |want|` anywhere.
+/// On an [`exact_adapter`] the values must be equal bit for bit instead.
 #[track_caller]
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    if exact_adapter() {
+        if let Some(i) = (0..got.len()).find(|&i| {
+            got[i].to_bits() != want[i].to_bits() && !(got[i].is_nan() && want[i].is_nan())
+        }) {
+            panic!("{what}: element {i}: got {} want {} (bits {:#x} vs {:#x}; lavapipe must match exactly)", got[i], want[i], got[i].to_bits(), want[i].to_bits());
+        }
+        return;
+    }
     let mut worst: Option<(usize, f32)> = None;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let excess = (g - w).abs() - (atol + rtol * w.abs());
@@ -39,5 +57,28 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
             "{what}: element {i}: got {} want {} (atol {atol}, rtol {rtol})",
             got[i], want[i]
         );
+    }
+}
+
+/// MNIST's train and test splits, or `None` (with a visible notice) when the data has not
+/// been fetched. Under CI (`CI` set) missing data is a failure, not a skip.
+pub fn mnist_or_skip(
+    test: &str,
+) -> Option<(murmur_engine::data::ImageSet, murmur_engine::data::ImageSet)> {
+    use murmur_engine::data::{default_root, ImageDataset, Split};
+    let root = default_root();
+    let load = || -> murmur_engine::Result<_> {
+        Ok((
+            ImageDataset::Mnist.load(&root, Split::Train)?,
+            ImageDataset::Mnist.load(&root, Split::Test)?,
+        ))
+    };
+    match load() {
+        Ok(sets) => Some(sets),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("{test} needs MNIST under CI: {e}"),
+        Err(e) => {
+            eprintln!("NOTICE: skipping {test}: {e}");
+            None
+        }
     }
 }

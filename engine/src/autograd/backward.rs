@@ -1,0 +1,230 @@
+//! The backward pass: one rule per [`Op`], applied in reverse tape order.
+
+use std::collections::HashMap;
+
+use super::{Grads, Graph, Op, Var};
+use crate::error::{shape_err, Result};
+use crate::kernels::binary::{broadcast_to, Binary};
+use crate::kernels::matmul::{matmul, MatmulDims};
+use crate::kernels::reduce::sum_to_shape;
+use crate::kernels::unary::{unary, unary_backward, Unary};
+use crate::kernels::{embedding, layernorm, softmax};
+use crate::tensor::Tensor;
+
+pub(super) fn run(graph: Graph, loss: Var) -> Result<Grads> {
+    let nodes = graph.nodes.into_inner();
+    let params = graph.params.into_inner();
+    let loss_value = &nodes[loss.0].value;
+    if loss_value.numel() != 1 {
+        return shape_err(
+            "backward",
+            format!(
+                "the loss must have one element, has shape {:?}",
+                loss_value.shape()
+            ),
+        );
+    }
+    let mut grads: Vec<Option<Tensor>> = vec![None; nodes.len()];
+    grads[loss.0] = Some(Tensor::full(loss_value.device(), loss_value.shape(), 1.0)?);
+
+    for i in (0..=loss.0).rev() {
+        let node = &nodes[i];
+        if !node.needs_grad || matches!(node.op, Op::Leaf) {
+            continue;
+        }
+        let Some(dy) = grads[i].take() else { continue };
+        let value = |v: Var| &nodes[v.0].value;
+        let needs = |v: Var| nodes[v.0].needs_grad;
+        // Each rule yields (input, gradient) pairs; accumulation is shared below.
+        let contributions: Vec<(Var, Tensor)> = match &node.op {
+            Op::Leaf => unreachable!("leaves are skipped"),
+            Op::MatMul {
+                a,
+                b,
+                trans_a,
+                trans_b,
+            } => {
+                let [da, db] = matmul_grads(
+                    value(*a),
+                    value(*b),
+                    *trans_a,
+                    *trans_b,
+                    &dy,
+                    [needs(*a), needs(*b)],
+                )?;
+                [(*a, da), (*b, db)]
+                    .into_iter()
+                    .filter_map(|(v, g)| g.map(|g| (v, g)))
+                    .collect()
+            }
+            Op::Binary { a, b, op } => {
+                let (av, bv) = (value(*a), value(*b));
+                let mut out = vec![];
+                if needs(*a) {
+                    let da = match op {
+                        Binary::Add | Binary::Sub => dy.clone(),
+                        Binary::Mul => dy.mul(bv)?,
+                        Binary::Div => dy.div(bv)?,
+                        Binary::Max | Binary::Min => {
+                            return shape_err(
+                                "backward",
+                                "max and min are not differentiable ops of the graph",
+                            )
+                        }
+                    };
+                    out.push((*a, sum_to_shape(&da, av.shape())?));
+                }
+                if needs(*b) {
+                    let db = match op {
+                        Binary::Add => dy.clone(),
+                        Binary::Sub => dy.scale(-1.0)?,
+                        Binary::Mul => dy.mul(av)?,
+                        // d(a/b)/db = -a / b^2 = -(a/b) / b
+                        Binary::Div => dy.mul(&node.value)?.div(bv)?.scale(-1.0)?,
+                        Binary::Max | Binary::Min => {
+                            return shape_err(
+                                "backward",
+                                "max and min are not differentiable ops of the graph",
+                            )
+                        }
+                    };
+                    out.push((*b, sum_to_shape(&db, bv.shape())?));
+                }
+                out
+            }
+            Op::Unary { x, op } => vec![(*x, unary_backward(value(*x), &dy, *op)?)],
+            Op::SumAxis { x, axis, keepdim } => vec![(
+                *x,
+                expand_axis(&dy, value(*x).shape(), *axis, *keepdim, 1.0)?,
+            )],
+            Op::MeanAxis { x, axis, keepdim } => {
+                let len = value(*x).shape()[*axis].max(1) as f32;
+                vec![(
+                    *x,
+                    expand_axis(&dy, value(*x).shape(), *axis, *keepdim, 1.0 / len)?,
+                )]
+            }
+            Op::SumAll { x } => vec![(*x, broadcast_to(&dy, value(*x).shape())?)],
+            Op::MeanAll { x } => {
+                let n = value(*x).numel().max(1) as f32;
+                vec![(*x, broadcast_to(&dy.scale(1.0 / n)?, value(*x).shape())?)]
+            }
+            Op::Softmax { x } => vec![(*x, softmax::softmax_backward(&node.value, &dy)?)],
+            Op::CrossEntropy {
+                logits,
+                labels,
+                probs,
+            } => {
+                vec![(
+                    *logits,
+                    softmax::cross_entropy_backward(probs, labels, &dy)?,
+                )]
+            }
+            Op::LayerNorm {
+                x,
+                gamma,
+                beta,
+                stats,
+            } => {
+                let (dx, dgamma, dbeta) =
+                    layernorm::layernorm_backward(value(*x), value(*gamma), stats, &dy)?;
+                vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
+            }
+            Op::Embedding { table, ids } => {
+                let vocab = value(*table).shape()[0];
+                vec![(*table, embedding::embedding_backward(ids, &dy, vocab)?)]
+            }
+            Op::Transpose { x } => vec![(*x, dy.t()?)],
+            Op::Reshape { x } => vec![(*x, dy.reshape(value(*x).shape())?)],
+        };
+        for (v, g) in contributions {
+            if !needs(v) {
+                continue;
+            }
+            grads[v.0] = Some(match grads[v.0].take() {
+                Some(acc) => acc.add(&g)?,
+                None => g,
+            });
+        }
+    }
+
+    let by_storage: HashMap<usize, Tensor> = params
+        .into_iter()
+        .filter_map(|(storage, v)| grads[v.0].take().map(|g| (storage, g)))
+        .collect();
+    Ok(Grads { by_storage })
+}
+
+/// Gradients of `C = op(A) op(B)` for the operands that need one:
+///   dA = dC op(B)^T (or its transpose when A was transposed), dB = op(A)^T dC (likewise),
+/// summed over the batches an operand was broadcast across.
+fn matmul_grads(
+    a: &Tensor,
+    b: &Tensor,
+    ta: bool,
+    tb: bool,
+    dc: &Tensor,
+    needed: [bool; 2],
+) -> Result<[Option<Tensor>; 2]> {
+    let (dims, _) = MatmulDims::infer(a.shape(), b.shape(), ta, tb)?;
+    let da = if !needed[0] {
+        None
+    } else {
+        let da = if ta {
+            matmul(b, dc, tb, true)?
+        } else {
+            matmul(dc, b, false, !tb)?
+        };
+        Some(sum_to_shape(&da, a.shape())?)
+    };
+    let db = if !needed[1] {
+        None
+    } else if !dims.b_batched && dims.a_batched && !ta {
+        // A shared B (a Linear layer over [batch, time, features]): sum_z A_z^T dC_z is one
+        // product with the batch folded into the rows.
+        let rows = dims.batch * dims.m;
+        let (a2, dc2) = (a.reshape(&[rows, dims.k])?, dc.reshape(&[rows, dims.n])?);
+        Some(if tb {
+            matmul(&dc2, &a2, true, false)?
+        } else {
+            matmul(&a2, &dc2, true, false)?
+        })
+    } else {
+        let db = if tb {
+            matmul(dc, a, true, ta)?
+        } else {
+            matmul(a, dc, !ta, false)?
+        };
+        Some(sum_to_shape(&db, b.shape())?)
+    };
+    Ok([da, db])
+}
+
+/// The gradient of a sum or mean over `axis`: `dy` repeated along it, times `scale`.
+fn expand_axis(
+    dy: &Tensor,
+    x_shape: &[usize],
+    axis: usize,
+    keepdim: bool,
+    scale: f32,
+) -> Result<Tensor> {
+    let mut kept = x_shape.to_vec();
+    kept[axis] = 1;
+    let dy = if keepdim {
+        dy.clone()
+    } else {
+        dy.reshape(&kept)?
+    };
+    let dy = if scale == 1.0 {
+        dy
+    } else {
+        unary(
+            &dy,
+            Unary::Affine {
+                alpha: scale,
+                beta: 0.0,
+            },
+        )?
+    };
+    broadcast_to(&dy, x_shape)
+}

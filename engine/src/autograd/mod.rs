@@ -1,0 +1,355 @@
+//! Reverse-mode automatic differentiation over a tape.
+//!
+//! A [`Graph`] records every operation as a node holding its output value and an [`Op`]
+//! naming its inputs. Nodes are appended in execution order, so the tape is already
+//! topologically sorted: [`Graph::backward`] walks it once in reverse, applying one backward
+//! rule per op (`backward.rs`, a single `match`), and accumulates gradients.
+//!
+//! Parameters enter with [`Graph::param`]; the graph recognises a tensor it has seen
+//! (by its storage), so a parameter used twice (weight tying) gets both gradient
+//! contributions. Data enters with [`Graph::input`] and gets no gradient.
+
+mod backward;
+pub mod gradcheck;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::error::{shape_err, Result};
+use crate::kernels::binary::{binary, Binary};
+use crate::kernels::unary::{unary, Unary};
+use crate::kernels::{copy, embedding, layernorm, matmul, reduce, softmax};
+use crate::tensor::{DType, Device, Tensor};
+
+/// A value in a [`Graph`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Var(usize);
+
+/// The closed set of differentiable operations; each has one rule in `backward.rs`.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    /// A parameter or an input.
+    Leaf,
+    MatMul {
+        a: Var,
+        b: Var,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// Add, Sub, Mul or Div with broadcasting.
+    Binary {
+        a: Var,
+        b: Var,
+        op: Binary,
+    },
+    Unary {
+        x: Var,
+        op: Unary,
+    },
+    SumAxis {
+        x: Var,
+        axis: usize,
+        keepdim: bool,
+    },
+    MeanAxis {
+        x: Var,
+        axis: usize,
+        keepdim: bool,
+    },
+    SumAll {
+        x: Var,
+    },
+    MeanAll {
+        x: Var,
+    },
+    Softmax {
+        x: Var,
+    },
+    /// Per-row losses; keeps the probabilities for the backward pass.
+    CrossEntropy {
+        logits: Var,
+        labels: Tensor,
+        probs: Tensor,
+    },
+    LayerNorm {
+        x: Var,
+        gamma: Var,
+        beta: Var,
+        stats: Tensor,
+    },
+    Embedding {
+        table: Var,
+        ids: Tensor,
+    },
+    Transpose {
+        x: Var,
+    },
+    Reshape {
+        x: Var,
+    },
+}
+
+struct Node {
+    value: Tensor,
+    op: Op,
+    /// Whether any parameter feeds this node (otherwise its gradient is never computed).
+    needs_grad: bool,
+}
+
+/// The tape of one forward pass.
+pub struct Graph {
+    device: Device,
+    nodes: RefCell<Vec<Node>>,
+    params: RefCell<HashMap<usize, Var>>,
+}
+
+/// Gradients of the parameters, looked up by the parameter tensor.
+pub struct Grads {
+    by_storage: HashMap<usize, Tensor>,
+}
+
+impl Grads {
+    /// The gradient of `param`, or `None` when the loss does not depend on it.
+    pub fn of(&self, param: &Tensor) -> Option<&Tensor> {
+        self.by_storage.get(&param.storage_id())
+    }
+
+    /// Gradients in the order of `params`, zeros for the ones the loss does not reach.
+    pub fn for_params(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+        params
+            .iter()
+            .map(|p| match self.of(p) {
+                Some(g) => Ok(g.clone()),
+                None => Tensor::zeros(p.device(), p.shape()),
+            })
+            .collect()
+    }
+}
+
+impl Graph {
+    pub fn new(device: &Device) -> Self {
+        Graph {
+            device: device.clone(),
+            nodes: RefCell::default(),
+            params: RefCell::default(),
+        }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn push(&self, value: Tensor, op: Op, needs_grad: bool) -> Var {
+        let mut nodes = self.nodes.borrow_mut();
+        nodes.push(Node {
+            value,
+            op,
+            needs_grad,
+        });
+        Var(nodes.len() - 1)
+    }
+
+    fn needs(&self, vars: &[Var]) -> bool {
+        let nodes = self.nodes.borrow();
+        vars.iter().any(|v| nodes[v.0].needs_grad)
+    }
+
+    /// The value of a node (a cheap handle).
+    pub fn value(&self, v: Var) -> Tensor {
+        self.nodes.borrow()[v.0].value.clone()
+    }
+
+    pub fn shape(&self, v: Var) -> Vec<usize> {
+        self.nodes.borrow()[v.0].value.shape().to_vec()
+    }
+
+    /// Data that gets no gradient.
+    pub fn input(&self, t: &Tensor) -> Var {
+        self.push(t.clone(), Op::Leaf, false)
+    }
+
+    /// A trainable parameter; the same tensor twice gives the same node.
+    pub fn param(&self, t: &Tensor) -> Var {
+        if let Some(&v) = self.params.borrow().get(&t.storage_id()) {
+            return v;
+        }
+        let v = self.push(t.clone(), Op::Leaf, true);
+        self.params.borrow_mut().insert(t.storage_id(), v);
+        v
+    }
+
+    fn record(&self, value: Tensor, op: Op, inputs: &[Var]) -> Var {
+        let needs = self.needs(inputs);
+        self.push(value, op, needs)
+    }
+
+    pub fn matmul(&self, a: Var, b: Var) -> Result<Var> {
+        self.matmul_t(a, b, false, false)
+    }
+
+    /// `op(a) * op(b)`, op transposing when asked.
+    pub fn matmul_t(&self, a: Var, b: Var, trans_a: bool, trans_b: bool) -> Result<Var> {
+        let y = matmul::matmul(&self.value(a), &self.value(b), trans_a, trans_b)?;
+        Ok(self.record(
+            y,
+            Op::MatMul {
+                a,
+                b,
+                trans_a,
+                trans_b,
+            },
+            &[a, b],
+        ))
+    }
+
+    fn binary(&self, a: Var, b: Var, op: Binary) -> Result<Var> {
+        let y = binary(&self.value(a), &self.value(b), op)?;
+        Ok(self.record(y, Op::Binary { a, b, op }, &[a, b]))
+    }
+
+    pub fn add(&self, a: Var, b: Var) -> Result<Var> {
+        self.binary(a, b, Binary::Add)
+    }
+
+    pub fn sub(&self, a: Var, b: Var) -> Result<Var> {
+        self.binary(a, b, Binary::Sub)
+    }
+
+    pub fn mul(&self, a: Var, b: Var) -> Result<Var> {
+        self.binary(a, b, Binary::Mul)
+    }
+
+    pub fn div(&self, a: Var, b: Var) -> Result<Var> {
+        self.binary(a, b, Binary::Div)
+    }
+
+    pub fn unary(&self, x: Var, op: Unary) -> Result<Var> {
+        let y = unary(&self.value(x), op)?;
+        Ok(self.record(y, Op::Unary { x, op }, &[x]))
+    }
+
+    pub fn relu(&self, x: Var) -> Result<Var> {
+        self.unary(x, Unary::Relu)
+    }
+
+    pub fn gelu(&self, x: Var) -> Result<Var> {
+        self.unary(x, Unary::Gelu)
+    }
+
+    pub fn tanh(&self, x: Var) -> Result<Var> {
+        self.unary(x, Unary::Tanh)
+    }
+
+    pub fn sigmoid(&self, x: Var) -> Result<Var> {
+        self.unary(x, Unary::Sigmoid)
+    }
+
+    /// `alpha * x`.
+    pub fn scale(&self, x: Var, alpha: f32) -> Result<Var> {
+        self.unary(x, Unary::Affine { alpha, beta: 0.0 })
+    }
+
+    fn axis(&self, x: Var, axis: isize) -> Result<usize> {
+        let rank = self.shape(x).len() as isize;
+        let a = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&a) {
+            return shape_err("axis", format!("axis {axis} out of range for rank {rank}"));
+        }
+        Ok(a as usize)
+    }
+
+    pub fn sum_axis(&self, x: Var, axis: isize, keepdim: bool) -> Result<Var> {
+        let axis = self.axis(x, axis)?;
+        let y = reduce::sum_axis(&self.value(x), axis as isize, keepdim)?;
+        Ok(self.record(y, Op::SumAxis { x, axis, keepdim }, &[x]))
+    }
+
+    pub fn mean_axis(&self, x: Var, axis: isize, keepdim: bool) -> Result<Var> {
+        let axis = self.axis(x, axis)?;
+        let y = reduce::mean_axis(&self.value(x), axis as isize, keepdim)?;
+        Ok(self.record(y, Op::MeanAxis { x, axis, keepdim }, &[x]))
+    }
+
+    pub fn sum_all(&self, x: Var) -> Result<Var> {
+        let y = reduce::sum_all(&self.value(x))?;
+        Ok(self.record(y, Op::SumAll { x }, &[x]))
+    }
+
+    pub fn mean_all(&self, x: Var) -> Result<Var> {
+        let y = reduce::mean_all(&self.value(x))?;
+        Ok(self.record(y, Op::MeanAll { x }, &[x]))
+    }
+
+    /// Softmax over the last axis.
+    pub fn softmax(&self, x: Var) -> Result<Var> {
+        let y = softmax::softmax(&self.value(x))?;
+        Ok(self.record(y, Op::Softmax { x }, &[x]))
+    }
+
+    /// Per-row softmax cross-entropy of `logits [..., classes]` against u32 `labels [...]`.
+    pub fn cross_entropy(&self, logits: Var, labels: &Tensor) -> Result<Var> {
+        let (losses, probs) = softmax::cross_entropy(&self.value(logits), labels)?;
+        Ok(self.record(
+            losses,
+            Op::CrossEntropy {
+                logits,
+                labels: labels.clone(),
+                probs,
+            },
+            &[logits],
+        ))
+    }
+
+    /// Mean softmax cross-entropy: the usual classification loss.
+    pub fn cross_entropy_mean(&self, logits: Var, labels: &Tensor) -> Result<Var> {
+        let per_row = self.cross_entropy(logits, labels)?;
+        self.mean_all(per_row)
+    }
+
+    /// Layer normalization over the last axis.
+    pub fn layer_norm(&self, x: Var, gamma: Var, beta: Var, eps: f32) -> Result<Var> {
+        let (y, stats) =
+            layernorm::layernorm(&self.value(x), &self.value(gamma), &self.value(beta), eps)?;
+        Ok(self.record(
+            y,
+            Op::LayerNorm {
+                x,
+                gamma,
+                beta,
+                stats,
+            },
+            &[x, gamma, beta],
+        ))
+    }
+
+    /// Rows of `table` picked by u32 `ids`.
+    pub fn embedding(&self, table: Var, ids: &Tensor) -> Result<Var> {
+        ids.expect_dtype("embedding", DType::U32)?;
+        let y = embedding::embedding(&self.value(table), ids)?;
+        Ok(self.record(
+            y,
+            Op::Embedding {
+                table,
+                ids: ids.clone(),
+            },
+            &[table],
+        ))
+    }
+
+    /// Swaps the last two axes.
+    pub fn transpose(&self, x: Var) -> Result<Var> {
+        let y = copy::transpose(&self.value(x))?;
+        Ok(self.record(y, Op::Transpose { x }, &[x]))
+    }
+
+    pub fn reshape(&self, x: Var, shape: &[usize]) -> Result<Var> {
+        let y = self.value(x).reshape(shape)?;
+        Ok(self.record(y, Op::Reshape { x }, &[x]))
+    }
+
+    /// Gradients of the one-element `loss` with respect to every parameter. Consumes the
+    /// graph so that parameters are no longer shared when the optimizer updates them in place.
+    pub fn backward(self, loss: Var) -> Result<Grads> {
+        backward::run(self, loss)
+    }
+}

@@ -1,0 +1,201 @@
+//! Deterministic transcendental functions and reduction orders shared by the CPU references
+//! and the WGSL kernels (`shaders/common/math.wgsl` mirrors this file line for line).
+//!
+//! With these, and with every reference summing in the order its kernel does, the CPU and a
+//! GPU that evaluates `a * b + c` (and `fma`) as a rounded product plus a rounded sum, as
+//! lavapipe does, produce the same bits: the spine's MLP trains identically on both
+//! (engine/tests/mnist_training.rs). Drivers that fuse multiply-adds differ in the last bits.
+
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+
+fn pow2i(n: i32) -> f32 {
+    f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// e^x, accurate to a few ulp, identical to `det_exp` in math.wgsl.
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > f32::from_bits(0x42b1_7217) {
+        return f32::INFINITY;
+    }
+    if x < f32::from_bits(0xc2cf_f1b4) {
+        return 0.0;
+    }
+    let k = (x * LOG2E + 0.5).floor();
+    let mut r = x - k * LN2_HI;
+    r -= k * LN2_LO;
+    let mut p = f32::from_bits(0x3950_0d01);
+    p = p * r + f32::from_bits(0x3ab6_0b61);
+    p = p * r + f32::from_bits(0x3c08_8889);
+    p = p * r + f32::from_bits(0x3d2a_aaab);
+    p = p * r + f32::from_bits(0x3e2a_aaab);
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let ki = k as i32;
+    let k1 = ki / 2;
+    p * pow2i(k1) * pow2i(ki - k1)
+}
+
+/// e^x - 1, identical to `det_expm1`.
+pub fn expm1(x: f32) -> f32 {
+    if x.abs() >= 0.5 {
+        return exp(x) - 1.0;
+    }
+    let mut p = f32::from_bits(0x3638_ef1d);
+    p = p * x + f32::from_bits(0x37d0_0d01);
+    p = p * x + f32::from_bits(0x3950_0d01);
+    p = p * x + f32::from_bits(0x3ab6_0b61);
+    p = p * x + f32::from_bits(0x3c08_8889);
+    p = p * x + f32::from_bits(0x3d2a_aaab);
+    p = p * x + f32::from_bits(0x3e2a_aaab);
+    p = p * x + 0.5;
+    p = p * x + 1.0;
+    p * x
+}
+
+/// Natural logarithm, identical to `det_log`.
+pub fn ln(x: f32) -> f32 {
+    if x.is_nan() || x < 0.0 {
+        return f32::NAN;
+    }
+    if x == 0.0 {
+        return f32::NEG_INFINITY;
+    }
+    if x == f32::INFINITY {
+        return x;
+    }
+    let mut v = x;
+    let mut e = 0i32;
+    if v < f32::MIN_POSITIVE {
+        v *= 8_388_608.0;
+        e = -23;
+    }
+    let bits = v.to_bits();
+    e += ((bits >> 23) & 0xff) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    if m > f32::from_bits(0x3fb5_04f3) {
+        m *= 0.5;
+        e += 1;
+    }
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let mut q = f32::from_bits(0x3dba_2e8c);
+    q = q * z + f32::from_bits(0x3de3_8e39);
+    q = q * z + f32::from_bits(0x3e12_4925);
+    q = q * z + f32::from_bits(0x3e4c_cccd);
+    q = q * z + f32::from_bits(0x3eaa_aaab);
+    let log_m = 2.0 * s + 2.0 * s * (z * q);
+    let ef = e as f32;
+    ef * LN2_HI + (ef * LN2_LO + log_m)
+}
+
+/// Hyperbolic tangent, identical to `det_tanh`.
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs().min(15.0);
+    let t = expm1(2.0 * a);
+    let y = t / (t + 2.0);
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
+/// Logistic function, identical to `det_sigmoid`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// The sum a workgroup of `lanes` invocations computes: lane `t` adds elements `t`,
+/// `t + lanes`, ... in order, then lanes combine as a binary tree (`lanes` a power of two).
+pub fn workgroup_sum(values: impl Iterator<Item = f32>, lanes: usize) -> f32 {
+    workgroup_fold(values, lanes, 0.0, |a, b| a + b)
+}
+
+/// [`workgroup_sum`] for any combining function with its identity.
+pub fn workgroup_fold(
+    values: impl Iterator<Item = f32>,
+    lanes: usize,
+    identity: f32,
+    combine: impl Fn(f32, f32) -> f32,
+) -> f32 {
+    let mut partial = vec![identity; lanes];
+    for (i, v) in values.enumerate() {
+        partial[i % lanes] = combine(partial[i % lanes], v);
+    }
+    let mut width = lanes / 2;
+    while width > 0 {
+        for t in 0..width {
+            partial[t] = combine(partial[t], partial[t + width]);
+        }
+        width /= 2;
+    }
+    partial[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn exp_and_log_are_accurate_to_a_few_ulp() {
+        let mut worst = (0u32, 0u32);
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            worst.0 = worst.0.max(ulps(exp(x), (x as f64).exp() as f32));
+            x += 0.0137;
+        }
+        let mut y = 1e-30f32;
+        while y < 1e30 {
+            worst.1 = worst.1.max(ulps(ln(y), (y as f64).ln() as f32));
+            y *= 1.37;
+        }
+        assert!(
+            worst.0 <= 2 && worst.1 <= 2,
+            "exp {} ulp, ln {} ulp",
+            worst.0,
+            worst.1
+        );
+    }
+
+    #[test]
+    fn special_values() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(-200.0), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(-100.0) > 0.0, "subnormal results survive");
+        assert_eq!(ln(1.0), 0.0);
+        assert_eq!(ln(0.0), f32::NEG_INFINITY);
+        assert!(ln(-1.0).is_nan());
+        assert!(
+            (ln(1e-40) - (1e-40f64).ln() as f32).abs() < 1e-4,
+            "subnormal input"
+        );
+        assert_eq!(tanh(1e4), 1.0);
+        assert_eq!(tanh(-1e4), -1.0);
+        assert!((tanh(1e-6) - 1e-6).abs() < 1e-12, "no cancellation near 0");
+        assert!((expm1(1e-7) - 1e-7).abs() < 1e-13);
+        assert_eq!(sigmoid(-200.0), 0.0);
+    }
+
+    #[test]
+    fn workgroup_sum_is_the_tree_order() {
+        let v: Vec<f32> = (1..=10).map(|i| i as f32).collect();
+        assert_eq!(workgroup_sum(v.iter().copied(), 4), 55.0);
+        // The order is observable: lanes [1e8 - 1e8, 1 + 1] give 2, a running sum gives 1
+        // (1e8 + 1 rounds back to 1e8).
+        assert_eq!(workgroup_sum([1e8f32, 1.0, -1e8, 1.0].into_iter(), 2), 2.0);
+        assert_eq!([1e8f32, 1.0, -1e8, 1.0].iter().sum::<f32>(), 1.0);
+    }
+}

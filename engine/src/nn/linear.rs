@@ -1,0 +1,65 @@
+//! Fully connected layer `y = x W + b`.
+
+use super::{init, Module};
+use crate::autograd::{Graph, Var};
+use crate::error::Result;
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+pub struct Linear {
+    /// `[in, out]`, so the forward product needs no transpose.
+    pub weight: Tensor,
+    /// `[out]`.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation: weight and bias uniform in ±1/sqrt(in).
+    pub fn new(
+        device: &Device,
+        inputs: usize,
+        outputs: usize,
+        bias: bool,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let bound = 1.0 / (inputs.max(1) as f32).sqrt();
+        let weight = init::uniform(device, &[inputs, outputs], bound, rng)?;
+        let bias = if bias {
+            Some(init::uniform(device, &[outputs], bound, rng)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// `x [..., in]` to `[..., out]`.
+    pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
+        let y = g.matmul(x, g.param(&self.weight))?;
+        match &self.bias {
+            Some(b) => g.add(y, g.param(b)),
+            None => Ok(y),
+        }
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.weight.shape()[1]
+    }
+}
+
+impl Module for Linear {
+    fn parameters(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.weight)
+            .chain(self.bias.as_ref())
+            .collect()
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        std::iter::once(&mut self.weight)
+            .chain(self.bias.as_mut())
+            .collect()
+    }
+}

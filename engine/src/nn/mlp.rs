@@ -1,0 +1,90 @@
+//! Multi-layer perceptron of any depth.
+
+use super::{Linear, Module};
+use crate::autograd::{Graph, Var};
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Gelu,
+}
+
+impl std::str::FromStr for Activation {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "relu" => Ok(Activation::Relu),
+            "gelu" => Ok(Activation::Gelu),
+            other => Err(Error::Config(format!(
+                "activation {other:?}: use relu or gelu"
+            ))),
+        }
+    }
+}
+
+/// `sizes[0] -> sizes[1] -> ... -> sizes[n]`, the activation between layers, none after the last.
+pub struct Mlp {
+    pub layers: Vec<Linear>,
+    pub activation: Activation,
+}
+
+impl Mlp {
+    /// Layer `i` draws its initial values from stream `i` of `seed`.
+    pub fn new(
+        device: &Device,
+        sizes: &[usize],
+        activation: Activation,
+        seed: u64,
+    ) -> Result<Self> {
+        if sizes.len() < 2 || sizes.contains(&0) {
+            return Err(Error::Config(format!(
+                "an MLP needs at least two non-zero sizes, got {sizes:?}"
+            )));
+        }
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| Linear::new(device, w[0], w[1], true, &mut Rng::new(seed, i as u32)))
+            .collect::<Result<_>>()?;
+        Ok(Mlp { layers, activation })
+    }
+
+    /// Logits for `x [batch, sizes[0]]`.
+    pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
+        let mut h = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(g, h)?;
+            if i + 1 < self.layers.len() {
+                h = match self.activation {
+                    Activation::Relu => g.relu(h)?,
+                    Activation::Gelu => g.gelu(h)?,
+                };
+            }
+        }
+        Ok(h)
+    }
+
+    /// Layer widths, input first.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut s = vec![self.layers[0].inputs()];
+        s.extend(self.layers.iter().map(Linear::outputs));
+        s
+    }
+}
+
+impl Module for Mlp {
+    fn parameters(&self) -> Vec<&Tensor> {
+        self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| l.parameters_mut())
+            .collect()
+    }
+}

@@ -1,0 +1,24 @@
+//! Neural-network building blocks. A module owns its parameter tensors and records its
+//! forward pass on a [`Graph`](crate::Graph); initialisation is seeded and done on the CPU,
+//! so the same seed gives the same bits on every device.
+
+mod init;
+mod linear;
+mod mlp;
+
+pub use init::uniform;
+pub use linear::Linear;
+pub use mlp::{Activation, Mlp};
+
+use crate::tensor::Tensor;
+
+/// Something with trainable parameters, listed in a fixed order.
+pub trait Module {
+    fn parameters(&self) -> Vec<&Tensor>;
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor>;
+
+    /// Total number of trainable scalars.
+    fn parameter_count(&self) -> usize {
+        self.parameters().iter().map(|p| p.numel()).sum()
+    }
+}

@@ -1,0 +1,187 @@
+//! Optimizers: state per parameter, updated in place by the kernels of `kernels::optim`.
+
+use crate::error::{shape_err, Error, Result};
+use crate::kernels::optim::{adamw_step, sgd_step, AdamWStep, SgdStep};
+use crate::tensor::Tensor;
+
+/// Updates parameters from their gradients.
+pub trait Optimizer {
+    /// One update; `grads[i]` is the gradient of `params[i]`.
+    fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()>;
+    fn lr(&self) -> f32;
+    fn set_lr(&mut self, lr: f32);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig {
+            lr: 0.01,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+}
+
+/// SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD.
+pub struct Sgd {
+    pub config: SgdConfig,
+    buffers: Vec<Tensor>,
+    steps: u64,
+}
+
+impl Sgd {
+    pub fn new(config: SgdConfig) -> Result<Self> {
+        if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
+            return Err(Error::Config(
+                "Nesterov momentum needs momentum > 0 and zero dampening".into(),
+            ));
+        }
+        Ok(Sgd {
+            config,
+            buffers: vec![],
+            steps: 0,
+        })
+    }
+}
+
+fn check_pairs(params: &[&mut Tensor], grads: &[Tensor], state: &[Tensor]) -> Result<()> {
+    if params.len() != grads.len() || (!state.is_empty() && state.len() != params.len()) {
+        return shape_err(
+            "optimizer step",
+            format!(
+                "{} parameters, {} gradients, state for {}",
+                params.len(),
+                grads.len(),
+                state.len()
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn zeros_like(params: &[&mut Tensor]) -> Result<Vec<Tensor>> {
+    params
+        .iter()
+        .map(|p| Tensor::zeros(p.device(), p.shape()))
+        .collect()
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()> {
+        check_pairs(params, grads, &self.buffers)?;
+        if self.buffers.is_empty() {
+            self.buffers = zeros_like(params)?;
+        }
+        let c = self.config;
+        let s = SgdStep {
+            lr: c.lr,
+            momentum: c.momentum,
+            dampening: c.dampening,
+            weight_decay: c.weight_decay,
+            nesterov: c.nesterov,
+            first: self.steps == 0,
+        };
+        for ((p, g), b) in params.iter_mut().zip(grads).zip(&mut self.buffers) {
+            sgd_step(p, g, b, &s)?;
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn lr(&self) -> f32 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.config.lr = lr;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    /// torch.optim.AdamW's defaults.
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// Adam with decoupled weight decay, as torch.optim.AdamW.
+pub struct AdamW {
+    pub config: AdamWConfig,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    steps: u64,
+}
+
+impl AdamW {
+    pub fn new(config: AdamWConfig) -> Self {
+        AdamW {
+            config,
+            m: vec![],
+            v: vec![],
+            steps: 0,
+        }
+    }
+
+    /// Updates taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()> {
+        check_pairs(params, grads, &self.m)?;
+        if self.m.is_empty() {
+            self.m = zeros_like(params)?;
+            self.v = zeros_like(params)?;
+        }
+        self.steps += 1;
+        let c = self.config;
+        let s = AdamWStep {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+            step: self.steps,
+        };
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            adamw_step(p, g, &mut self.m[i], &mut self.v[i], &s)?;
+        }
+        Ok(())
+    }
+
+    fn lr(&self) -> f32 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.config.lr = lr;
+    }
+}

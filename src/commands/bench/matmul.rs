@@ -1,0 +1,222 @@
+//! `murmur bench matmul`: GFLOPS of the WGSL matmul for square sizes and the transposed
+//! variants, beside a native CPU sgemm (the `matrixmultiply` crate, all cores) measured in the
+//! same run.
+
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use murmur_engine::gpu::Gpu;
+use murmur_engine::kernels::matmul::{matmul_gpu, MatmulDims, MatmulKernel};
+use murmur_engine::rng::Rng;
+use serde::Serialize;
+
+use super::super::machine::Machine;
+
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
+pub enum KernelChoice {
+    /// The kernel murmur uses on this adapter.
+    Auto,
+    Tiled,
+    Rows,
+    /// Both kernels, one row each.
+    Both,
+}
+
+#[derive(Args)]
+pub struct MatmulArgs {
+    /// Square sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "128,256,512,1024,2048")]
+    sizes: Vec<usize>,
+    #[arg(long, value_enum, default_value = "auto")]
+    kernel: KernelChoice,
+    /// Minimum seconds spent timing each configuration.
+    #[arg(long, default_value_t = 1.0)]
+    min_seconds: f64,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    size: usize,
+    kernel: String,
+    /// GFLOPS for C = A B, A^T B, A B^T, A^T B^T.
+    nn: f64,
+    tn: f64,
+    nt: f64,
+    tt: f64,
+    cpu_sgemm: f64,
+    /// nn / cpu_sgemm.
+    ratio_to_cpu: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    command: String,
+    date: String,
+    machine: Machine,
+    adapter: String,
+    adapter_type: String,
+    rows: Vec<Row>,
+}
+
+fn time_until<F: FnMut()>(min_seconds: f64, mut sync: impl FnMut(), mut f: F) -> f64 {
+    // Warm up (pipeline compilation, first-touch allocation), then repeat until long enough.
+    f();
+    sync();
+    let mut reps = 1usize;
+    loop {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        sync();
+        let dt = t.elapsed().as_secs_f64();
+        if dt >= min_seconds || reps >= 1 << 16 {
+            return dt / reps as f64;
+        }
+        reps = (reps * 2)
+            .max((reps as f64 * min_seconds / dt.max(1e-6)).ceil() as usize)
+            .min(1 << 16);
+    }
+}
+
+fn gpu_gflops(
+    gpu: &Gpu,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    kernel: MatmulKernel,
+    min_seconds: f64,
+) -> anyhow::Result<f64> {
+    let mut rng = Rng::new(n as u64, 0);
+    let a: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
+    let b: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
+    let (ga, gb) = (
+        gpu.upload(bytemuck::cast_slice(&a)),
+        gpu.upload(bytemuck::cast_slice(&b)),
+    );
+    let dims = MatmulDims {
+        batch: 1,
+        m: n,
+        n,
+        k: n,
+        trans_a: ta,
+        trans_b: tb,
+        a_batched: true,
+        b_batched: true,
+    };
+    let seconds = time_until(
+        min_seconds,
+        || gpu.sync().expect("GPU sync"),
+        || {
+            let _ = matmul_gpu(gpu, &ga, &gb, &dims, kernel);
+        },
+    );
+    gpu.check()?;
+    Ok(dims.flops() / seconds / 1e9)
+}
+
+fn cpu_gflops(n: usize, min_seconds: f64) -> f64 {
+    let mut rng = Rng::new(n as u64, 1);
+    let a: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
+    let b: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
+    let mut c = vec![0.0f32; n * n];
+    let seconds = time_until(
+        min_seconds,
+        || {},
+        || unsafe {
+            // SAFETY: a, b and c are n x n row-major buffers matching the strides given.
+            matrixmultiply::sgemm(
+                n,
+                n,
+                n,
+                1.0,
+                a.as_ptr(),
+                n as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        },
+    );
+    2.0 * (n as f64).powi(3) / seconds / 1e9
+}
+
+pub fn run(a: MatmulArgs) -> anyhow::Result<()> {
+    let gpu = Gpu::new()?;
+    let kernels = match a.kernel {
+        KernelChoice::Auto => vec![MatmulKernel::for_gpu(&gpu)?],
+        KernelChoice::Tiled => vec![MatmulKernel::Tiled],
+        KernelChoice::Rows => vec![MatmulKernel::Rows],
+        KernelChoice::Both => vec![MatmulKernel::Rows, MatmulKernel::Tiled],
+    };
+    if !a.json {
+        eprintln!(
+            "adapter: {}; CPU reference: matrixmultiply sgemm on {} threads",
+            gpu.describe(),
+            Machine::detect().cores
+        );
+        println!("| size | kernel | A·B | Aᵀ·B | A·Bᵀ | Aᵀ·Bᵀ | CPU sgemm | A·B / CPU |");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    }
+    let mut rows = vec![];
+    for &n in &a.sizes {
+        let cpu = cpu_gflops(n, a.min_seconds);
+        for &k in &kernels {
+            let g = |ta, tb| gpu_gflops(&gpu, n, ta, tb, k, a.min_seconds);
+            let row = Row {
+                size: n,
+                kernel: format!("{k:?}").to_lowercase(),
+                nn: g(false, false)?,
+                tn: g(true, false)?,
+                nt: g(false, true)?,
+                tt: g(true, true)?,
+                cpu_sgemm: cpu,
+                ratio_to_cpu: 0.0,
+            };
+            let row = Row {
+                ratio_to_cpu: row.nn / cpu,
+                ..row
+            };
+            if !a.json {
+                println!(
+                    "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} |",
+                    row.size,
+                    row.kernel,
+                    row.nn,
+                    row.tn,
+                    row.nt,
+                    row.tt,
+                    row.cpu_sgemm,
+                    row.ratio_to_cpu
+                );
+            }
+            rows.push(row);
+        }
+    }
+    let info = &gpu.info().adapter;
+    let report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        date: super::today(),
+        machine: Machine::detect(),
+        adapter: gpu.describe(),
+        adapter_type: format!("{:?}", info.device_type),
+        rows,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        eprintln!(
+            "GFLOPS = 2 n^3 / seconds; {} on {}",
+            report.date, report.machine
+        );
+    }
+    Ok(())
+}

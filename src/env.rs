@@ -1,0 +1,25 @@
+//! Process set-up that belongs to the binary, not the library.
+
+use tracing_subscriber::EnvFilter;
+
+/// Mesa's window-system layer prints "XDG_RUNTIME_DIR is invalid or not set" whenever a
+/// Vulkan instance is created on a headless machine; murmur never presents to a window, so
+/// give it a private runtime folder instead of letting the message bury murmur's own output.
+/// Runs first thing in `main`, before any thread exists.
+pub fn quiet_mesa_wsi() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("murmur-runtime-{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
+}
+
+/// Logs to stderr at the level in `MURMUR_LOG` (default: warnings).
+pub fn init_logging() {
+    let filter = EnvFilter::try_from_env("MURMUR_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
