@@ -79,22 +79,26 @@ pub fn decode_idx(bytes: &[u8]) -> Result<IdxArray> {
     })
 }
 
-/// Reads and decodes an IDX file, gunzipping it first if it is compressed.
+/// Decodes IDX file contents, gunzipping them first if they are compressed. Decompression
+/// stops just past the largest valid size, so a gzip bomb costs at most that much memory.
+pub fn decode_idx_file_bytes(raw: &[u8]) -> Result<IdxArray> {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return decode_idx(raw);
+    }
+    let mut out = Vec::new();
+    // Header (at most 20 bytes) plus payload; one more byte tells an oversized file apart.
+    flate2::read::GzDecoder::new(raw)
+        .take(MAX_IDX_BYTES as u64 + 20 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::Data(format!("corrupt gzip data: {e}")))?;
+    decode_idx(&out)
+}
+
+/// Reads and decodes an IDX file, raw or gzipped.
 pub fn read_idx_file(path: &Path) -> Result<IdxArray> {
     let raw = std::fs::read(path)
         .map_err(|e| Error::Data(format!("cannot read {}: {e}", path.display())))?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        // One byte past the cap tells an oversized file from one exactly at the cap.
-        flate2::read::GzDecoder::new(raw.as_slice())
-            .take(MAX_IDX_BYTES as u64 + 4096 + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::Data(format!("{}: corrupt gzip data: {e}", path.display())))?;
-        out
-    } else {
-        raw
-    };
-    decode_idx(&bytes).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
+    decode_idx_file_bytes(&raw).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 mod idx;
 mod images;
 
-pub use idx::{decode_idx, read_idx_file, IdxArray, MAX_IDX_BYTES};
+pub use idx::{decode_idx, decode_idx_file_bytes, read_idx_file, IdxArray, MAX_IDX_BYTES};
 pub use images::{ImageDataset, ImageSet, Split};
 
 use std::path::PathBuf;

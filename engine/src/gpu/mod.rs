@@ -200,7 +200,7 @@ impl Gpu {
     /// A buffer holding `data`.
     pub fn upload(&self, data: &[u8]) -> GpuBuf {
         assert!(
-            data.len() % 4 == 0,
+            data.len().is_multiple_of(4),
             "tensor data is made of 4-byte elements"
         );
         let buf = self.alloc(data.len() as u64);
@@ -256,7 +256,7 @@ impl Gpu {
             workgroups.iter().all(|&w| w <= max),
             "dispatch {workgroups:?} exceeds the adapter's {max} workgroups per dimension"
         );
-        let limit = self.info.limits.max_storage_buffer_binding_size as u64;
+        let limit = self.info.limits.max_storage_buffer_binding_size;
         if let Some(big) = buffers.iter().find(|b| b.binding_size() > limit) {
             // Surfaces at the next read or sync, like a validation error.
             let msg = format!(

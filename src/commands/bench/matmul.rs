@@ -29,7 +29,7 @@ pub struct MatmulArgs {
     sizes: Vec<usize>,
     #[arg(long, value_enum, default_value = "auto")]
     kernel: KernelChoice,
-    /// Minimum seconds spent timing each configuration.
+    /// Seconds spent timing each configuration (five trials; the median is reported).
     #[arg(long, default_value_t = 1.0)]
     min_seconds: f64,
     /// Print one JSON document instead of a table.
@@ -61,25 +61,33 @@ struct Report {
     rows: Vec<Row>,
 }
 
+/// Seconds per call of `f`: five trials of about `min_seconds / 5` each after a warm-up, and
+/// the median trial, so that one disturbed trial on a shared machine does not move the result.
 fn time_until<F: FnMut()>(min_seconds: f64, mut sync: impl FnMut(), mut f: F) -> f64 {
-    // Warm up (pipeline compilation, first-touch allocation), then repeat until long enough.
     f();
     sync();
+    let trial_seconds = min_seconds / 5.0;
     let mut reps = 1usize;
-    loop {
+    let mut trials = vec![];
+    while trials.len() < 5 {
         let t = Instant::now();
         for _ in 0..reps {
             f();
         }
         sync();
         let dt = t.elapsed().as_secs_f64();
-        if dt >= min_seconds || reps >= 1 << 16 {
-            return dt / reps as f64;
+        if dt < trial_seconds && reps < 1 << 16 {
+            // Too short to time well: grow the trial and start over.
+            reps = (reps * 2)
+                .max((reps as f64 * trial_seconds / dt.max(1e-6)).ceil() as usize)
+                .min(1 << 16);
+            trials.clear();
+            continue;
         }
-        reps = (reps * 2)
-            .max((reps as f64 * min_seconds / dt.max(1e-6)).ceil() as usize)
-            .min(1 << 16);
+        trials.push(dt / reps as f64);
     }
+    trials.sort_by(f64::total_cmp);
+    trials[2]
 }
 
 fn gpu_gflops(

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Makes sure wgpu will find a GPU adapter. Where no Vulkan driver is installed on Linux,
+# installs Mesa's software Vulkan driver (lavapipe) with apt-get when it can (root, or
+# passwordless sudo). Metal (macOS) and DX12 (Windows) need nothing.
+set -euo pipefail
+
+say() { printf 'ensure-gpu: %s\n' "$*" >&2; }
+
+[ "$(uname -s)" = Linux ] || exit 0
+
+has_vulkan() {
+    ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' || return 1
+    local d
+    for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d ${VK_DRIVER_FILES:+$(dirname "$VK_DRIVER_FILES")} ${VK_ICD_FILENAMES:+$(dirname "$VK_ICD_FILENAMES")}; do
+        ls "$d"/*.json >/dev/null 2>&1 && return 0
+    done
+    return 1
+}
+
+if has_vulkan; then
+    exit 0
+fi
+
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        as_root=(sudo -n)
+    else
+        say "no Vulkan driver found and no root access to install one."
+        say "install your GPU's Vulkan driver, or Mesa's lavapipe: sudo apt-get install mesa-vulkan-drivers"
+        exit 1
+    fi
+fi
+command -v apt-get >/dev/null || { say "no Vulkan driver found; install mesa-vulkan-drivers with your package manager"; exit 1; }
+say "no Vulkan driver found: installing Mesa's lavapipe (mesa-vulkan-drivers)"
+export DEBIAN_FRONTEND=noninteractive
+if ! "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null 2>&1; then
+    "${as_root[@]}" apt-get update -qq >/dev/null
+    "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+has_vulkan || { say "mesa-vulkan-drivers installed but no Vulkan driver is visible"; exit 1; }
+say "lavapipe installed"

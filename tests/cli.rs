@@ -1,0 +1,128 @@
+//! The `murmur` binary end to end: training prints a JSON summary, errors are clear and
+//! non-zero, never panics.
+
+use std::process::Command;
+
+fn murmur() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_murmur"))
+}
+
+fn have_mnist() -> bool {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let ok = root.join("train-images-idx3-ubyte").exists()
+        || root.join("train-images-idx3-ubyte.gz").exists();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "MNIST missing under CI: run scripts/fetch-data.sh"
+        );
+        eprintln!("NOTICE: skipping: MNIST not fetched (scripts/fetch-data.sh)");
+    }
+    ok
+}
+
+#[test]
+fn train_prints_progress_and_a_json_summary() {
+    if !have_mnist() {
+        return;
+    }
+    let out = murmur()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "train",
+            "--model",
+            "mlp",
+            "--dataset",
+            "mnist",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "40",
+        ])
+        .args([
+            "--train-limit",
+            "6000",
+            "--hidden",
+            "64",
+            "--quiet",
+            "--seed",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "murmur train failed:\n{stderr}");
+    assert!(
+        stderr.contains("epoch 1/1") && stderr.contains("test accuracy"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("a summary line");
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(v["steps"], 40);
+    assert_eq!(v["hidden"], serde_json::json!([64]));
+    let acc = v["final_test_accuracy"].as_f64().unwrap();
+    assert!(
+        acc > 0.7,
+        "40 steps of AdamW reach well above chance, got {acc}"
+    );
+    assert!(v["epoch_seconds"][0].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn info_names_the_adapter() {
+    let out = murmur().arg("info").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("selected:") && stdout.contains("subgroup size"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn no_adapter_is_a_clear_error_not_a_panic() {
+    // Hide every Vulkan driver from the loader.
+    let out = murmur()
+        .arg("info")
+        .env("VK_DRIVER_FILES", "/nonexistent.json")
+        .env("VK_ICD_FILENAMES", "/nonexistent.json")
+        .env("MURMUR_BACKEND", "vulkan")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("mesa-vulkan-drivers"),
+        "the error says how to get an adapter: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn unknown_adapter_names_and_missing_data_are_clear_errors() {
+    let out = murmur()
+        .arg("info")
+        .env("MURMUR_ADAPTER", "no-such-gpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("no adapter matches") && stderr.contains("adapters seen"),
+        "{stderr}"
+    );
+
+    let out = murmur()
+        .args(["train", "--data", "/nonexistent", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("scripts/fetch-data.sh"), "{stderr}");
+}
