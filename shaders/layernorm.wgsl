@@ -16,49 +16,32 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-const T: u32 = 64u;
-var<workgroup> scratch: array<f32, 64>;
-
-fn tree_sum(lid: u32, v: f32) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
-    for (var w = T / 2u; w > 0u; w = w / 2u) {
-        if (lid < w) {
-            scratch[lid] = scratch[lid] + scratch[lid + w];
-        }
-        workgroupBarrier();
-    }
-    let r = scratch[0];
-    workgroupBarrier();
-    return r;
-}
-
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> gamma: array<f32>;
 @group(0) @binding(3) var<storage, read> beta: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>; // [rows][mean, rstd]
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_LANES)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+    let r = row_id(wid, nwg);
     if (r >= p.rows) {
         return;
     }
     let base = r * p.cols;
     let n = f32(p.cols);
     var s = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         s += x[base + j];
     }
     let mean = tree_sum(lid, s) / n;
     var v = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         let d = x[base + j] - mean;
         v += d * d;
     }
     let rstd = 1.0 / sqrt(tree_sum(lid, v) / n + p.eps);
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         y[base + j] = (x[base + j] - mean) * rstd * gamma[j] + beta[j];
     }
     if (lid == 0u) {
@@ -72,9 +55,9 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 @group(0) @binding(4) var<storage, read> dy: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dx: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_LANES)
 fn backward_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+    let r = row_id(wid, nwg);
     if (r >= p.rows) {
         return;
     }
@@ -84,7 +67,7 @@ fn backward_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let rstd = stats_in[2u * r + 1u];
     var sg = 0.0;
     var sgx = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         let xhat = (x[base + j] - mean) * rstd;
         let g = dy[base + j] * gamma[j];
         sg += g;
@@ -92,7 +75,7 @@ fn backward_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
     let mean_g = tree_sum(lid, sg) / n;
     let mean_gx = tree_sum(lid, sgx) / n;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         let xhat = (x[base + j] - mean) * rstd;
         let g = dy[base + j] * gamma[j];
         dx[base + j] = rstd * (g - mean_g - xhat * mean_gx);

@@ -19,65 +19,37 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-const T: u32 = 64u;
-var<workgroup> scratch: array<f32, 64>;
-
-fn tree_max(lid: u32, v: f32) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
-    for (var w = T / 2u; w > 0u; w = w / 2u) {
-        if (lid < w) {
-            scratch[lid] = max(scratch[lid], scratch[lid + w]);
-        }
-        workgroupBarrier();
-    }
-    let r = scratch[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn tree_sum(lid: u32, v: f32) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
-    for (var w = T / 2u; w > 0u; w = w / 2u) {
-        if (lid < w) {
-            scratch[lid] = scratch[lid] + scratch[lid + w];
-        }
-        workgroupBarrier();
-    }
-    let r = scratch[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.y * nwg.x + wid.x;
-}
-
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> labels: array<u32>;
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(4) var<storage, read_write> probs: array<f32>;
 
-@compute @workgroup_size(64)
+// The row's maximum m and sum of exp(x - m).
+fn max_and_sum(lid: u32, base: u32) -> vec2<f32> {
+    var m = bitcast<f32>(0xff800000u);
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
+        m = max(m, x[base + j]);
+    }
+    m = tree_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
+        s += det_exp(x[base + j] - m);
+    }
+    return vec2<f32>(m, tree_sum(lid, s));
+}
+
+@compute @workgroup_size(ROW_LANES)
 fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = row_id(wid, nwg);
     if (r >= p.rows) {
         return;
     }
     let base = r * p.cols;
-    var m = bitcast<f32>(0xff800000u);
-    for (var j = lid; j < p.cols; j += T) {
-        m = max(m, x[base + j]);
-    }
-    m = tree_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
-        s += det_exp(x[base + j] - m);
-    }
-    s = tree_sum(lid, s);
+    let ms = max_and_sum(lid, base);
+    let m = ms.x;
+    let s = ms.y;
     let inv = 1.0 / s;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         probs[base + j] = det_exp(x[base + j] - m) * inv;
     }
     if (lid == 0u) {
@@ -108,25 +80,18 @@ fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_LANES)
 fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = row_id(wid, nwg);
     if (r >= p.rows) {
         return;
     }
     let base = r * p.cols;
-    var m = bitcast<f32>(0xff800000u);
-    for (var j = lid; j < p.cols; j += T) {
-        m = max(m, x[base + j]);
-    }
-    m = tree_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
-        s += det_exp(x[base + j] - m);
-    }
-    s = tree_sum(lid, s);
+    let ms = max_and_sum(lid, base);
+    let m = ms.x;
+    let s = ms.y;
     let inv = 1.0 / s;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         y[base + j] = det_exp(x[base + j] - m) * inv;
     }
 }
@@ -136,7 +101,7 @@ fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dx_soft: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_LANES)
 fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = row_id(wid, nwg);
     if (r >= p.rows) {
@@ -144,11 +109,11 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
     let base = r * p.cols;
     var s = 0.0;
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         s += dy[base + j] * y_in[base + j];
     }
     s = tree_sum(lid, s);
-    for (var j = lid; j < p.cols; j += T) {
+    for (var j = lid; j < p.cols; j += ROW_LANES) {
         dx_soft[base + j] = y_in[base + j] * (dy[base + j] - s);
     }
 }

@@ -79,12 +79,13 @@ fn matmul_both_kernels_all_transposes_awkward_shapes() {
             let abs_b: Vec<f32> = b.iter().map(|v| v.abs()).collect();
             let magnitude = matmul_ref(&abs_a, &abs_b, &dims);
             let (ga, gb) = (
-                g.upload(bytemuck::cast_slice(&a)),
-                g.upload(bytemuck::cast_slice(&b)),
+                g.upload(bytemuck::cast_slice(&a)).unwrap(),
+                g.upload(bytemuck::cast_slice(&b)).unwrap(),
             );
             for kernel in [MatmulKernel::Tiled, MatmulKernel::Rows] {
                 let got: Vec<f32> = bytemuck::pod_collect_to_vec(
-                    &g.read(&matmul_gpu(g, &ga, &gb, &dims, kernel)).unwrap(),
+                    &g.read(&matmul_gpu(g, &ga, &gb, &dims, kernel).unwrap())
+                        .unwrap(),
                 );
                 assert_eq!(got.len(), want.len());
                 let exact = common::exact_adapter();
@@ -136,12 +137,13 @@ fn matmul_random_shapes() {
         let b = random(&mut rng, if bb { batch } else { 1 } * k * n, 2.0);
         let want = matmul_ref(&a, &b, &dims);
         let (ga, gb) = (
-            g.upload(bytemuck::cast_slice(&a)),
-            g.upload(bytemuck::cast_slice(&b)),
+            g.upload(bytemuck::cast_slice(&a)).unwrap(),
+            g.upload(bytemuck::cast_slice(&b)).unwrap(),
         );
         for kernel in [MatmulKernel::Tiled, MatmulKernel::Rows] {
             let got: Vec<f32> = bytemuck::pod_collect_to_vec(
-                &g.read(&matmul_gpu(g, &ga, &gb, &dims, kernel)).unwrap(),
+                &g.read(&matmul_gpu(g, &ga, &gb, &dims, kernel).unwrap())
+                    .unwrap(),
             );
             assert_close(
                 &format!("case {case} {kernel:?} {dims:?}"),

@@ -161,6 +161,12 @@ impl Gpu {
         self.pool.stats()
     }
 
+    /// Command buffers submitted and kernel dispatches recorded since the device opened.
+    pub fn command_stats(&self) -> (u64, u64) {
+        let rec = self.recorder.lock().expect("recorder lock");
+        (rec.submits, rec.dispatches)
+    }
+
     /// Returns cached (free) buffers to the driver, e.g. after evaluation on a larger batch.
     pub fn trim_pool(&self) {
         self.pool.trim();
@@ -189,39 +195,50 @@ impl Gpu {
         self.pipelines.get(shader, entry, constants)
     }
 
-    /// An uninitialised buffer for `bytes` bytes of tensor data.
-    pub fn alloc(&self, bytes: u64) -> GpuBuf {
-        GpuBuf {
-            inner: Arc::new(self.pool.get(bytes.max(4), STORAGE)),
-            bytes,
+    /// An uninitialised buffer for `bytes` bytes of tensor data. Fails when kernels could not
+    /// bind that much on this adapter.
+    pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
+        let limits = &self.info.limits;
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        if bytes > limit {
+            return Err(Error::Gpu(format!(
+                "a tensor of {} MiB exceeds this adapter's largest storage binding ({} MiB); \
+                 use smaller tensors or partitions",
+                bytes >> 20,
+                limit >> 20
+            )));
         }
+        let inner = Arc::new(self.pool.get(bytes.max(4), STORAGE));
+        Ok(GpuBuf { inner, bytes })
     }
 
     /// A buffer holding `data`.
-    pub fn upload(&self, data: &[u8]) -> GpuBuf {
+    pub fn upload(&self, data: &[u8]) -> Result<GpuBuf> {
         assert!(
             data.len().is_multiple_of(4),
             "tensor data is made of 4-byte elements"
         );
-        let buf = self.alloc(data.len() as u64);
+        let buf = self.alloc(data.len() as u64)?;
         if !data.is_empty() {
             // Queue writes run before any command recorded but not yet submitted; submit those
             // first so that a pooled buffer they still read is not overwritten under them.
             self.flush();
             self.queue.write_buffer(buf.raw(), 0, data);
         }
-        buf
+        Ok(buf)
     }
 
     /// A buffer of `bytes` zero bytes.
-    pub fn zeros(&self, bytes: u64) -> GpuBuf {
-        let buf = self.alloc(bytes);
+    pub fn zeros(&self, bytes: u64) -> Result<GpuBuf> {
+        let buf = self.alloc(bytes)?;
         if bytes > 0 {
             let mut rec = self.recorder.lock().expect("recorder lock");
             rec.transfer(&self.device)
                 .clear_buffer(buf.raw(), 0, Some(bytes.next_multiple_of(4)));
         }
-        buf
+        Ok(buf)
     }
 
     /// Records a copy of `bytes` bytes between buffers.
@@ -256,22 +273,6 @@ impl Gpu {
             workgroups.iter().all(|&w| w <= max),
             "dispatch {workgroups:?} exceeds the adapter's {max} workgroups per dimension"
         );
-        let limit = self.info.limits.max_storage_buffer_binding_size;
-        if let Some(big) = buffers.iter().find(|b| b.binding_size() > limit) {
-            // Surfaces at the next read or sync, like a validation error.
-            let msg = format!(
-                "{}: a {} MiB buffer exceeds this adapter's largest storage binding ({} MiB); use smaller tensors or partitions",
-                pipeline.label,
-                big.bytes() >> 20,
-                limit >> 20
-            );
-            tracing::error!("{msg}");
-            self.first_error
-                .lock()
-                .expect("error sink")
-                .get_or_insert(msg);
-            return;
-        }
         let mut rec = self.recorder.lock().expect("recorder lock");
         if rec.params_full() {
             rec.flush(&self.queue);

@@ -16,6 +16,9 @@ pub struct Recorder {
     pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
     pub(super) params_buffer: wgpu::Buffer,
+    /// Command buffers submitted so far, and dispatches recorded so far.
+    pub(super) submits: u64,
+    pub(super) dispatches: u64,
 }
 
 impl Recorder {
@@ -31,6 +34,8 @@ impl Recorder {
             pass: None,
             params: Vec::new(),
             params_buffer,
+            submits: 0,
+            dispatches: 0,
         }
     }
 
@@ -71,6 +76,7 @@ impl Recorder {
                 .forget_lifetime();
             self.pass = Some(pass);
         }
+        self.dispatches += 1;
         self.pass.as_mut().expect("pass just opened")
     }
 
@@ -88,6 +94,7 @@ impl Recorder {
                 queue.write_buffer(&self.params_buffer, 0, &self.params);
             }
             queue.submit([encoder.finish()]);
+            self.submits += 1;
         }
         self.params.clear();
     }

@@ -205,7 +205,7 @@ fn binary_into_shape(a: &Tensor, b: &Tensor, op: Binary, out_shape: &[usize]) ->
                 a_strides: pad(&sa, 0),
                 b_strides: pad(&sb, 0),
             };
-            let out = gpu.alloc(4 * n as u64);
+            let out = gpu.alloc(4 * n as u64)?;
             let pipeline = gpu.pipeline(
                 &BINARY,
                 "main",

@@ -73,12 +73,12 @@ pub(crate) fn copy2d_ref(src: &[f32], c: &Copy2d) -> Vec<f32> {
     out
 }
 
-pub(crate) fn copy2d_gpu(gpu: &Gpu, src: &GpuBuf, c: &Copy2d) -> GpuBuf {
+pub(crate) fn copy2d_gpu(gpu: &Gpu, src: &GpuBuf, c: &Copy2d) -> Result<GpuBuf> {
     let n = c.out_len();
-    let out = gpu.alloc(4 * n as u64);
+    let out = gpu.alloc(4 * n as u64)?;
     let pipeline = gpu.pipeline(&COPY2D, "main", &[]);
     gpu.launch(&pipeline, c, &[src, &out], grid_1d(n));
-    out
+    Ok(out)
 }
 
 /// Swaps the last two axes: `[..., r, c]` becomes `[..., c, r]`.
@@ -105,7 +105,7 @@ pub fn transpose(x: &Tensor) -> Result<Tensor> {
             copy2d_ref(x.cpu_f32().expect("cpu"), &params),
         ),
         Device::Gpu(gpu) => {
-            let out = copy2d_gpu(gpu, x.gpu_buf().expect("gpu"), &params);
+            let out = copy2d_gpu(gpu, x.gpu_buf().expect("gpu"), &params)?;
             Ok(Tensor::from_gpu(gpu, &out_shape, DType::F32, out))
         }
     }

@@ -72,7 +72,7 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
             ),
         ),
         Device::Gpu(gpu) => {
-            let out = gpu.alloc(4 * (tokens * dim) as u64);
+            let out = gpu.alloc(4 * (tokens * dim) as u64)?;
             let pipeline = gpu.pipeline(&EMBEDDING, "gather", &[]);
             let params = Params {
                 tokens: tokens as u32,
@@ -124,7 +124,7 @@ pub fn embedding_backward(ids: &Tensor, dout: &Tensor, vocab: usize) -> Result<T
             ),
         ),
         Device::Gpu(gpu) => {
-            let out = gpu.alloc(4 * (vocab * dim) as u64);
+            let out = gpu.alloc(4 * (vocab * dim) as u64)?;
             let pipeline = gpu.pipeline(&EMBEDDING, "scatter_add", &[]);
             let params = Params {
                 tokens: tokens as u32,

@@ -28,7 +28,7 @@ pub fn full(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
             if value.to_bits() == 0 {
                 return Tensor::zeros(device, shape);
             }
-            let out = gpu.alloc(4 * n as u64);
+            let out = gpu.alloc(4 * n as u64)?;
             let pipeline = gpu.pipeline(&FILL, "main", &[]);
             let params = Params {
                 n: n as u32,

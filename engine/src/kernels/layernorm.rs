@@ -2,11 +2,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::math::workgroup_sum;
+use super::math::{workgroup_sum, ROW_LANES};
 use super::{grid_1d, grid_groups, LAYERNORM};
 
-/// Invocations per row in layernorm.wgsl; the references sum in its order.
-const LANES: usize = 64;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -32,8 +30,9 @@ pub fn layernorm_ref(
     let mut stats = vec![0.0; 2 * rows];
     for r in 0..rows {
         let row = &x[r * cols..][..cols];
-        let mean = workgroup_sum(row.iter().copied(), LANES) / cols as f32;
-        let var = workgroup_sum(row.iter().map(|v| (v - mean) * (v - mean)), LANES) / cols as f32;
+        let mean = workgroup_sum(row.iter().copied(), ROW_LANES) / cols as f32;
+        let var =
+            workgroup_sum(row.iter().map(|v| (v - mean) * (v - mean)), ROW_LANES) / cols as f32;
         let rstd = 1.0 / (var + eps).sqrt();
         for j in 0..cols {
             y[r * cols + j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
@@ -62,8 +61,9 @@ pub fn layernorm_backward_ref(
             .map(|v| (v - mean) * rstd)
             .collect();
         let g: Vec<f32> = (0..cols).map(|j| dy[r * cols + j] * gamma[j]).collect();
-        let mean_g = workgroup_sum(g.iter().copied(), LANES) / cols as f32;
-        let mean_gx = workgroup_sum(g.iter().zip(&xhat).map(|(a, b)| a * b), LANES) / cols as f32;
+        let mean_g = workgroup_sum(g.iter().copied(), ROW_LANES) / cols as f32;
+        let mean_gx =
+            workgroup_sum(g.iter().zip(&xhat).map(|(a, b)| a * b), ROW_LANES) / cols as f32;
         for j in 0..cols {
             dx[r * cols + j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
             dgamma[j] += dy[r * cols + j] * xhat[j];
@@ -111,8 +111,8 @@ pub fn layernorm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<
             ))
         }
         Device::Gpu(gpu) => {
-            let y = gpu.alloc(4 * x.numel() as u64);
-            let stats = gpu.alloc(8 * rows as u64);
+            let y = gpu.alloc(4 * x.numel() as u64)?;
+            let stats = gpu.alloc(8 * rows as u64)?;
             let pipeline = gpu.pipeline(&LAYERNORM, "forward", &[]);
             let params = Params {
                 rows: rows as u32,
@@ -184,7 +184,7 @@ pub fn layernorm_backward(
                 stats.gpu_buf().expect("gpu"),
                 dy.gpu_buf().expect("gpu"),
             );
-            let dx = gpu.alloc(4 * x.numel() as u64);
+            let dx = gpu.alloc(4 * x.numel() as u64)?;
             let pipeline = gpu.pipeline(&LAYERNORM, "backward_input", &[]);
             gpu.launch(
                 &pipeline,
@@ -192,7 +192,7 @@ pub fn layernorm_backward(
                 &[xb, gb, sb, db, &dx],
                 grid_groups(rows),
             );
-            let (dgamma, dbeta) = (gpu.alloc(4 * cols as u64), gpu.alloc(4 * cols as u64));
+            let (dgamma, dbeta) = (gpu.alloc(4 * cols as u64)?, gpu.alloc(4 * cols as u64)?);
             let pipeline = gpu.pipeline(&LAYERNORM, "backward_params", &[]);
             gpu.launch(
                 &pipeline,

@@ -112,6 +112,9 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
+/// Invocations per row in the row-reduction kernels (`ROW_LANES` in shaders/common/rows.wgsl).
+pub const ROW_LANES: usize = 64;
+
 /// The sum a workgroup of `lanes` invocations computes: lane `t` adds elements `t`,
 /// `t + lanes`, ... in order, then lanes combine as a binary tree (`lanes` a power of two).
 pub fn workgroup_sum(values: impl Iterator<Item = f32>, lanes: usize) -> f32 {

@@ -197,8 +197,8 @@ fn launch_batched(
     }
 }
 
-fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> GpuBuf {
-    let c = gpu.alloc(4 * (d.batch * d.m * d.n) as u64);
+fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
+    let c = gpu.alloc(4 * (d.batch * d.m * d.n) as u64)?;
     let pipeline = gpu.pipeline(
         &MATMUL_TILED,
         "main",
@@ -219,14 +219,14 @@ fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> GpuBuf {
     };
     let grid = [d.n.div_ceil(64) as u32, d.m.div_ceil(64) as u32];
     launch_batched(gpu, &pipeline, params, [a, b, &c], grid, d.batch);
-    c
+    Ok(c)
 }
 
 /// Rows per workgroup and columns per workgroup of matmul_rows.wgsl.
 const ROWS_TM: usize = 32;
 const ROWS_TN: usize = 128;
 
-fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> GpuBuf {
+fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
     let kp = d.k.next_multiple_of(4).max(4);
     let np = d.n.next_multiple_of(8).max(8);
     let (a_count, b_count) = (
@@ -238,17 +238,17 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> GpuBuf {
     let a_use = if !d.trans_a && kp == d.k {
         a
     } else {
-        a_packed = copy2d_gpu(gpu, a, &Copy2d::new(a_count, d.m, d.k, d.trans_a, d.m, kp));
+        a_packed = copy2d_gpu(gpu, a, &Copy2d::new(a_count, d.m, d.k, d.trans_a, d.m, kp))?;
         &a_packed
     };
     let b_packed;
     let b_use = if !d.trans_b && kp == d.k && np == d.n {
         b
     } else {
-        b_packed = copy2d_gpu(gpu, b, &Copy2d::new(b_count, d.k, d.n, d.trans_b, kp, np));
+        b_packed = copy2d_gpu(gpu, b, &Copy2d::new(b_count, d.k, d.n, d.trans_b, kp, np))?;
         &b_packed
     };
-    let c = gpu.alloc(4 * (d.batch * d.m * np) as u64);
+    let c = gpu.alloc(4 * (d.batch * d.m * np) as u64)?;
     let pipeline = gpu.pipeline(&MATMUL_ROWS, "main", &[]);
     let params = Params {
         m: d.m as u32,
@@ -263,7 +263,7 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> GpuBuf {
     let grid = [np.div_ceil(ROWS_TN) as u32, d.m.div_ceil(ROWS_TM) as u32];
     launch_batched(gpu, &pipeline, params, [a_use, b_use, &c], grid, d.batch);
     if np == d.n {
-        c
+        Ok(c)
     } else {
         copy2d_gpu(gpu, &c, &Copy2d::new(d.batch, d.m, np, false, d.m, d.n))
     }
@@ -276,7 +276,7 @@ pub fn matmul_gpu(
     b: &GpuBuf,
     d: &MatmulDims,
     kernel: MatmulKernel,
-) -> GpuBuf {
+) -> Result<GpuBuf> {
     if d.batch * d.m * d.n == 0 {
         return gpu.alloc(0);
     }
@@ -308,7 +308,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Te
                 b.gpu_buf().expect("gpu"),
                 &dims,
                 kernel,
-            );
+            )?;
             Ok(Tensor::from_gpu(gpu, &out_shape, DType::F32, c))
         }
     }

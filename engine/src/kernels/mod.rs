@@ -21,6 +21,7 @@ use crate::wgsl;
 
 pub(crate) static GRID: Shader = wgsl!("common/grid.wgsl");
 pub(crate) static MATH: Shader = wgsl!("common/math.wgsl");
+pub(crate) static ROWS: Shader = wgsl!("common/rows.wgsl");
 pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl");
 pub(crate) static MATMUL_ROWS: Shader = wgsl!("matmul_rows.wgsl");
 pub(crate) static COPY2D: Shader = wgsl!("copy2d.wgsl", includes: [GRID]);
@@ -28,8 +29,8 @@ pub(crate) static FILL: Shader = wgsl!("fill.wgsl", includes: [GRID]);
 pub(crate) static UNARY: Shader = wgsl!("unary.wgsl", includes: [GRID, MATH]);
 pub(crate) static BINARY: Shader = wgsl!("binary.wgsl", includes: [GRID]);
 pub(crate) static REDUCE: Shader = wgsl!("reduce.wgsl", includes: [GRID]);
-pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID, MATH]);
-pub(crate) static LAYERNORM: Shader = wgsl!("layernorm.wgsl", includes: [GRID]);
+pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID, MATH, ROWS]);
+pub(crate) static LAYERNORM: Shader = wgsl!("layernorm.wgsl", includes: [GRID, ROWS]);
 pub(crate) static EMBEDDING: Shader = wgsl!("embedding.wgsl", includes: [GRID]);
 pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
 
@@ -38,6 +39,7 @@ pub fn all_shaders() -> Vec<&'static Shader> {
     vec![
         &GRID,
         &MATH,
+        &ROWS,
         &MATMUL_TILED,
         &MATMUL_ROWS,
         &COPY2D,

@@ -135,12 +135,14 @@ pub fn sgd_step(w: &mut Tensor, grad: &Tensor, buf: &mut Tensor, s: &SgdStep) ->
                 _pad: 0,
             };
             let pipeline = gpu.pipeline(&OPTIM, "sgd", &[]);
-            let wb = w.gpu_buf_unique().expect("gpu").clone();
-            let bb = buf.gpu_buf_unique().expect("gpu").clone();
+            w.make_unique()?;
+            let wb = w.gpu_buf().expect("gpu");
+            buf.make_unique()?;
+            let bb = buf.gpu_buf().expect("gpu");
             gpu.launch(
                 &pipeline,
                 &params,
-                &[&wb, grad.gpu_buf().expect("gpu"), &bb],
+                &[wb, grad.gpu_buf().expect("gpu"), bb],
                 grid_1d(n),
             );
         }
@@ -182,13 +184,16 @@ pub fn adamw_step(
                 bc2_sqrt,
             };
             let pipeline = gpu.pipeline(&OPTIM, "adamw", &[]);
-            let wb = w.gpu_buf_unique().expect("gpu").clone();
-            let mb = m.gpu_buf_unique().expect("gpu").clone();
-            let vb = v.gpu_buf_unique().expect("gpu").clone();
+            w.make_unique()?;
+            let wb = w.gpu_buf().expect("gpu");
+            m.make_unique()?;
+            let mb = m.gpu_buf().expect("gpu");
+            v.make_unique()?;
+            let vb = v.gpu_buf().expect("gpu");
             gpu.launch(
                 &pipeline,
                 &params,
-                &[&wb, grad.gpu_buf().expect("gpu"), &mb, &vb],
+                &[wb, grad.gpu_buf().expect("gpu"), mb, vb],
                 grid_1d(n),
             );
         }

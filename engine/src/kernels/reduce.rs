@@ -147,7 +147,7 @@ struct Params {
     _pad: [u32; 2],
 }
 
-/// GPU reduction of `[outer, len, inner]` over `len`.
+/// GPU reduction of `[outer, len, inner]` over `len`, following [`plan`].
 pub(crate) fn reduce_gpu(
     gpu: &Gpu,
     x: &GpuBuf,
@@ -156,7 +156,7 @@ pub(crate) fn reduce_gpu(
     inner: usize,
     op: Reduce,
     scale: f32,
-) -> GpuBuf {
+) -> Result<GpuBuf> {
     let outputs = outer * inner;
     let out_of = |n: usize| gpu.alloc(4 * n as u64);
     if outputs == 0 {
@@ -171,39 +171,51 @@ pub(crate) fn reduce_gpu(
         scale,
         _pad: [0; 2],
     };
-    // Many outputs or a short axis: a thread per output, reading coalesced along `inner`.
-    if len <= 256 || outputs >= 4096 {
-        let out = out_of(outputs);
-        let pipeline = gpu.pipeline(&REDUCE, "per_thread", &[("OP", op.code() as f64)]);
-        gpu.launch(&pipeline, &base, &[x, &out], grid_1d(outputs));
-        return out;
+    let constants = [("OP", op.code() as f64)];
+    match plan(outputs, len) {
+        Plan::PerThread => {
+            // Reads coalesce along `inner`.
+            let out = out_of(outputs)?;
+            gpu.launch(
+                &gpu.pipeline(&REDUCE, "per_thread", &constants),
+                &base,
+                &[x, &out],
+                grid_1d(outputs),
+            );
+            Ok(out)
+        }
+        Plan::PerWorkgroup => {
+            let out = out_of(outputs)?;
+            let params = Params {
+                chunk: len as u32,
+                ..base
+            };
+            gpu.launch(
+                &gpu.pipeline(&REDUCE, "per_workgroup", &constants),
+                &params,
+                &[x, &out],
+                grid_groups(outputs),
+            );
+            Ok(out)
+        }
+        Plan::TwoPass { chunks } => {
+            let partial = out_of(outer * chunks * inner)?;
+            let params = Params {
+                chunk: CHUNK as u32,
+                chunks: chunks as u32,
+                scale: 1.0,
+                ..base
+            };
+            let grid = grid_groups(outer * chunks * inner);
+            gpu.launch(
+                &gpu.pipeline(&REDUCE, "per_workgroup", &constants),
+                &params,
+                &[x, &partial],
+                grid,
+            );
+            reduce_gpu(gpu, &partial, outer, chunks, inner, op, scale)
+        }
     }
-    let pipeline = gpu.pipeline(&REDUCE, "per_workgroup", &[("OP", op.code() as f64)]);
-    if len <= CHUNK {
-        let out = out_of(outputs);
-        let params = Params {
-            chunk: len as u32,
-            ..base
-        };
-        gpu.launch(&pipeline, &params, &[x, &out], grid_groups(outputs));
-        return out;
-    }
-    // Long axis: partial results per chunk, then reduce the chunks.
-    let chunks = len.div_ceil(CHUNK);
-    let partial = out_of(outer * chunks * inner);
-    let params = Params {
-        chunk: CHUNK as u32,
-        chunks: chunks as u32,
-        scale: 1.0,
-        ..base
-    };
-    gpu.launch(
-        &pipeline,
-        &params,
-        &[x, &partial],
-        grid_groups(outer * chunks * inner),
-    );
-    reduce_gpu(gpu, &partial, outer, chunks, inner, op, scale)
 }
 
 fn normalize_axis(op: &'static str, shape: &[usize], axis: isize) -> Result<usize> {
@@ -232,7 +244,7 @@ fn reduce_view(
             reduce_ref(x.cpu_f32().expect("cpu"), outer, len, inner, op, scale),
         ),
         Device::Gpu(gpu) => {
-            let out = reduce_gpu(gpu, x.gpu_buf().expect("gpu"), outer, len, inner, op, scale);
+            let out = reduce_gpu(gpu, x.gpu_buf().expect("gpu"), outer, len, inner, op, scale)?;
             Ok(Tensor::from_gpu(gpu, out_shape, DType::F32, out))
         }
     }
@@ -357,7 +369,7 @@ pub fn argmax_last(x: &Tensor) -> Result<Tensor> {
             argmax_ref(x.cpu_f32().expect("cpu"), rows, len),
         ),
         Device::Gpu(gpu) => {
-            let out = gpu.alloc(4 * rows as u64);
+            let out = gpu.alloc(4 * rows as u64)?;
             let pipeline = gpu.pipeline(&REDUCE, "argmax", &[]);
             let params = Params {
                 outer: rows as u32,

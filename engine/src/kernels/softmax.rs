@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::math::{exp, ln, workgroup_sum};
+use super::math::{exp, ln, workgroup_sum, ROW_LANES};
 use super::{grid_1d, grid_groups, SOFTMAX};
 use crate::error::{shape_err, Error, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -26,13 +26,10 @@ fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
     }
 }
 
-/// Invocations per row in softmax.wgsl; the references sum in its order.
-const LANES: usize = 64;
-
 /// Row maximum and sum of `exp(x - max)`, in the kernel's order.
 fn max_and_sum(row: &[f32]) -> (f32, f32) {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (m, workgroup_sum(row.iter().map(|&v| exp(v - m)), LANES))
+    (m, workgroup_sum(row.iter().map(|&v| exp(v - m)), ROW_LANES))
 }
 
 /// CPU reference of a numerically stable softmax of one row.
@@ -73,7 +70,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
             Tensor::from_vec(x.device(), x.shape(), y)
         }
         Device::Gpu(gpu) => {
-            let y = gpu.alloc(4 * x.numel() as u64);
+            let y = gpu.alloc(4 * x.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "softmax_forward", &[]);
             let params = Params {
                 rows: rows as u32,
@@ -107,7 +104,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
             let mut dx = vec![0.0; ys.len()];
             for r in 0..rows {
                 let (yr, dr) = (&ys[r * cols..][..cols], &ds[r * cols..][..cols]);
-                let s = workgroup_sum(dr.iter().zip(yr).map(|(d, y)| d * y), LANES);
+                let s = workgroup_sum(dr.iter().zip(yr).map(|(d, y)| d * y), ROW_LANES);
                 for j in 0..cols {
                     dx[r * cols + j] = yr[j] * (dr[j] - s);
                 }
@@ -115,7 +112,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
             Tensor::from_vec(y.device(), y.shape(), dx)
         }
         Device::Gpu(gpu) => {
-            let dx = gpu.alloc(4 * y.numel() as u64);
+            let dx = gpu.alloc(4 * y.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "softmax_backward", &[]);
             let params = Params {
                 rows: rows as u32,
@@ -163,8 +160,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor
             ))
         }
         Device::Gpu(gpu) => {
-            let losses = gpu.alloc(4 * rows as u64);
-            let probs = gpu.alloc(4 * logits.numel() as u64);
+            let losses = gpu.alloc(4 * rows as u64)?;
+            let probs = gpu.alloc(4 * logits.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "xent_forward", &[]);
             let params = Params {
                 rows: rows as u32,
@@ -214,7 +211,7 @@ pub fn cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss: &Tensor) -
             Tensor::from_vec(probs.device(), probs.shape(), dx)
         }
         Device::Gpu(gpu) => {
-            let dx = gpu.alloc(4 * probs.numel() as u64);
+            let dx = gpu.alloc(4 * probs.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "xent_backward", &[]);
             let params = Params {
                 rows: rows as u32,

@@ -148,7 +148,7 @@ pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
         }
         Device::Gpu(gpu) => {
             let n = x.numel();
-            let out = gpu.alloc(4 * n as u64);
+            let out = gpu.alloc(4 * n as u64)?;
             let pipeline = gpu.pipeline(&UNARY, "forward", &[("OP", op.code() as f64)]);
             gpu.launch(
                 &pipeline,
@@ -184,7 +184,7 @@ pub fn unary_backward(x: &Tensor, dy: &Tensor, op: Unary) -> Result<Tensor> {
         }
         Device::Gpu(gpu) => {
             let n = x.numel();
-            let out = gpu.alloc(4 * n as u64);
+            let out = gpu.alloc(4 * n as u64)?;
             let pipeline = gpu.pipeline(&UNARY, "backward", &[("OP", op.code() as f64)]);
             let bufs = [x.gpu_buf().expect("gpu"), dy.gpu_buf().expect("gpu"), &out];
             gpu.launch(&pipeline, &params(op, n), &bufs, grid_1d(n));

@@ -75,7 +75,7 @@ impl Tensor {
         check_len("from_vec", shape, data.len())?;
         let storage = match device {
             Device::Cpu => Storage::F32(Arc::new(data)),
-            Device::Gpu(gpu) => Storage::Gpu(gpu.upload(bytemuck::cast_slice(&data))),
+            Device::Gpu(gpu) => Storage::Gpu(gpu.upload(bytemuck::cast_slice(&data))?),
         };
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -90,7 +90,7 @@ impl Tensor {
         check_len("from_u32", shape, data.len())?;
         let storage = match device {
             Device::Cpu => Storage::U32(Arc::new(data)),
-            Device::Gpu(gpu) => Storage::Gpu(gpu.upload(bytemuck::cast_slice(&data))),
+            Device::Gpu(gpu) => Storage::Gpu(gpu.upload(bytemuck::cast_slice(&data))?),
         };
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -110,7 +110,7 @@ impl Tensor {
         check_len("zeros", shape, numel(shape))?;
         let storage = match device {
             Device::Cpu => Storage::F32(Arc::new(vec![0.0; numel(shape)])),
-            Device::Gpu(gpu) => Storage::Gpu(gpu.zeros(4 * numel(shape) as u64)),
+            Device::Gpu(gpu) => Storage::Gpu(gpu.zeros(4 * numel(shape) as u64)?),
         };
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -277,20 +277,18 @@ impl Tensor {
         }
     }
 
-    /// A GPU buffer this tensor owns alone, copying first if shared.
-    pub(crate) fn gpu_buf_unique(&mut self) -> Option<&GpuBuf> {
-        let Device::Gpu(gpu) = &self.device else {
-            return None;
-        };
-        let Storage::Gpu(buf) = &mut self.storage else {
-            return None;
+    /// Gives this tensor a GPU buffer of its own, copying the data first if a clone shares
+    /// it, so that it can be written in place. A no-op on the CPU (see `cpu_f32_mut`).
+    pub(crate) fn make_unique(&mut self) -> Result<()> {
+        let (Device::Gpu(gpu), Storage::Gpu(buf)) = (&self.device, &mut self.storage) else {
+            return Ok(());
         };
         if !buf.is_unique() {
-            let copy = gpu.alloc(buf.bytes());
+            let copy = gpu.alloc(buf.bytes())?;
             gpu.copy(buf, 0, &copy, 0, buf.bytes());
             *buf = copy;
         }
-        Some(buf)
+        Ok(())
     }
 }
 

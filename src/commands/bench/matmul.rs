@@ -102,8 +102,8 @@ fn gpu_gflops(
     let a: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
     let b: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
     let (ga, gb) = (
-        gpu.upload(bytemuck::cast_slice(&a)),
-        gpu.upload(bytemuck::cast_slice(&b)),
+        gpu.upload(bytemuck::cast_slice(&a))?,
+        gpu.upload(bytemuck::cast_slice(&b))?,
     );
     let dims = MatmulDims {
         batch: 1,
@@ -115,11 +115,14 @@ fn gpu_gflops(
         a_batched: true,
         b_batched: true,
     };
+    // One checked call first: later calls cannot fail on sizes.
+    matmul_gpu(gpu, &ga, &gb, &dims, kernel)?;
     let seconds = time_until(
         min_seconds,
         || gpu.sync().expect("GPU sync"),
         || {
-            let _ = matmul_gpu(gpu, &ga, &gb, &dims, kernel);
+            let _ =
+                matmul_gpu(gpu, &ga, &gb, &dims, kernel).expect("sizes checked by the first call");
         },
     );
     gpu.check()?;
