@@ -60,25 +60,35 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     }
 }
 
-/// MNIST's train and test splits, or `None` (with a visible notice) when the data has not
+/// A dataset's train and test splits, or `None` (with a visible notice) when the data has not
 /// been fetched. Under CI (`CI` set) missing data is a failure, not a skip.
-pub fn mnist_or_skip(
+pub fn dataset_or_skip(
+    dataset: murmur_engine::data::ImageDataset,
     test: &str,
 ) -> Option<(murmur_engine::data::ImageSet, murmur_engine::data::ImageSet)> {
-    use murmur_engine::data::{default_root, ImageDataset, Split};
+    use murmur_engine::data::{default_root, Split};
     let root = default_root();
     let load = || -> murmur_engine::Result<_> {
         Ok((
-            ImageDataset::Mnist.load(&root, Split::Train)?,
-            ImageDataset::Mnist.load(&root, Split::Test)?,
+            dataset.load(&root, Split::Train)?,
+            dataset.load(&root, Split::Test)?,
         ))
     };
     match load() {
         Ok(sets) => Some(sets),
-        Err(e) if std::env::var_os("CI").is_some() => panic!("{test} needs MNIST under CI: {e}"),
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("{test} needs {} under CI: {e}", dataset.name())
+        }
         Err(e) => {
             eprintln!("NOTICE: skipping {test}: {e}");
             None
         }
     }
+}
+
+/// MNIST's splits; see [`dataset_or_skip`].
+pub fn mnist_or_skip(
+    test: &str,
+) -> Option<(murmur_engine::data::ImageSet, murmur_engine::data::ImageSet)> {
+    dataset_or_skip(murmur_engine::data::ImageDataset::Mnist, test)
 }
