@@ -34,6 +34,9 @@ pub enum Error {
     /// Bad or missing data files.
     #[error("{0}")]
     Data(String),
+    /// A compressed payload that does not decode: wrong length, bad header, values out of range.
+    #[error("bad {codec} payload: {detail}")]
+    Payload { codec: String, detail: String },
     /// A configuration value that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),

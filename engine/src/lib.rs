@@ -5,6 +5,7 @@
 //! `StageLink` traits, which `murmur-net` implements over QUIC.
 
 pub mod autograd;
+pub mod compress;
 pub mod data;
 pub mod error;
 pub mod gpu;

@@ -241,6 +241,18 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// Records zeroing a whole buffer.
+    pub fn clear(&self, buf: &GpuBuf) {
+        if buf.bytes() > 0 {
+            let mut rec = self.recorder.lock().expect("recorder lock");
+            rec.transfer(&self.device).clear_buffer(
+                buf.raw(),
+                0,
+                Some(buf.bytes().next_multiple_of(4)),
+            );
+        }
+    }
+
     /// Records a copy of `bytes` bytes between buffers.
     pub fn copy(&self, src: &GpuBuf, src_offset: u64, dst: &GpuBuf, dst_offset: u64, bytes: u64) {
         if bytes == 0 {

@@ -19,7 +19,7 @@ pub mod unary;
 use crate::gpu::Shader;
 use crate::wgsl;
 
-pub(crate) static GRID: Shader = wgsl!("common/grid.wgsl");
+pub static GRID: Shader = wgsl!("common/grid.wgsl");
 pub(crate) static MATH: Shader = wgsl!("common/math.wgsl");
 pub(crate) static ROWS: Shader = wgsl!("common/rows.wgsl");
 pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl");
@@ -36,7 +36,8 @@ pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
 
 /// Every shader the engine compiles, for validation tests.
 pub fn all_shaders() -> Vec<&'static Shader> {
-    vec![
+    let mut all = crate::compress::gpu_shaders();
+    all.extend([
         &GRID,
         &MATH,
         &ROWS,
@@ -51,7 +52,8 @@ pub fn all_shaders() -> Vec<&'static Shader> {
         &LAYERNORM,
         &EMBEDDING,
         &OPTIM,
-    ]
+    ]);
+    all
 }
 
 /// Workgroup width of the flat elementwise kernels (`WG` in common/grid.wgsl).

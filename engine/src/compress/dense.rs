@@ -1,0 +1,415 @@
+//! Dense quantizers: a few f32 scales, then one b-bit code per element.
+//!
+//! ```text
+//! payload = [scale f32 LE] * header_count(n)  ||  codes packed LSB-first, b bits each
+//! ```
+//!
+//! | codec | scales | code of v (non-finite v counts as 0) | value of code c |
+//! |---|---|---|---|
+//! | `dither:linear` | norm (max or l2) | sign(v)*q, q = stochastic rounding of |v|*(s/norm) onto 0..s | q*(norm/s) |
+//! | `dither:natural` | norm | sign(v)*(j+1) for q = 2^j, 0 for q = 0, q stochastic onto {0,1,2,..,2^(s-1)} | 2^(|c|-1)*(norm/2^(s-1)) |
+//! | `natural` | none | 9 bits: sign, then the biased exponent of a or 2a (a = 2^floor(log2|v|)), 0 for zero | +-2^(e-127) |
+//! | `qsgd` | max|v| | sign(v)*l, l = round(|v|*(L/max)) (nearest: ties to even; or stochastic), L = 2^(b-1)-1 | l*(max/L) |
+//! | `loco` | none (s = 2^log2s fixed) | clamp(rne(v*s), -2^(p-1), 2^(p-1)-1) | c*2^-log2s |
+//! | `blockq` | per group: max/2^(b-1) | clamp(rne(v*(2^(b-1)/max)), ...) | c*scale |
+//!
+//! Codes are two's complement. b is `1 + bit_length(s)` for dithering (s = 15 gives 5 bits),
+//! 9 for natural compression, and the spec's `bits` otherwise. Codes a decoder cannot have
+//! produced (|c| > s, -2^(b-1) for qsgd, exponent 255) are errors, as are non-finite or
+//! negative scales. Subnormal inputs to natural compression encode as zero, and results past
+//! 2^127 saturate there.
+
+use rayon::prelude::*;
+
+use super::gpu::{dense_decode_gpu, dense_encode_gpu};
+use super::support::{
+    canonical_sum, clean, max_abs, pack, packed_len, payload_err, read_scale, sign_extend,
+    to_pattern, unpack,
+};
+use super::{
+    bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
+    Rounding,
+};
+use crate::error::Result;
+use crate::gpu::{Gpu, GpuBuf};
+use crate::rng::{element_words, unit_f32};
+
+/// Elements per parallel task: a multiple of 32, so each task's codes start on a word.
+const TASK: usize = 4096;
+
+fn bit_length(s: u32) -> u32 {
+    32 - s.leading_zeros()
+}
+
+/// `x * 2^e` built exactly from exponent bits (|e| <= 126).
+pub(super) fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// Uniform in [0, 1) from a random word (24 bits, exact on every device).
+#[inline]
+fn uniform(word: u32) -> f32 {
+    unit_f32(word)
+}
+
+/// Stochastic rounding of `xi >= 0` onto `0..=top`: floor, plus one with probability equal
+/// to the fraction.
+#[inline]
+fn stochastic_level(xi: f32, top: f32, word: u32) -> f32 {
+    let l = xi.floor();
+    if l >= top {
+        top
+    } else if uniform(word) < xi - l {
+        l + 1.0
+    } else {
+        l
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DenseCodec {
+    pub spec: CodecSpec,
+    /// Bits per code.
+    pub bits: u32,
+}
+
+impl DenseCodec {
+    pub fn new(spec: CodecSpec) -> Self {
+        let bits = match spec {
+            CodecSpec::Dither { s, .. } => 1 + bit_length(s),
+            CodecSpec::Natural => 9,
+            CodecSpec::Qsgd { bits, .. }
+            | CodecSpec::Loco { bits, .. }
+            | CodecSpec::BlockQ { bits, .. } => bits,
+            other => unreachable!("{other} is not a dense quantizer"),
+        };
+        DenseCodec { spec, bits }
+    }
+
+    fn name(&self) -> String {
+        self.spec.to_string()
+    }
+
+    /// Number of f32 scales in front of the codes.
+    pub fn header_count(&self, n: usize) -> usize {
+        match self.spec {
+            CodecSpec::Dither { .. } | CodecSpec::Qsgd { .. } => 1,
+            CodecSpec::BlockQ { group, .. } => n.div_ceil(group),
+            _ => 0,
+        }
+    }
+
+    pub fn stochastic(&self) -> bool {
+        matches!(
+            self.spec,
+            CodecSpec::Dither { .. }
+                | CodecSpec::Natural
+                | CodecSpec::Qsgd {
+                    rounding: Rounding::Stochastic,
+                    ..
+                }
+        )
+    }
+
+    /// The header scales of `x`.
+    fn scales(&self, x: &[f32]) -> Vec<f32> {
+        match self.spec {
+            CodecSpec::Dither {
+                norm: Norm::Max, ..
+            }
+            | CodecSpec::Qsgd { .. } => vec![max_abs(x)],
+            CodecSpec::Dither { norm: Norm::L2, .. } => {
+                vec![canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i])).sqrt()]
+            }
+            CodecSpec::BlockQ { bits, group } => x
+                .par_chunks(group)
+                .map(|g| {
+                    let m = g.iter().fold(0.0f32, |m, &v| m.max(clean(v).abs()));
+                    if m == 0.0 {
+                        1.0
+                    } else {
+                        m * pow2(1 - bits as i32)
+                    }
+                })
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    /// The per-payload factors the element formulas use, derived from the scales the same way
+    /// on every device: (encode factor, decode step).
+    fn factors(&self, scale: f32) -> (f32, f32) {
+        match self.spec {
+            CodecSpec::Dither {
+                levels: Levels::Linear,
+                s,
+                ..
+            } => ((s as f32) / scale, scale / (s as f32)),
+            CodecSpec::Dither {
+                levels: Levels::Natural,
+                s,
+                ..
+            } => {
+                let top = pow2(s as i32 - 1);
+                (top / scale, scale / top)
+            }
+            CodecSpec::Qsgd { bits, .. } => {
+                let l = ((1u32 << (bits - 1)) - 1) as f32;
+                (l / scale, scale / l)
+            }
+            // 1/scale is 2^(b-1)/max exactly: scale is max * 2^(1-b), a power-of-two multiple.
+            CodecSpec::BlockQ { .. } => (1.0 / scale, scale),
+            CodecSpec::Loco { log2s, .. } => (pow2(log2s), pow2(-log2s)),
+            _ => (1.0, 1.0),
+        }
+    }
+
+    /// The code pattern of one (cleaned) element.
+    #[inline]
+    fn code(&self, v: f32, scale: f32, factor: f32, word: u32) -> u32 {
+        let b = self.bits;
+        match self.spec {
+            CodecSpec::Dither { levels, s, .. } => {
+                if scale == 0.0 {
+                    return 0;
+                }
+                let xi = v.abs() * factor;
+                let mag = match levels {
+                    Levels::Linear => stochastic_level(xi, s as f32, word) as i32,
+                    Levels::Natural => {
+                        let top = pow2(s as i32 - 1);
+                        let q = if xi >= top {
+                            top
+                        } else if xi < 1.0 {
+                            if uniform(word) < xi {
+                                1.0
+                            } else {
+                                0.0
+                            }
+                        } else {
+                            let lo = f32::from_bits(xi.to_bits() & 0xff80_0000);
+                            if uniform(word) < (xi - lo) / lo {
+                                2.0 * lo
+                            } else {
+                                lo
+                            }
+                        };
+                        if q == 0.0 {
+                            0
+                        } else {
+                            ((q.to_bits() >> 23) as i32 - 127) + 1
+                        }
+                    }
+                };
+                to_pattern(if v < 0.0 { -mag } else { mag }, b)
+            }
+            CodecSpec::Natural => {
+                let bits = v.to_bits();
+                let e = (bits >> 23) & 0xff;
+                if e == 0 {
+                    return 0;
+                }
+                let frac = (bits & 0x007f_ffff) as f32 * pow2(-23);
+                let e = if uniform(word) < frac {
+                    (e + 1).min(254)
+                } else {
+                    e
+                };
+                ((bits >> 31) << 8) | e
+            }
+            CodecSpec::Qsgd { bits, rounding } => {
+                if scale == 0.0 {
+                    return 0;
+                }
+                let top = ((1u32 << (bits - 1)) - 1) as f32;
+                let xi = v.abs() * factor;
+                let l = match rounding {
+                    Rounding::Nearest => xi.round_ties_even().min(top),
+                    Rounding::Stochastic => stochastic_level(xi, top, word),
+                } as i32;
+                to_pattern(if v < 0.0 { -l } else { l }, b)
+            }
+            CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
+                let lim = (1i32 << (b - 1)) as f32;
+                to_pattern(
+                    (v * factor).round_ties_even().clamp(-lim, lim - 1.0) as i32,
+                    b,
+                )
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// The value of a code pattern, or `None` for a pattern no encoder produces.
+    #[inline]
+    fn value(&self, pattern: u32, step: f32) -> Option<f32> {
+        let b = self.bits;
+        match self.spec {
+            CodecSpec::Dither { levels, s, .. } => {
+                let c = sign_extend(pattern, b);
+                if c.unsigned_abs() > s {
+                    return None;
+                }
+                let mag = match levels {
+                    Levels::Linear => c.unsigned_abs() as f32 * step,
+                    Levels::Natural if c == 0 => 0.0,
+                    Levels::Natural => pow2(c.unsigned_abs() as i32 - 1) * step,
+                };
+                Some(if c < 0 { -mag } else { mag })
+            }
+            CodecSpec::Natural => {
+                let e = pattern & 0xff;
+                match (pattern >> 8, e) {
+                    (0, 0) => Some(0.0),
+                    (_, 0) | (_, 255) => None,
+                    (sign, e) => Some(f32::from_bits((sign << 31) | (e << 23))),
+                }
+            }
+            CodecSpec::Qsgd { bits, .. } => {
+                let c = sign_extend(pattern, b);
+                (c.unsigned_abs() < (1 << (bits - 1))).then_some(c as f32 * step)
+            }
+            CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
+                Some(sign_extend(pattern, b) as f32 * step)
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// Scale and factors that apply to element `i`.
+    #[inline]
+    fn scale_for(&self, scales: &[f32], i: usize) -> f32 {
+        match self.spec {
+            CodecSpec::BlockQ { group, .. } => scales[i / group],
+            _ => scales.first().copied().unwrap_or(1.0),
+        }
+    }
+}
+
+impl Codec for DenseCodec {
+    fn spec(&self) -> CodecSpec {
+        self.spec
+    }
+
+    fn properties(&self) -> Properties {
+        let n = 1 << 20;
+        Properties {
+            bits_per_element: bits_per_element(self.payload_len(n), n),
+            unbiased: matches!(
+                self.spec,
+                CodecSpec::Dither { .. }
+                    | CodecSpec::Natural
+                    | CodecSpec::Qsgd {
+                        rounding: Rounding::Stochastic,
+                        ..
+                    }
+            ),
+            stochastic: self.stochastic(),
+        }
+    }
+
+    fn payload_len(&self, n: usize) -> usize {
+        4 * self.header_count(n) + packed_len(n, self.bits)
+    }
+
+    fn encode(&self, x: &[f32], ctx: &CodecContext) -> Vec<u8> {
+        let n = x.len();
+        let scales = self.scales(x);
+        let head = 4 * scales.len();
+        let mut out = vec![0u8; self.payload_len(n)];
+        for (i, s) in scales.iter().enumerate() {
+            out[4 * i..4 * i + 4].copy_from_slice(&s.to_le_bytes());
+        }
+        let task_bytes = TASK / 8 * self.bits as usize;
+        out[head..]
+            .par_chunks_mut(task_bytes)
+            .zip(x.par_chunks(TASK))
+            .enumerate()
+            .for_each(|(t, (bytes, xs))| {
+                let first = t * TASK;
+                let mut words = vec![0u32; if self.stochastic() { xs.len() } else { 0 }];
+                if self.stochastic() {
+                    element_words(ctx.seed, ctx.step, ctx.key, first as u32, &mut words);
+                }
+                // Blocks have one scale each; other codecs one for the payload.
+                let mut codes = vec![0u32; xs.len()];
+                let mut current = (f32::NAN, 0.0, 0.0);
+                for (j, (&v, c)) in xs.iter().zip(codes.iter_mut()).enumerate() {
+                    let scale = self.scale_for(&scales, first + j);
+                    if scale.to_bits() != current.0.to_bits() {
+                        let (f, s) = self.factors(scale);
+                        current = (scale, f, s);
+                    }
+                    *c = self.code(
+                        clean(v),
+                        scale,
+                        current.1,
+                        words.get(j).copied().unwrap_or(0),
+                    );
+                }
+                pack(&codes, self.bits, bytes);
+            });
+        out
+    }
+
+    fn decode_into(
+        &self,
+        payload: &[u8],
+        out: &mut [f32],
+        _ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        let n = out.len();
+        let name = self.name();
+        if payload.len() != self.payload_len(n) {
+            return Err(payload_err(
+                &name,
+                format!(
+                    "{} bytes for {n} elements, expected {}",
+                    payload.len(),
+                    self.payload_len(n)
+                ),
+            ));
+        }
+        let head = 4 * self.header_count(n);
+        let scales = (0..self.header_count(n))
+            .map(|i| read_scale(payload, i, &name))
+            .collect::<Result<Vec<_>>>()?;
+        let patterns = unpack(&payload[head..], n, self.bits, &name)?;
+        // Every value first, so that a bad code leaves `out` untouched.
+        let values = patterns
+            .par_iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let (_, step) = self.factors(self.scale_for(&scales, i));
+                self.value(p, step).ok_or_else(|| {
+                    payload_err(
+                        &name,
+                        format!("element {i} has code {p:#x}, which no encoder produces"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<f32>>>()?;
+        match mode {
+            DecodeMode::Set => out.copy_from_slice(&values),
+            DecodeMode::Add => out.par_iter_mut().zip(&values).for_each(|(o, v)| *o += v),
+        }
+        Ok(())
+    }
+
+    fn encode_gpu(&self, gpu: &Gpu, x: &GpuBuf, n: usize, ctx: &CodecContext) -> Result<GpuBuf> {
+        dense_encode_gpu(self, gpu, x, n, ctx)
+    }
+
+    fn decode_gpu(
+        &self,
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        _ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        dense_decode_gpu(self, gpu, payload, out, n, mode)
+    }
+}

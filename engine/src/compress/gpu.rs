@@ -1,0 +1,590 @@
+//! The GPU halves of the codecs: launching the kernels of shaders/compress/ in the order that
+//! reproduces the CPU implementation's bytes.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::dense::DenseCodec;
+use super::support::CHUNK;
+use super::{CodecContext, CodecSpec, DecodeMode, Levels, Norm, Rounding};
+use crate::error::Result;
+use crate::gpu::{Gpu, GpuBuf, Shader};
+use crate::kernels::{grid_1d, grid_groups, GRID};
+use crate::wgsl;
+
+pub(crate) static COMMON: Shader = wgsl!("compress/common.wgsl");
+pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, COMMON]);
+pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, COMMON]);
+pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, COMMON]);
+pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, COMMON]);
+pub(crate) static SELECT: Shader = wgsl!("compress/select.wgsl", includes: [GRID, COMMON]);
+pub(crate) static SPARSE: Shader = wgsl!("compress/sparse.wgsl", includes: [GRID, COMMON]);
+
+/// Every codec shader, for validation tests.
+pub fn shaders() -> Vec<&'static Shader> {
+    vec![&COMMON, &REDUCE, &PLAIN, &SIGN, &DENSE, &SELECT, &SPARSE]
+}
+
+fn mode_code(mode: DecodeMode) -> f64 {
+    match mode {
+        DecodeMode::Set => 0.0,
+        DecodeMode::Add => 1.0,
+    }
+}
+
+fn seed_words(ctx: &CodecContext) -> [u32; 2] {
+    [ctx.seed as u32, (ctx.seed >> 32) as u32]
+}
+
+/// A zeroed buffer for a payload of `len` bytes (rounded up to whole words).
+fn payload_buffer(gpu: &Gpu, len: usize) -> Result<GpuBuf> {
+    gpu.zeros(len.next_multiple_of(4) as u64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions (reduce.wgsl)
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ReduceParams {
+    n: u32,
+    dst: u32,
+    group: u32,
+    bits: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fold {
+    SumAbs = 0,
+    SumSquares = 1,
+    MaxAbs = 2,
+}
+
+/// The canonical reduction of `x[..n]` into a one-element buffer.
+fn canonical(gpu: &Gpu, x: &GpuBuf, n: usize, fold: Fold) -> Result<GpuBuf> {
+    let mut len = n;
+    let mut mode = fold as u32;
+    let mut input = x.clone();
+    loop {
+        let chunks = len.div_ceil(CHUNK).max(1);
+        let out = gpu.alloc(4 * chunks as u64)?;
+        let pipeline = gpu.pipeline(&REDUCE, "chunks", &[("MODE", mode as f64)]);
+        gpu.launch(
+            &pipeline,
+            &ReduceParams {
+                n: len as u32,
+                dst: 0,
+                group: 0,
+                bits: 0,
+            },
+            &[&input, &out],
+            grid_groups(chunks),
+        );
+        if chunks == 1 {
+            return Ok(out);
+        }
+        // Later levels fold the chunk results as they are.
+        mode = if fold == Fold::MaxAbs { 4 } else { 3 };
+        input = out;
+        len = chunks;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Finish {
+    Copy = 0,
+    Sqrt = 1,
+    MeanOverN = 2,
+}
+
+/// Writes `f(value)` into word `dst` of `payload`.
+fn finish(gpu: &Gpu, value: &GpuBuf, payload: &GpuBuf, dst: usize, how: Finish, n: usize) {
+    let pipeline = gpu.pipeline(&REDUCE, "finish", &[("FINISH", how as u32 as f64)]);
+    gpu.launch(
+        &pipeline,
+        &ReduceParams {
+            n: n as u32,
+            dst: dst as u32,
+            group: 0,
+            bits: 0,
+        },
+        &[value, payload],
+        [1, 1, 1],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32, f16, bf16 (plain.wgsl)
+
+pub(super) mod plain_gpu {
+    use super::*;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct Params {
+        n: u32,
+        _pad: [u32; 3],
+    }
+
+    fn kind(spec: CodecSpec) -> f64 {
+        match spec {
+            CodecSpec::F32 => 0.0,
+            CodecSpec::F16 => 1.0,
+            _ => 2.0,
+        }
+    }
+
+    pub fn encode(spec: CodecSpec, gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
+        let width = if spec == CodecSpec::F32 { 4 } else { 2 };
+        let payload = payload_buffer(gpu, width * n)?;
+        let words = if spec == CodecSpec::F32 {
+            n
+        } else {
+            n.div_ceil(2)
+        };
+        let pipeline = gpu.pipeline(&PLAIN, "encode", &[("KIND", kind(spec))]);
+        gpu.launch(
+            &pipeline,
+            &Params {
+                n: n as u32,
+                _pad: [0; 3],
+            },
+            &[x, &payload],
+            grid_1d(words),
+        );
+        Ok(payload)
+    }
+
+    pub fn decode(
+        spec: CodecSpec,
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        let pipeline = gpu.pipeline(
+            &PLAIN,
+            "decode",
+            &[("KIND", kind(spec)), ("MODE", mode_code(mode))],
+        );
+        gpu.launch(
+            &pipeline,
+            &Params {
+                n: n as u32,
+                _pad: [0; 3],
+            },
+            &[payload, out],
+            grid_1d(n),
+        );
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scaled sign (sign.wgsl)
+
+pub(super) mod sign_gpu {
+    use super::*;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct Params {
+        n: u32,
+        scale_word: u32,
+        _pad: [u32; 2],
+    }
+
+    pub fn encode(gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
+        let scale_word = 2 * n.div_ceil(64);
+        let payload = payload_buffer(gpu, 4 * scale_word + 4)?;
+        let params = Params {
+            n: n as u32,
+            scale_word: scale_word as u32,
+            _pad: [0; 2],
+        };
+        gpu.launch(
+            &gpu.pipeline(&SIGN, "encode", &[]),
+            &params,
+            &[x, &payload],
+            grid_1d(scale_word),
+        );
+        let sum = canonical(gpu, x, n, Fold::SumAbs)?;
+        finish(gpu, &sum, &payload, scale_word, Finish::MeanOverN, n);
+        Ok(payload)
+    }
+
+    pub fn decode(
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        let params = Params {
+            n: n as u32,
+            scale_word: 2 * n.div_ceil(64) as u32,
+            _pad: [0; 2],
+        };
+        let pipeline = gpu.pipeline(&SIGN, "decode", &[("MODE", mode_code(mode))]);
+        gpu.launch(&pipeline, &params, &[payload, out], grid_1d(n));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense quantizers (dense.wgsl)
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct DenseParams {
+    n: u32,
+    bits: u32,
+    header: u32,
+    s: u32,
+    group: u32,
+    log2s: i32,
+    step: u32,
+    key: u32,
+    seed: [u32; 2],
+    _pad: [u32; 2],
+}
+
+fn dense_op(spec: CodecSpec) -> (f64, bool) {
+    match spec {
+        CodecSpec::Dither {
+            levels: Levels::Linear,
+            ..
+        } => (0.0, false),
+        CodecSpec::Dither {
+            levels: Levels::Natural,
+            ..
+        } => (1.0, false),
+        CodecSpec::Natural => (2.0, false),
+        CodecSpec::Qsgd { rounding, .. } => (3.0, rounding == Rounding::Stochastic),
+        CodecSpec::Loco { .. } => (4.0, false),
+        CodecSpec::BlockQ { .. } => (5.0, false),
+        other => unreachable!("{other} is not dense"),
+    }
+}
+
+fn dense_params(codec: &DenseCodec, n: usize, ctx: &CodecContext) -> DenseParams {
+    let (s, group, log2s) = match codec.spec {
+        CodecSpec::Dither { s, .. } => (s, 1, 0),
+        CodecSpec::BlockQ { group, .. } => (0, group as u32, 0),
+        CodecSpec::Loco { log2s, .. } => (0, 1, log2s),
+        _ => (0, 1, 0),
+    };
+    DenseParams {
+        n: n as u32,
+        bits: codec.bits,
+        header: codec.header_count(n) as u32,
+        s,
+        group,
+        log2s,
+        step: ctx.step,
+        key: ctx.key,
+        seed: seed_words(ctx),
+        _pad: [0; 2],
+    }
+}
+
+pub(super) fn dense_encode_gpu(
+    codec: &DenseCodec,
+    gpu: &Gpu,
+    x: &GpuBuf,
+    n: usize,
+    ctx: &CodecContext,
+) -> Result<GpuBuf> {
+    use super::Codec;
+    let payload = payload_buffer(gpu, codec.payload_len(n))?;
+    match codec.spec {
+        CodecSpec::Dither {
+            norm: Norm::Max, ..
+        }
+        | CodecSpec::Qsgd { .. } => finish(
+            gpu,
+            &canonical(gpu, x, n, Fold::MaxAbs)?,
+            &payload,
+            0,
+            Finish::Copy,
+            n,
+        ),
+        CodecSpec::Dither { norm: Norm::L2, .. } => finish(
+            gpu,
+            &canonical(gpu, x, n, Fold::SumSquares)?,
+            &payload,
+            0,
+            Finish::Sqrt,
+            n,
+        ),
+        CodecSpec::BlockQ { bits, group } => {
+            let params = ReduceParams {
+                n: n as u32,
+                dst: 0,
+                group: group as u32,
+                bits,
+            };
+            gpu.launch(
+                &gpu.pipeline(&REDUCE, "group_max", &[]),
+                &params,
+                &[x, &payload],
+                grid_1d(n.div_ceil(group)),
+            );
+        }
+        _ => {}
+    }
+    let (op, stochastic) = dense_op(codec.spec);
+    let pipeline = gpu.pipeline(
+        &DENSE,
+        "encode",
+        &[("OP", op), ("STOCHASTIC", stochastic as u8 as f64)],
+    );
+    gpu.launch(
+        &pipeline,
+        &dense_params(codec, n, ctx),
+        &[x, &payload],
+        grid_groups(n.div_ceil(32).div_ceil(64)),
+    );
+    Ok(payload)
+}
+
+pub(super) fn dense_decode_gpu(
+    codec: &DenseCodec,
+    gpu: &Gpu,
+    payload: &GpuBuf,
+    out: &GpuBuf,
+    n: usize,
+    mode: DecodeMode,
+) -> Result<()> {
+    let (op, stochastic) = dense_op(codec.spec);
+    let constants = [
+        ("OP", op),
+        ("STOCHASTIC", stochastic as u8 as f64),
+        ("MODE", mode_code(mode)),
+    ];
+    let params = dense_params(codec, n, &CodecContext::default());
+    gpu.launch(
+        &gpu.pipeline(&DENSE, "decode", &constants),
+        &params,
+        &[payload, out],
+        grid_1d(n),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection and sparse payloads (select.wgsl, sparse.wgsl)
+
+pub(super) mod sparse_gpu {
+    use super::*;
+    use crate::compress::sparse::Sparse;
+    use crate::compress::Codec;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct SelectParams {
+        n: u32,
+        k: u32,
+        step: u32,
+        key: u32,
+        seed: [u32; 2],
+        mask_offset: u32,
+        _pad: u32,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct SparseParams {
+        n: u32,
+        k: u32,
+        bits: u32,
+        mask_offset: u32,
+        codes_offset: u32,
+        factor: f32,
+        _pad: [u32; 2],
+    }
+
+    const BLOCK: usize = 4096;
+
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Key {
+        Magnitude = 0,
+        Random = 1,
+        Mask = 2,
+    }
+
+    /// Indices of the k selected elements, increasing, as select.rs defines them.
+    fn select(
+        gpu: &Gpu,
+        src: &GpuBuf,
+        key: Key,
+        n: usize,
+        k: usize,
+        ctx: &CodecContext,
+        mask_offset: usize,
+    ) -> Result<GpuBuf> {
+        let hist = gpu.zeros(4 << 16)?;
+        let state = if key == Key::Mask {
+            // The mask's set bits are the selection: threshold 1, take all k of them.
+            gpu.upload(bytemuck::cast_slice(&[0u32, 0, 1, k as u32]))?
+        } else {
+            gpu.zeros(16)?
+        };
+        let blocks = n.div_ceil(BLOCK).max(1);
+        let block_info = gpu.alloc(16 * blocks as u64)?;
+        let out = gpu.alloc(4 * k as u64)?;
+        let params = SelectParams {
+            n: n as u32,
+            k: k as u32,
+            step: ctx.step,
+            key: ctx.key,
+            seed: seed_words(ctx),
+            mask_offset: mask_offset as u32,
+            _pad: 0,
+        };
+        let bufs = [src, &state, &hist, &block_info, &out];
+        let run = |entry: &'static str, grid: [u32; 3]| {
+            gpu.launch(
+                &gpu.pipeline(&SELECT, entry, &[("KEY", key as u32 as f64)]),
+                &params,
+                &bufs,
+                grid,
+            );
+        };
+        if key != Key::Mask {
+            run("hist_high", grid_1d(n));
+            run("find_high", [1, 1, 1]);
+            gpu.clear(&hist);
+            run("hist_low", grid_1d(n));
+            run("find_low", [1, 1, 1]);
+        }
+        run("block_counts", grid_groups(blocks));
+        run("block_offsets", [1, 1, 1]);
+        run("compact", grid_groups(blocks));
+        Ok(out)
+    }
+
+    fn kind(spec: CodecSpec) -> f64 {
+        match spec {
+            CodecSpec::TopK {
+                f16_values: false, ..
+            } => 0.0,
+            CodecSpec::TopK {
+                f16_values: true, ..
+            } => 1.0,
+            CodecSpec::RandK {
+                shared_seed: true, ..
+            } => 2.0,
+            CodecSpec::RandK {
+                shared_seed: false, ..
+            } => 3.0,
+            _ => 4.0,
+        }
+    }
+
+    fn params(s: &Sparse, n: usize) -> SparseParams {
+        let k = s.k(n);
+        let (bits, factor) = match s.spec {
+            CodecSpec::Hybrid { bits, .. } => (bits, 1.0),
+            CodecSpec::RandK { scaled: true, .. } if k > 0 => (0, n as f32 / k as f32),
+            _ => (0, 1.0),
+        };
+        let mask_offset = 1;
+        SparseParams {
+            n: n as u32,
+            k: k as u32,
+            bits,
+            mask_offset,
+            codes_offset: mask_offset + n.div_ceil(32) as u32,
+            factor,
+            _pad: [0; 2],
+        }
+    }
+
+    pub fn encode(
+        s: &Sparse,
+        gpu: &Gpu,
+        x: &GpuBuf,
+        n: usize,
+        ctx: &CodecContext,
+    ) -> Result<GpuBuf> {
+        let k = s.k(n);
+        let payload = payload_buffer(gpu, s.payload_len(n))?;
+        if k == 0 {
+            return Ok(payload);
+        }
+        let key = if matches!(s.spec, CodecSpec::RandK { .. }) {
+            Key::Random
+        } else {
+            Key::Magnitude
+        };
+        let idx = select(gpu, x, key, n, k, ctx, 0)?;
+        let p = params(s, n);
+        let tmp = gpu.alloc(4 * k as u64)?;
+        let pipeline = |entry: &'static str| {
+            gpu.pipeline(&SPARSE, entry, &[("KIND", kind(s.spec)), ("MODE", 0.0)])
+        };
+        let bufs = [x, &idx, &payload, &tmp];
+        if let CodecSpec::Hybrid { .. } = s.spec {
+            // The top-k always holds the largest |v|, so the payload's scale is the global max.
+            finish(
+                gpu,
+                &canonical(gpu, x, n, Fold::MaxAbs)?,
+                &payload,
+                0,
+                Finish::Copy,
+                n,
+            );
+            gpu.launch(&pipeline("mark_mask"), &p, &bufs, grid_1d(k));
+        }
+        gpu.launch(&pipeline("gather"), &p, &bufs, grid_1d(k));
+        match s.spec {
+            CodecSpec::TopK {
+                f16_values: true, ..
+            } => gpu.launch(&pipeline("pack_halves"), &p, &bufs, grid_1d(k.div_ceil(2))),
+            CodecSpec::Hybrid { .. } => gpu.launch(
+                &pipeline("pack_codes"),
+                &p,
+                &bufs,
+                grid_groups(k.div_ceil(32).div_ceil(64)),
+            ),
+            _ => {}
+        }
+        Ok(payload)
+    }
+
+    pub fn decode(
+        s: &Sparse,
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        let k = s.k(n);
+        if mode == DecodeMode::Set {
+            gpu.clear(out);
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let p = params(s, n);
+        let kept = match s.spec {
+            CodecSpec::RandK {
+                shared_seed: true, ..
+            } => select(gpu, payload, Key::Random, n, k, ctx, 0)?,
+            CodecSpec::Hybrid { .. } => {
+                select(gpu, payload, Key::Mask, n, k, ctx, p.mask_offset as usize)?
+            }
+            _ => gpu.alloc(4)?,
+        };
+        let pipeline = gpu.pipeline(
+            &SPARSE,
+            "scatter",
+            &[("KIND", kind(s.spec)), ("MODE", mode_code(mode))],
+        );
+        gpu.launch(&pipeline, &p, &[payload, &kept, out], grid_1d(k));
+        Ok(())
+    }
+}

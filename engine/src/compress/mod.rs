@@ -1,0 +1,144 @@
+//! Compression codecs: dense f32 in, payload bytes out, and back.
+//!
+//! Every codec has a CPU implementation (multithreaded with rayon; what parameter servers run)
+//! and a WGSL one (`shaders/compress/`), and both produce the same bytes: reductions run in the
+//! canonical order of [`support::canonical_sum`], and randomness comes from the counter-based
+//! generator keyed by (seed, step, key, element index). Payload layouts are documented in each
+//! codec's file and in docs/wire-format.md; a payload carries no header of its own, since the
+//! frame around it names the codec, the key and the element count.
+//!
+//! Decoders treat payloads as untrusted: a wrong length, a bad scale or an out-of-range code is
+//! an error, checked before anything is written, so a bad payload never corrupts an
+//! accumulator.
+
+mod dense;
+mod gpu;
+mod plain;
+mod select;
+mod sign;
+mod sparse;
+pub mod spec;
+pub mod support;
+
+use std::fmt;
+
+pub use spec::{Amount, CodecSpec, Levels, Norm, Rounding};
+
+use crate::error::Result;
+use crate::gpu::{Gpu, GpuBuf};
+
+/// What keys a stochastic codec's randomness (and random-k's shared index set).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodecContext {
+    pub seed: u64,
+    /// Training step.
+    pub step: u32,
+    /// Tensor or partition key.
+    pub key: u32,
+}
+
+/// Whether a decoder overwrites its output or adds into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeMode {
+    Set,
+    Add,
+}
+
+/// What a codec promises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Properties {
+    /// Payload bits per element for a 1M-element partition.
+    pub bits_per_element: f64,
+    /// `E[decode(encode(x))] = x`.
+    pub unbiased: bool,
+    /// Draws random numbers (from the context).
+    pub stochastic: bool,
+}
+
+/// A compression codec.
+pub trait Codec: Send + Sync + fmt::Debug {
+    fn spec(&self) -> CodecSpec;
+
+    fn properties(&self) -> Properties;
+
+    /// Exact payload size in bytes for `n` elements.
+    fn payload_len(&self, n: usize) -> usize;
+
+    /// Compresses `x`.
+    fn encode(&self, x: &[f32], ctx: &CodecContext) -> Vec<u8>;
+
+    /// Checks `payload` for `out.len()` elements, then writes (or adds) the decoded values.
+    /// On error `out` is untouched.
+    fn decode_into(
+        &self,
+        payload: &[u8],
+        out: &mut [f32],
+        ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()>;
+
+    /// Compresses `n` f32 values on the GPU; the result holds `payload_len(n)` bytes (its
+    /// buffer is rounded up to whole words, padded with zeros).
+    fn encode_gpu(&self, gpu: &Gpu, x: &GpuBuf, n: usize, ctx: &CodecContext) -> Result<GpuBuf>;
+
+    /// Decodes a payload already on the GPU into `out` (`n` f32 values). The payload must
+    /// have passed [`Codec::validate`]; the kernels never read or write out of bounds even if
+    /// it did not, but the values would be meaningless.
+    fn decode_gpu(
+        &self,
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()>;
+
+    /// Decoded values as a new vector.
+    fn decode(&self, payload: &[u8], n: usize, ctx: &CodecContext) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; n];
+        self.decode_into(payload, &mut out, ctx, DecodeMode::Set)?;
+        Ok(out)
+    }
+
+    /// Adds the decoded values into `acc` (a server summing pushes).
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32], ctx: &CodecContext) -> Result<()> {
+        self.decode_into(payload, acc, ctx, DecodeMode::Add)
+    }
+
+    /// Checks a payload without decoding it into anything.
+    fn validate(&self, payload: &[u8], n: usize, ctx: &CodecContext) -> Result<()> {
+        self.decode(payload, n, ctx).map(|_| ())
+    }
+}
+
+/// Builds the codec a spec names.
+pub fn build(spec: CodecSpec) -> Box<dyn Codec> {
+    match spec {
+        CodecSpec::F32 | CodecSpec::F16 | CodecSpec::Bf16 => Box::new(plain::Plain::new(spec)),
+        CodecSpec::Sign => Box::new(sign::ScaledSign),
+        CodecSpec::Dither { .. }
+        | CodecSpec::Natural
+        | CodecSpec::Qsgd { .. }
+        | CodecSpec::Loco { .. }
+        | CodecSpec::BlockQ { .. } => Box::new(dense::DenseCodec::new(spec)),
+        CodecSpec::TopK { .. } | CodecSpec::RandK { .. } | CodecSpec::Hybrid { .. } => {
+            Box::new(sparse::Sparse::new(spec))
+        }
+    }
+}
+
+/// Parses a spec string and builds its codec.
+pub fn parse(text: &str) -> Result<Box<dyn Codec>> {
+    Ok(build(text.parse()?))
+}
+
+/// Every codec shader, for validation tests.
+pub fn gpu_shaders() -> Vec<&'static crate::gpu::Shader> {
+    gpu::shaders()
+}
+
+/// Bits per element of a payload of `len` bytes for `n` elements.
+fn bits_per_element(len: usize, n: usize) -> f64 {
+    8.0 * len as f64 / n as f64
+}

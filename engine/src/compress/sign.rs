@@ -1,0 +1,125 @@
+//! Scaled sign, 1 bit per element: `C(v) = (|v|_1 / n) * sign(v)`, with sign(0) = +.
+//!
+//! ```text
+//! ceil(n/64) u64 words, little-endian: element 64w + j is bit 63 - j of word w (MSB first),
+//!                                      1 meaning negative; the tail of the last word is zero
+//! f32 scale = (sum of |v|) / n, summed in the canonical order
+//! ```
+//! `8 * ceil(n/64) + 4` bytes, the BytePS-Compress artifact's layout.
+
+use rayon::prelude::*;
+
+use super::gpu::sign_gpu;
+use super::support::{canonical_sum, clean, payload_err, read_scale};
+use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
+use crate::error::Result;
+use crate::gpu::{Gpu, GpuBuf};
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScaledSign;
+
+/// The scale of `x`: mean absolute value.
+pub(crate) fn sign_scale(x: &[f32]) -> f32 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    canonical_sum(x.len(), |i| clean(x[i]).abs()) / x.len() as f32
+}
+
+fn words(n: usize) -> usize {
+    n.div_ceil(64)
+}
+
+impl Codec for ScaledSign {
+    fn spec(&self) -> CodecSpec {
+        CodecSpec::Sign
+    }
+
+    fn properties(&self) -> Properties {
+        Properties {
+            bits_per_element: bits_per_element(self.payload_len(1 << 20), 1 << 20),
+            unbiased: false,
+            stochastic: false,
+        }
+    }
+
+    fn payload_len(&self, n: usize) -> usize {
+        8 * words(n) + 4
+    }
+
+    fn encode(&self, x: &[f32], _ctx: &CodecContext) -> Vec<u8> {
+        let mut out = vec![0u8; self.payload_len(x.len())];
+        let (bits, scale) = out.split_at_mut(8 * words(x.len()));
+        bits.par_chunks_mut(8)
+            .zip(x.par_chunks(64))
+            .for_each(|(w, xs)| {
+                let word = xs.iter().enumerate().fold(0u64, |acc, (j, &v)| {
+                    acc | (((clean(v) < 0.0) as u64) << (63 - j))
+                });
+                w.copy_from_slice(&word.to_le_bytes());
+            });
+        scale.copy_from_slice(&sign_scale(x).to_le_bytes());
+        out
+    }
+
+    fn decode_into(
+        &self,
+        payload: &[u8],
+        out: &mut [f32],
+        _ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        let n = out.len();
+        if payload.len() != self.payload_len(n) {
+            return Err(payload_err(
+                "sign",
+                format!(
+                    "{} bytes for {n} elements, expected {}",
+                    payload.len(),
+                    self.payload_len(n)
+                ),
+            ));
+        }
+        let (bits, tail) = payload.split_at(8 * words(n));
+        let scale = read_scale(tail, 0, "sign")?;
+        if !n.is_multiple_of(64) {
+            let last = u64::from_le_bytes(bits[bits.len() - 8..].try_into().expect("8 bytes"));
+            if last & ((1u64 << (64 - n % 64)) - 1) != 0 {
+                return Err(payload_err("sign", "nonzero padding bits".into()));
+            }
+        }
+        out.par_chunks_mut(64)
+            .zip(bits.par_chunks(8))
+            .for_each(|(os, w)| {
+                let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                for (j, o) in os.iter_mut().enumerate() {
+                    let v = if word >> (63 - j) & 1 == 1 {
+                        -scale
+                    } else {
+                        scale
+                    };
+                    match mode {
+                        DecodeMode::Set => *o = v,
+                        DecodeMode::Add => *o += v,
+                    }
+                }
+            });
+        Ok(())
+    }
+
+    fn encode_gpu(&self, gpu: &Gpu, x: &GpuBuf, n: usize, _ctx: &CodecContext) -> Result<GpuBuf> {
+        sign_gpu::encode(gpu, x, n)
+    }
+
+    fn decode_gpu(
+        &self,
+        gpu: &Gpu,
+        payload: &GpuBuf,
+        out: &GpuBuf,
+        n: usize,
+        _ctx: &CodecContext,
+        mode: DecodeMode,
+    ) -> Result<()> {
+        sign_gpu::decode(gpu, payload, out, n, mode)
+    }
+}

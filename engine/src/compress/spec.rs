@@ -1,0 +1,397 @@
+//! Codec specs: the strings users type (`topk:0.001`, `dither:linear:s=15:norm=max`, ...),
+//! parsed into a [`CodecSpec`] that prints back in canonical form.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// How many elements a sparsifier keeps: a fraction of the length or a fixed count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Amount {
+    /// `k = max(1, floor(fraction * n))` for n > 0.
+    Fraction(f64),
+    /// `k = min(count, n)`.
+    Count(usize),
+}
+
+impl Amount {
+    /// Elements kept out of `n`.
+    pub fn of(self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        match self {
+            Amount::Fraction(f) => ((f * n as f64).floor() as usize).clamp(1, n),
+            Amount::Count(c) => c.min(n),
+        }
+    }
+
+    /// Like [`Amount::of`] but rounding a fraction up (Clapping's `K = ceil(rho * d)`).
+    pub fn of_ceil(self, n: usize) -> usize {
+        match self {
+            Amount::Fraction(f) if n > 0 => ((f * n as f64).ceil() as usize).clamp(1, n),
+            other => other.of(n),
+        }
+    }
+
+    fn parse(s: &str) -> Result<Amount> {
+        let bad = || {
+            Error::Config(format!(
+                "{s:?} is not an amount: use a fraction like 0.001 or 1/32, or a count like 100"
+            ))
+        };
+        if let Some((a, b)) = s.split_once('/') {
+            let (a, b): (f64, f64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            return Self::fraction(a / b).ok_or_else(bad);
+        }
+        if s.contains('.') || s.contains('e') {
+            return Self::fraction(s.parse().map_err(|_| bad())?).ok_or_else(bad);
+        }
+        let c: usize = s.parse().map_err(|_| bad())?;
+        if c == 0 {
+            return Err(bad());
+        }
+        Ok(Amount::Count(c))
+    }
+
+    fn fraction(f: f64) -> Option<Amount> {
+        (f > 0.0 && f <= 1.0).then_some(Amount::Fraction(f))
+    }
+}
+
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Amount::Fraction(x) => write!(f, "{x}"),
+            Amount::Count(c) => write!(f, "{c}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    Max,
+    L2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Levels {
+    /// `{0, 1/s, 2/s, ..., 1}`.
+    Linear,
+    /// `{0, 2^(1-s), ..., 1/2, 1}`.
+    Natural,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    Nearest,
+    Stochastic,
+}
+
+/// Every codec murmur implements, with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CodecSpec {
+    /// f32, unchanged.
+    F32,
+    F16,
+    Bf16,
+    /// `(|v|_1 / n) * sign(v)`, sign(0) = +.
+    Sign,
+    /// Exact top-k by magnitude; values as f16 when `f16_values`.
+    TopK {
+        amount: Amount,
+        f16_values: bool,
+    },
+    /// k coordinates without replacement; `shared_seed` sends values only; `scaled`
+    /// multiplies by n/k (unbiased).
+    RandK {
+        amount: Amount,
+        shared_seed: bool,
+        scaled: bool,
+    },
+    /// Stochastic rounding onto `s` levels of a norm.
+    Dither {
+        levels: Levels,
+        s: u32,
+        norm: Norm,
+    },
+    /// Natural compression: sign and a power of two, stochastically rounded.
+    Natural,
+    /// QSGD-style b-bit quantization with a max-norm scale.
+    Qsgd {
+        bits: u32,
+        rounding: Rounding,
+    },
+    /// LoCo's fixed-scale p-bit quantizer, scale 2^log2s, round half to even, saturating.
+    Loco {
+        bits: u32,
+        log2s: i32,
+    },
+    /// Block-absmax (ZeRO++) quantization, one scale per group of `group` elements.
+    BlockQ {
+        bits: u32,
+        group: usize,
+    },
+    /// Clapping's hybrid: top-k support, kept values quantized to `bits`.
+    Hybrid {
+        bits: u32,
+        amount: Amount,
+    },
+}
+
+const HELP: &str =
+    "codecs: f32, f16, bf16, sign, topk:<k>[:f16], randk:<k>[:explicit][:unscaled], \
+dither:linear|natural[:s=N|:bits=B][:norm=max|l2], natural, qsgd:bits=B[:stochastic], \
+loco:bits=4|8[:log2s=N], blockq:bits=4|8[:group=N], hybrid:bits=B:topk=<k> \
+(k is a fraction such as 0.001 or 1/32, or a count)";
+
+fn parse_u32(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32> {
+    match v.parse::<u32>() {
+        Ok(x) if (lo..=hi).contains(&x) => Ok(x),
+        _ => Err(Error::Config(format!(
+            "{key}={v}: expected an integer from {lo} to {hi}"
+        ))),
+    }
+}
+
+impl FromStr for CodecSpec {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let mut parts = text.trim().split(':');
+        let name = parts.next().unwrap_or("").to_ascii_lowercase();
+        let args: Vec<&str> = parts.collect();
+        let bad = |msg: String| Error::Config(format!("codec {text:?}: {msg}. {HELP}"));
+        // key=value pairs and bare flags, in any order after the positional ones.
+        let kv = |key: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        };
+        let flag = |f: &str| args.contains(&f);
+        let known = |allowed: &[&str]| -> Result<()> {
+            for a in &args {
+                let k = a.split('=').next().unwrap_or("");
+                if !allowed.contains(&k) && !a.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+                    return Err(bad(format!("unknown option {a:?}")));
+                }
+            }
+            Ok(())
+        };
+        let amount = |i: usize| -> Result<Amount> {
+            args.get(i)
+                .filter(|a| !a.contains('='))
+                .map(|a| Amount::parse(a))
+                .unwrap_or_else(|| Err(bad("needs an amount".into())))
+        };
+        let spec = match name.as_str() {
+            "f32" | "identity" | "none" => CodecSpec::F32,
+            "f16" | "fp16" => CodecSpec::F16,
+            "bf16" => CodecSpec::Bf16,
+            "sign" | "onebit" => CodecSpec::Sign,
+            "topk" => {
+                known(&["f16"])?;
+                CodecSpec::TopK {
+                    amount: amount(0)?,
+                    f16_values: flag("f16"),
+                }
+            }
+            "randk" => {
+                known(&["explicit", "scaled", "unscaled"])?;
+                if flag("scaled") && flag("unscaled") {
+                    return Err(bad("scaled and unscaled both given".into()));
+                }
+                CodecSpec::RandK {
+                    amount: amount(0)?,
+                    shared_seed: !flag("explicit"),
+                    scaled: !flag("unscaled"),
+                }
+            }
+            "dither" => {
+                known(&["linear", "natural", "s", "bits", "norm"])?;
+                let levels = match (flag("linear"), flag("natural")) {
+                    (true, false) => Levels::Linear,
+                    (false, true) => Levels::Natural,
+                    _ => return Err(bad("say linear or natural".into())),
+                };
+                let s = match (kv("s"), kv("bits")) {
+                    (Some(s), None) => parse_u32("s", s, 1, 127)?,
+                    (None, Some(b)) => (1u32 << (parse_u32("bits", b, 2, 8)? - 1)) - 1,
+                    (None, None) => return Err(bad("give s=<levels> or bits=<b>".into())),
+                    _ => return Err(bad("give s or bits, not both".into())),
+                };
+                let norm = match kv("norm").unwrap_or("max") {
+                    "max" => Norm::Max,
+                    "l2" => Norm::L2,
+                    other => return Err(bad(format!("norm={other}: use max or l2"))),
+                };
+                CodecSpec::Dither { levels, s, norm }
+            }
+            "natural" => CodecSpec::Natural,
+            "qsgd" => {
+                known(&["bits", "stochastic", "nearest"])?;
+                let bits = parse_u32(
+                    "bits",
+                    kv("bits").ok_or_else(|| bad("needs bits=<2..8>".into()))?,
+                    2,
+                    8,
+                )?;
+                CodecSpec::Qsgd {
+                    bits,
+                    rounding: if flag("stochastic") {
+                        Rounding::Stochastic
+                    } else {
+                        Rounding::Nearest
+                    },
+                }
+            }
+            "loco" => {
+                known(&["bits", "log2s"])?;
+                let bits = parse_u32("bits", kv("bits").unwrap_or("4"), 2, 8)?;
+                let log2s = match kv("log2s").unwrap_or("19").parse::<i32>() {
+                    Ok(v) if (-100..=100).contains(&v) => v,
+                    _ => return Err(bad("log2s must be an integer from -100 to 100".into())),
+                };
+                CodecSpec::Loco { bits, log2s }
+            }
+            "blockq" => {
+                known(&["bits", "group"])?;
+                let bits = parse_u32("bits", kv("bits").unwrap_or("4"), 2, 8)?;
+                let group = kv("group")
+                    .unwrap_or("2048")
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&g| g > 0)
+                    .ok_or_else(|| bad("group must be a positive integer".into()))?;
+                CodecSpec::BlockQ { bits, group }
+            }
+            "hybrid" => {
+                known(&["bits", "topk"])?;
+                let bits = parse_u32("bits", kv("bits").unwrap_or("6"), 2, 8)?;
+                let amount =
+                    Amount::parse(kv("topk").ok_or_else(|| bad("needs topk=<k>".into()))?)?;
+                CodecSpec::Hybrid { bits, amount }
+            }
+            _ => return Err(bad(format!("unknown codec {name:?}"))),
+        };
+        Ok(spec)
+    }
+}
+
+impl fmt::Display for CodecSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecSpec::F32 => write!(f, "f32"),
+            CodecSpec::F16 => write!(f, "f16"),
+            CodecSpec::Bf16 => write!(f, "bf16"),
+            CodecSpec::Sign => write!(f, "sign"),
+            CodecSpec::TopK { amount, f16_values } => {
+                write!(f, "topk:{amount}{}", if *f16_values { ":f16" } else { "" })
+            }
+            CodecSpec::RandK {
+                amount,
+                shared_seed,
+                scaled,
+            } => write!(
+                f,
+                "randk:{amount}{}{}",
+                if *shared_seed { "" } else { ":explicit" },
+                if *scaled { "" } else { ":unscaled" }
+            ),
+            CodecSpec::Dither { levels, s, norm } => write!(
+                f,
+                "dither:{}:s={s}:norm={}",
+                if *levels == Levels::Linear {
+                    "linear"
+                } else {
+                    "natural"
+                },
+                if *norm == Norm::Max { "max" } else { "l2" }
+            ),
+            CodecSpec::Natural => write!(f, "natural"),
+            CodecSpec::Qsgd { bits, rounding } => {
+                write!(
+                    f,
+                    "qsgd:bits={bits}{}",
+                    if *rounding == Rounding::Stochastic {
+                        ":stochastic"
+                    } else {
+                        ""
+                    }
+                )
+            }
+            CodecSpec::Loco { bits, log2s } => write!(f, "loco:bits={bits}:log2s={log2s}"),
+            CodecSpec::BlockQ { bits, group } => write!(f, "blockq:bits={bits}:group={group}"),
+            CodecSpec::Hybrid { bits, amount } => write!(f, "hybrid:bits={bits}:topk={amount}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_print_canonically() {
+        for (input, canonical) in [
+            ("f32", "f32"),
+            ("identity", "f32"),
+            ("sign", "sign"),
+            ("topk:0.001", "topk:0.001"),
+            ("topk:100:f16", "topk:100:f16"),
+            ("randk:1/32", "randk:0.03125"),
+            ("randk:0.5:explicit:unscaled", "randk:0.5:explicit:unscaled"),
+            ("dither:linear:s=15:norm=max", "dither:linear:s=15:norm=max"),
+            (
+                "dither:natural:bits=3:norm=l2",
+                "dither:natural:s=3:norm=l2",
+            ),
+            ("qsgd:bits=6:stochastic", "qsgd:bits=6:stochastic"),
+            ("loco:bits=4:log2s=19", "loco:bits=4:log2s=19"),
+            ("loco", "loco:bits=4:log2s=19"),
+            ("blockq:bits=8:group=64", "blockq:bits=8:group=64"),
+            ("hybrid:bits=6:topk=0.3", "hybrid:bits=6:topk=0.3"),
+        ] {
+            let spec: CodecSpec = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(spec.to_string(), canonical, "{input}");
+            assert_eq!(
+                canonical.parse::<CodecSpec>().unwrap(),
+                spec,
+                "round trip of {canonical}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_specs_explain_themselves() {
+        for bad in [
+            "",
+            "zip",
+            "topk",
+            "topk:0",
+            "topk:1.5",
+            "topk:abc",
+            "dither:s=3",
+            "dither:linear",
+            "qsgd:bits=9",
+            "loco:bits=4:foo=1",
+            "randk:0.1:scaled:unscaled",
+        ] {
+            let err = bad.parse::<CodecSpec>().unwrap_err().to_string();
+            assert!(
+                err.contains("codec") || err.contains("amount") || err.contains("expected"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn amounts_round_as_documented() {
+        assert_eq!(Amount::Fraction(0.001).of(16_000_000), 16_000);
+        assert_eq!(Amount::Fraction(0.001).of(10), 1, "at least one element");
+        assert_eq!(Amount::Fraction(0.3).of_ceil(10), 3);
+        assert_eq!(Amount::Fraction(0.31).of_ceil(10), 4);
+        assert_eq!(Amount::Count(5).of(3), 3);
+        assert_eq!(Amount::Count(5).of(0), 0);
+    }
+}

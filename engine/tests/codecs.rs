@@ -1,0 +1,581 @@
+//! Codec invariants from the specs (byteps-clan.md §7, loco.md §6, liec-sgd.md §4,
+//! clapping.md §5), on the CPU implementations. GPU-against-CPU bytes: codecs_gpu.rs.
+
+use murmur_engine::compress::{parse, Codec, CodecContext};
+use murmur_engine::rng::Rng;
+
+const ALL: &[&str] = &[
+    "f32",
+    "f16",
+    "bf16",
+    "sign",
+    "topk:0.1",
+    "topk:7:f16",
+    "randk:0.25",
+    "randk:0.25:explicit:unscaled",
+    "dither:linear:s=15:norm=max",
+    "dither:linear:s=3:norm=l2",
+    "dither:natural:s=3:norm=max",
+    "dither:natural:s=5:norm=l2",
+    "natural",
+    "qsgd:bits=8",
+    "qsgd:bits=5:stochastic",
+    "loco:bits=4:log2s=10",
+    "loco:bits=8:log2s=12",
+    "blockq:bits=4:group=16",
+    "blockq:bits=8:group=100",
+    "hybrid:bits=6:topk=0.3",
+];
+
+fn ctx(step: u32) -> CodecContext {
+    CodecContext {
+        seed: 42,
+        step,
+        key: 7,
+    }
+}
+
+fn normal(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed, 0);
+    (0..n).map(|_| r.normal()).collect()
+}
+
+fn norm2(v: &[f32]) -> f64 {
+    v.iter().map(|&x| x as f64 * x as f64).sum()
+}
+
+#[test]
+fn payload_sizes_follow_the_formulas() {
+    type Formula = fn(usize) -> usize;
+    let cases: &[(&str, Formula)] = &[
+        ("f32", |n| 4 * n),
+        ("f16", |n| 2 * n),
+        ("bf16", |n| 2 * n),
+        ("sign", |n| 8 * n.div_ceil(64) + 4),
+        ("topk:0.001", |n| {
+            if n == 0 {
+                0
+            } else {
+                8 * ((n as f64 * 0.001) as usize).max(1)
+            }
+        }),
+        (
+            "randk:1/32",
+            |n| if n == 0 { 0 } else { 4 * (n / 32).max(1) },
+        ),
+        ("randk:1/32:explicit", |n| {
+            if n == 0 {
+                0
+            } else {
+                8 * (n / 32).max(1)
+            }
+        }),
+        ("dither:linear:s=15:norm=max", |n| 4 + (5 * n).div_ceil(8)),
+        ("dither:linear:s=127:norm=max", |n| 4 + n),
+        ("natural", |n| (9 * n).div_ceil(8)),
+        ("qsgd:bits=6", |n| 4 + (6 * n).div_ceil(8)),
+        ("loco:bits=4:log2s=19", |n| n.div_ceil(2)),
+        ("loco:bits=8:log2s=19", |n| n),
+        ("blockq:bits=4:group=2048", |n| {
+            4 * n.div_ceil(2048) + n.div_ceil(2)
+        }),
+        ("hybrid:bits=6:topk=0.3", |n| {
+            if n == 0 {
+                4
+            } else {
+                4 + 4 * n.div_ceil(32) + (6 * ((0.3 * n as f64).ceil() as usize)).div_ceil(8)
+            }
+        }),
+    ];
+    for &(spec, formula) in cases {
+        let c = parse(spec).unwrap();
+        for n in [0usize, 1, 2, 31, 63, 64, 65, 1000, 4097, 100_000] {
+            let x = normal(n, n as u64);
+            assert_eq!(c.payload_len(n), formula(n), "{spec} n={n}");
+            assert_eq!(
+                c.encode(&x, &ctx(0)).len(),
+                formula(n),
+                "{spec} n={n}: encoded size"
+            );
+        }
+    }
+    // The BytePS-Compress figures: 1-bit ~ 32x, top-0.1% with u32+f32 pairs 500x vs f32.
+    let sign = parse("sign").unwrap().properties().bits_per_element;
+    assert!((sign - 1.0).abs() < 0.01, "{sign}");
+    let topk = parse("topk:0.001").unwrap().properties().bits_per_element;
+    assert!((32.0 / topk - 500.0).abs() < 1.0, "{topk}");
+}
+
+#[test]
+fn every_codec_round_trips_empty_tiny_and_awkward_lengths() {
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        for n in [0usize, 1, 2, 3, 31, 33, 64, 65, 127, 4095, 4097, 70_001] {
+            let x = normal(n, 3 + n as u64);
+            let payload = c.encode(&x, &ctx(1));
+            let y = c
+                .decode(&payload, n, &ctx(1))
+                .unwrap_or_else(|e| panic!("{spec} n={n}: {e}"));
+            assert_eq!(y.len(), n);
+            assert!(y.iter().all(|v| v.is_finite()), "{spec} n={n}");
+            // Decoding is the operator: encoding it again changes nothing for deterministic
+            // codecs (their outputs sit on their own grids).
+            // (Not blockq: its clamp at +max moves the max, hence the scale.)
+            let regrids = ["sign", "f16", "bf16", "blockq"]
+                .iter()
+                .any(|p| spec.starts_with(p));
+            if !c.properties().stochastic && !regrids {
+                let again = c.decode(&c.encode(&y, &ctx(1)), n, &ctx(1)).unwrap();
+                assert_eq!(again, y, "{spec} n={n}: not idempotent");
+            }
+        }
+    }
+}
+
+#[test]
+fn identity_is_exact_and_casts_round_to_nearest_even() {
+    let x = normal(1000, 1);
+    let f32c = parse("f32").unwrap();
+    assert_eq!(
+        f32c.decode(&f32c.encode(&x, &ctx(0)), 1000, &ctx(0))
+            .unwrap(),
+        x
+    );
+    let f16 = parse("f16")
+        .unwrap()
+        .decode(&parse("f16").unwrap().encode(&x, &ctx(0)), 1000, &ctx(0))
+        .unwrap();
+    let bf16 = parse("bf16")
+        .unwrap()
+        .decode(&parse("bf16").unwrap().encode(&x, &ctx(0)), 1000, &ctx(0))
+        .unwrap();
+    for i in 0..1000 {
+        assert!(
+            (f16[i] - x[i]).abs() <= x[i].abs() * 2f32.powi(-11) + 3e-8,
+            "f16 {} -> {}",
+            x[i],
+            f16[i]
+        );
+        assert!(
+            (bf16[i] - x[i]).abs() <= x[i].abs() * 2f32.powi(-8),
+            "bf16 {} -> {}",
+            x[i],
+            bf16[i]
+        );
+    }
+    // Saturation instead of overflow.
+    let big = parse("f16").unwrap();
+    assert_eq!(
+        big.decode(&big.encode(&[1e6, -1e6], &ctx(0)), 2, &ctx(0))
+            .unwrap(),
+        [65504.0, -65504.0]
+    );
+}
+
+#[test]
+fn scaled_sign_identities() {
+    let c = parse("sign").unwrap();
+    for n in [1usize, 5, 64, 100, 4097] {
+        let mut x = normal(n, n as u64);
+        x[0] = 0.0; // sign(0) = +
+        let y = c.decode(&c.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
+        let l1: f64 = x.iter().map(|v| v.abs() as f64).sum();
+        let scale = (l1 / n as f64) as f32;
+        assert!(
+            y.iter().all(|v| (v.abs() - scale).abs() <= scale * 1e-5),
+            "all |C_j| equal the scale"
+        );
+        assert!(y[0].is_sign_positive(), "sign(0) is +");
+        assert!(
+            x.iter()
+                .zip(&y)
+                .skip(1)
+                .all(|(a, b)| (a < &0.0) == (b < &0.0)),
+            "signs kept"
+        );
+        let err: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let expected = norm2(&x) - l1 * l1 / n as f64;
+        assert!(
+            (err - expected).abs() <= 1e-4 * norm2(&x),
+            "‖C(v)−v‖² = ‖v‖² − ‖v‖₁²/d: {err} vs {expected}"
+        );
+        let l1_out: f64 = y.iter().map(|v| v.abs() as f64).sum();
+        assert!((l1_out - l1).abs() <= 1e-4 * l1, "‖C(v)‖₁ = ‖v‖₁");
+    }
+}
+
+#[test]
+fn top_k_support_ties_and_error_bound() {
+    let c = parse("topk:0.01").unwrap();
+    let n = 50_000;
+    let mut x = normal(n, 9);
+    // Ties: equal magnitudes of both signs around the threshold.
+    for i in (0..n).step_by(97) {
+        x[i] = if i % 2 == 0 { 2.5 } else { -2.5 };
+    }
+    let y = c.decode(&c.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
+    let k = n / 100;
+    let kept: Vec<usize> = (0..n).filter(|&i| y[i] != 0.0).collect();
+    assert_eq!(kept.len(), k, "exactly k nonzeros");
+    let min_kept = kept
+        .iter()
+        .map(|&i| x[i].abs())
+        .fold(f32::INFINITY, f32::min);
+    let max_dropped = (0..n)
+        .filter(|i| y[*i] == 0.0)
+        .map(|i| x[i].abs())
+        .fold(0.0, f32::max);
+    assert!(
+        min_kept >= max_dropped,
+        "min kept {min_kept} < max dropped {max_dropped}"
+    );
+    // Among equal magnitudes the lower indices win.
+    let tied: Vec<usize> = (0..n).filter(|&i| x[i].abs() == min_kept).collect();
+    let tied_kept: Vec<usize> = tied.iter().copied().filter(|&i| y[i] != 0.0).collect();
+    assert_eq!(
+        tied_kept,
+        tied[..tied_kept.len()].to_vec(),
+        "ties go to lower indices"
+    );
+    assert!(kept.iter().all(|&i| y[i] == x[i]), "kept values are exact");
+    let err: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    assert!(err <= (1.0 - k as f64 / n as f64) * norm2(&x));
+    // f16 values: the same support, values rounded.
+    let h = parse("topk:500:f16").unwrap();
+    let yh = h.decode(&h.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
+    assert_eq!((0..n).filter(|&i| yh[i] != 0.0).collect::<Vec<_>>(), kept);
+}
+
+/// Mean of `trials` decoded encodings of x, and the mean squared norm.
+fn monte_carlo(c: &dyn Codec, x: &[f32], trials: u32) -> (Vec<f64>, f64) {
+    let mut mean = vec![0.0f64; x.len()];
+    let mut sq = 0.0;
+    for t in 0..trials {
+        let y = c.decode(&c.encode(x, &ctx(t)), x.len(), &ctx(t)).unwrap();
+        mean.iter_mut()
+            .zip(&y)
+            .for_each(|(m, v)| *m += *v as f64 / trials as f64);
+        sq += norm2(&y) / trials as f64;
+    }
+    (mean, sq)
+}
+
+#[test]
+fn unbiased_codecs_are_unbiased_by_monte_carlo() {
+    let x = normal(64, 5);
+    for spec in [
+        "randk:0.25",
+        "dither:linear:s=3:norm=max",
+        "dither:linear:s=15:norm=l2",
+        "dither:natural:s=3:norm=max",
+        "natural",
+        "qsgd:bits=3:stochastic",
+    ] {
+        let c = parse(spec).unwrap();
+        assert!(c.properties().unbiased, "{spec}");
+        let trials = 20_000;
+        let (mean, _) = monte_carlo(c.as_ref(), &x, trials);
+        // Tolerance: five standard errors, from the codec's worst per-element variance.
+        let max = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let l2 = norm2(&x).sqrt();
+        let sd = match spec {
+            "randk:0.25" => 2.0 * max,
+            _ if spec.contains("l2") => l2,
+            _ => max,
+        };
+        let tol = 5.0 * sd / (trials as f64).sqrt();
+        for (i, (&m, &v)) in mean.iter().zip(&x).enumerate() {
+            assert!(
+                (m - v as f64).abs() < tol,
+                "{spec}: element {i}: mean {m} vs {v} (tol {tol})"
+            );
+        }
+    }
+    // Scaled random-k without replacement: E‖C(v)‖² = (d/k)‖v‖².
+    let c = parse("randk:0.25").unwrap();
+    let (_, sq) = monte_carlo(c.as_ref(), &x, 20_000);
+    assert!(
+        (sq / norm2(&x) - 4.0).abs() < 0.05,
+        "E‖C‖²/‖v‖² = {}",
+        sq / norm2(&x)
+    );
+    // Linear dithering's per-coordinate variance is at most norm²/(4s²).
+    let c = parse("dither:linear:s=3:norm=max").unwrap();
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let (_, sq) = monte_carlo(c.as_ref(), &x, 5000);
+    assert!(
+        sq - norm2(&x) <= 64.0 * max * max / 36.0 * 1.05,
+        "total variance bound"
+    );
+}
+
+#[test]
+fn dithering_and_natural_outputs_lie_on_their_grids() {
+    let x = normal(5000, 6);
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let lin = parse("dither:linear:s=15:norm=max").unwrap();
+    let y = lin.decode(&lin.encode(&x, &ctx(0)), 5000, &ctx(0)).unwrap();
+    let step = max / 15.0;
+    for &v in &y {
+        assert!(v.abs() <= max * (1.0 + 1e-6));
+        let q = v.abs() / step;
+        assert!(
+            (q - q.round()).abs() < 1e-4,
+            "{v} is not a multiple of norm/s"
+        );
+    }
+    let nat = parse("dither:natural:s=3:norm=max").unwrap();
+    let y = nat.decode(&nat.encode(&x, &ctx(0)), 5000, &ctx(0)).unwrap();
+    for &v in &y {
+        let r = v.abs() / (max / 4.0);
+        assert!(
+            [0.0, 1.0, 2.0, 4.0].iter().any(|g| (r - g).abs() < 1e-5),
+            "{v}: natural levels are {{0,1/4,1/2,1}}·norm"
+        );
+    }
+    // Values already on the grid pass through (probability-0 rounding).
+    let on_grid: Vec<f32> = (0..16).map(|q| q as f32 / 15.0).collect();
+    let z = lin
+        .decode(&lin.encode(&on_grid, &ctx(3)), 16, &ctx(3))
+        .unwrap();
+    for (a, b) in on_grid.iter().zip(&z) {
+        assert!((a - b).abs() < 1e-6, "{a} -> {b}");
+    }
+    let nc = parse("natural").unwrap();
+    let y = nc.decode(&nc.encode(&x, &ctx(0)), 5000, &ctx(0)).unwrap();
+    for (&a, &b) in x.iter().zip(&y) {
+        assert!(
+            b == 0.0 || b.abs().log2().fract() == 0.0,
+            "{b} is a power of two"
+        );
+        assert!(b.abs() >= a.abs() / 2.0 && b.abs() <= 2.0 * a.abs() && (a < 0.0) == (b < 0.0));
+    }
+    assert_eq!(
+        nc.decode(&nc.encode(&[0.0], &ctx(0)), 1, &ctx(0)).unwrap(),
+        [0.0]
+    );
+}
+
+#[test]
+fn loco_quantizer_is_bit_exact() {
+    let c = parse("loco:bits=4:log2s=3").unwrap(); // s = 8: grid 1/8, range [-1, 7/8]
+    let x = [
+        0.0f32, 0.0625, 0.1875, 0.3125, -0.0625, 10.0, -10.0, 0.874, -1.0, 0.5,
+    ];
+    let y = c.decode(&c.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+    // 0.0625 * 8 = 0.5 rounds to 0 (even); 0.1875 * 8 = 1.5 rounds to 2; 2.5 to 2; saturation.
+    assert_eq!(
+        y,
+        [0.0, 0.0, 0.25, 0.25, -0.0, 0.875, -1.0, 0.875, -1.0, 0.5]
+    );
+    // Round trip of grid values, and the nibble layout q0 | q1 << 4.
+    let grid: Vec<f32> = (-8..8).map(|q| q as f32 / 8.0).collect();
+    let payload = c.encode(&grid, &ctx(0));
+    assert_eq!(c.decode(&payload, 16, &ctx(0)).unwrap(), grid);
+    assert_eq!(payload[0], 0x98, "codes -8 and -7 as nibbles");
+    let l8 = parse("loco:bits=8:log2s=19").unwrap();
+    let tiny = [1.0 / 524_288.0 * 3.0, -127.5 / 524_288.0];
+    assert_eq!(
+        l8.decode(&l8.encode(&tiny, &ctx(0)), 2, &ctx(0)).unwrap(),
+        [3.0 / 524_288.0, -128.0 / 524_288.0]
+    );
+}
+
+#[test]
+fn block_absmax_quantizes_each_group_against_its_own_max() {
+    let c = parse("blockq:bits=4:group=4").unwrap();
+    let x = [
+        1.0f32, -0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0, 50.0, -25.0, 12.5,
+    ];
+    let y = c.decode(&c.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+    // Group 0: scale 1/8, codes 8 -> 7 (clamped), -4, 2, 0; group 1 all zero; group 2: scale 12.5.
+    assert_eq!(
+        y,
+        [0.875, -0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 87.5, 50.0, -25.0, 12.5]
+    );
+}
+
+#[test]
+fn qsgd_and_hybrid_errors_stay_within_half_a_step() {
+    let x = normal(10_000, 8);
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let q = parse("qsgd:bits=6").unwrap();
+    let y = q.decode(&q.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+    let step = max / 31.0;
+    assert!(x
+        .iter()
+        .zip(&y)
+        .all(|(a, b)| (a - b).abs() <= step / 2.0 * 1.0001));
+    let h = parse("hybrid:bits=6:topk=0.3").unwrap();
+    let y = h.decode(&h.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+    let t = parse("topk:3000").unwrap();
+    let support = t.decode(&t.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+    for i in 0..x.len() {
+        if support[i] == 0.0 {
+            assert_eq!(y[i], 0.0, "element {i} outside the top 30%");
+        } else {
+            assert!((y[i] - x[i]).abs() <= step / 2.0 * 1.0001, "element {i}");
+        }
+    }
+}
+
+#[test]
+fn random_k_indices_are_shared_by_seed_step_and_key() {
+    let c = parse("randk:0.1").unwrap();
+    let x = normal(1000, 2);
+    let support = |cx: CodecContext| -> Vec<usize> {
+        let y = c.decode(&c.encode(&x, &cx), 1000, &cx).unwrap();
+        (0..1000).filter(|&i| y[i] != 0.0).collect()
+    };
+    let base = support(ctx(5));
+    assert_eq!(base.len(), 100);
+    assert_eq!(
+        support(ctx(5)),
+        base,
+        "same (seed, step, key): same indices"
+    );
+    assert_ne!(support(ctx(6)), base, "another step");
+    assert_ne!(
+        support(CodecContext { key: 8, ..ctx(5) }),
+        base,
+        "another key"
+    );
+    assert_ne!(
+        support(CodecContext { seed: 1, ..ctx(5) }),
+        base,
+        "another seed"
+    );
+    // A values-only payload decodes at the server with the same indices.
+    let payload = c.encode(&x, &ctx(5));
+    assert_eq!(payload.len(), 400);
+}
+
+#[test]
+fn non_finite_inputs_encode_as_zero() {
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        let mut x = normal(300, 11);
+        let mut zeroed = x.clone();
+        for (j, bad) in [
+            (3usize, f32::NAN),
+            (100, f32::INFINITY),
+            (250, f32::NEG_INFINITY),
+        ] {
+            x[j] = bad;
+            zeroed[j] = 0.0;
+        }
+        assert_eq!(c.encode(&x, &ctx(2)), c.encode(&zeroed, &ctx(2)), "{spec}");
+    }
+}
+
+#[test]
+fn encoding_is_deterministic_across_thread_counts() {
+    let x = normal(300_000, 12);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        let all = c.encode(&x, &ctx(4));
+        assert_eq!(one.install(|| c.encode(&x, &ctx(4))), all, "{spec}");
+        assert_eq!(c.encode(&x, &ctx(4)), all, "{spec}: twice");
+    }
+}
+
+#[test]
+fn bad_payloads_are_errors_and_leave_the_accumulator_untouched() {
+    let n = 200;
+    let x = normal(n, 13);
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        let good = c.encode(&x, &ctx(0));
+        let mut acc = vec![1.5f32; n];
+        let mut bad_inputs: Vec<Vec<u8>> = vec![
+            good[..good.len().saturating_sub(1)].to_vec(),
+            [good.clone(), vec![0]].concat(),
+            vec![],
+        ];
+        // Corrupt every byte position in turn with all-ones: whatever decodes must be finite,
+        // whatever does not must leave `acc` alone.
+        for pos in 0..good.len() {
+            let mut b = good.clone();
+            b[pos] = 0xff;
+            bad_inputs.push(b);
+        }
+        for b in &bad_inputs {
+            let before = acc.clone();
+            match c.decode_add(b, &mut acc, &ctx(0)) {
+                Ok(()) => {
+                    assert!(
+                        acc.iter().all(|v| v.is_finite()),
+                        "{spec}: a payload decoded to non-finite values"
+                    );
+                    acc = before;
+                }
+                Err(e) => {
+                    assert_eq!(acc, before, "{spec}: error {e} but the accumulator changed");
+                    assert!(e.to_string().contains("payload"), "{e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_add_sums_into_the_accumulator() {
+    let x = normal(1000, 14);
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        let p = c.encode(&x, &ctx(0));
+        let y = c.decode(&p, 1000, &ctx(0)).unwrap();
+        let mut acc: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        c.decode_add(&p, &mut acc, &ctx(0)).unwrap();
+        for i in 0..1000 {
+            assert_eq!(acc[i], i as f32 + y[i], "{spec} element {i}");
+        }
+    }
+}
+
+#[test]
+fn specific_malformed_payloads_name_the_problem() {
+    let topk = parse("topk:2").unwrap();
+    let mut p = topk.encode(&[1.0, 5.0, 3.0, 4.0], &ctx(0));
+    p[0..4].copy_from_slice(&9u32.to_le_bytes());
+    assert!(
+        topk.decode(&p, 4, &ctx(0))
+            .unwrap_err()
+            .to_string()
+            .contains("increasing")
+            || topk
+                .decode(&p, 4, &ctx(0))
+                .unwrap_err()
+                .to_string()
+                .contains("range")
+    );
+    let sign = parse("sign").unwrap();
+    let mut p = sign.encode(&[1.0, -1.0], &ctx(0));
+    let at = p.len() - 4;
+    p[at..].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(sign
+        .decode(&p, 2, &ctx(0))
+        .unwrap_err()
+        .to_string()
+        .contains("scale"));
+    let q = parse("qsgd:bits=4").unwrap();
+    let mut p = q.encode(&[1.0, 0.5], &ctx(0));
+    p[4] = 0x08; // code -8 is not a qsgd level
+    assert!(q
+        .decode(&p, 2, &ctx(0))
+        .unwrap_err()
+        .to_string()
+        .contains("no encoder produces"));
+}

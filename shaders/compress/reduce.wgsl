@@ -1,0 +1,104 @@
+// Reductions that produce codec scales, in the canonical order of
+// compress::support::canonical_sum: each workgroup folds one chunk of 4096 values, lane t
+// taking values t, t + 256, ... in order, then the 256 lanes combine as a tree; levels repeat
+// over the chunk results until one value is left.
+//
+// `chunks`: MODE 0 sums |clean(x)|, 1 sums clean(x)^2, 2 takes max |clean(x)|, 3 sums x as
+//   given, 4 takes max of x as given (levels after the first).
+// `finish`: writes the final value into payload word `dst`: FINISH 0 copies, 1 takes the
+//   square root, 2 divides by f32(n).
+// `group_max`: blockq's per-group scales, max|v| * 2^(1-bits) (or 1 for an all-zero group),
+//   one invocation per group walking it in order.
+
+struct Params {
+    n: u32,
+    dst: u32,
+    group: u32,
+    bits: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+override MODE: u32 = 0u;
+override FINISH: u32 = 0u;
+
+const LANES: u32 = 256u;
+const CHUNK: u32 = 4096u;
+var<workgroup> lanes: array<f32, 256>;
+
+fn term(v: f32) -> f32 {
+    switch MODE {
+        case 0u: { return abs(clean(v)); }
+        case 1u: { let c = clean(v); return c * c; }
+        case 2u: { return abs(clean(v)); }
+        default: { return v; }
+    }
+}
+
+fn combine(a: f32, b: f32) -> f32 {
+    if (MODE == 2u || MODE == 4u) {
+        return max(a, b);
+    }
+    return a + b;
+}
+
+@compute @workgroup_size(256)
+fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.y * nwg.x + wid.x;
+    let start = c * CHUNK;
+    if (start >= p.n && c > 0u) {
+        return;
+    }
+    let end = min(start + CHUNK, p.n);
+    var acc = 0.0;
+    for (var i = start + lid; i < end; i += LANES) {
+        acc = combine(acc, term(x[i]));
+    }
+    lanes[lid] = acc;
+    workgroupBarrier();
+    for (var w = LANES / 2u; w > 0u; w = w / 2u) {
+        if (lid < w) {
+            lanes[lid] = combine(lanes[lid], lanes[lid + w]);
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        out[c] = lanes[0];
+    }
+}
+
+@compute @workgroup_size(1)
+fn finish() {
+    let v = x[0];
+    switch FINISH {
+        case 0u: { out[p.dst] = v; }
+        case 1u: { out[p.dst] = sqrt(v); }
+        default: {
+            if (p.n == 0u) {
+                out[p.dst] = 0.0;
+            } else {
+                out[p.dst] = v / f32(p.n);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn group_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = flat_index(wid, nwg, lid);
+    let groups = (p.n + p.group - 1u) / p.group;
+    if (g >= groups) {
+        return;
+    }
+    var m = 0.0;
+    for (var i = g * p.group; i < min((g + 1u) * p.group, p.n); i++) {
+        m = max(m, abs(clean(x[i])));
+    }
+    if (m == 0.0) {
+        out[g] = 1.0;
+    } else {
+        out[g] = m * pow2(1 - i32(p.bits));
+    }
+}
