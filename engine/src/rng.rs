@@ -52,7 +52,10 @@ pub fn element_block(seed: u64, step: u32, key: u32, block: u32) -> [u32; 4] {
 }
 
 /// Random words for elements `first .. first + out.len()` (`first` a multiple of 4), computed
-/// eight Philox blocks at a time so that the compiler vectorises the rounds.
+/// eight Philox blocks at a time so that the compiler vectorises the rounds. Always inlined,
+/// so that callers compiled for wider vector units (the codecs' AVX2 paths) get a vector
+/// generator too.
+#[inline(always)]
 pub fn element_words(seed: u64, step: u32, key: u32, first: u32, out: &mut [u32]) {
     debug_assert!(first.is_multiple_of(4));
     let k = seed_key(seed);
@@ -73,6 +76,7 @@ pub fn element_words(seed: u64, step: u32, key: u32, first: u32, out: &mut [u32]
 }
 
 /// Eight Philox4x32-10 blocks in lock step: counters `[c0[l], c1, c2, 0]`.
+#[inline(always)]
 fn philox_x8(c0: [u32; 8], c1: u32, c2: u32, key: [u32; 2]) -> [[u32; 8]; 4] {
     let mut c = [c0, [c1; 8], [c2; 8], [0; 8]];
     let mut k = key;

@@ -23,8 +23,8 @@ use rayon::prelude::*;
 
 use super::gpu::{dense_decode_gpu, dense_encode_gpu};
 use super::support::{
-    canonical_sum, clean, max_abs, pack, packed_len, payload_err, read_scale, sign_extend,
-    to_pattern, unpack,
+    canonical_sum, check_padding, clean, max_abs, packed_len, payload_err, read_scale, sign_extend,
+    to_pattern,
 };
 use super::{
     bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
@@ -56,7 +56,7 @@ fn uniform(word: u32) -> f32 {
 /// to the fraction.
 #[inline]
 fn stochastic_level(xi: f32, top: f32, word: u32) -> f32 {
-    let l = xi.floor();
+    let l = floor_pos(xi);
     if l >= top {
         top
     } else if uniform(word) < xi - l {
@@ -224,7 +224,7 @@ impl DenseCodec {
                 let top = ((1u32 << (bits - 1)) - 1) as f32;
                 let xi = v.abs() * factor;
                 let l = match rounding {
-                    Rounding::Nearest => xi.round_ties_even().min(top),
+                    Rounding::Nearest => rne(xi.min(top + 1.0)).min(top),
                     Rounding::Stochastic => stochastic_level(xi, top, word),
                 } as i32;
                 to_pattern(if v < 0.0 { -l } else { l }, b)
@@ -232,7 +232,7 @@ impl DenseCodec {
             CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
                 let lim = (1i32 << (b - 1)) as f32;
                 to_pattern(
-                    (v * factor).round_ties_even().clamp(-lim, lim - 1.0) as i32,
+                    to_i32(rne((v * factor).clamp(-lim - 1.0, lim)).clamp(-lim, lim - 1.0)),
                     b,
                 )
             }
@@ -275,13 +275,215 @@ impl DenseCodec {
             _ => unreachable!(),
         }
     }
+}
 
-    /// Scale and factors that apply to element `i`.
-    #[inline]
-    fn scale_for(&self, scales: &[f32], i: usize) -> f32 {
+/// Round half to even for |x| <= 2^22, without a library call: adding 1.5 * 2^23 leaves no
+/// fraction bits, so the hardware's round-to-nearest-even does the rounding. (Rust's
+/// `round_ties_even` is a call to `rintf` on baseline x86-64.)
+#[inline(always)]
+fn rne(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// `x` (finite, |x| < 2^31) as i32, truncating. `as` would add saturation and NaN checks
+/// that keep the loops from vectorising; every caller has bounded `x` already.
+#[inline(always)]
+fn to_i32(x: f32) -> i32 {
+    debug_assert!(x.is_finite() && x.abs() < 2_147_483_648.0, "{x}");
+    // SAFETY: x is finite and within i32's range (checked in debug builds).
+    unsafe { x.to_int_unchecked() }
+}
+
+/// floor for 0 <= x < 2^31.
+#[inline(always)]
+fn floor_pos(x: f32) -> f32 {
+    to_i32(x) as f32
+}
+
+#[inline(always)]
+fn fill(xs: &[f32], words: &[u32], codes: &mut [u32], f: impl Fn(f32, u32) -> u32) {
+    if words.is_empty() {
+        codes
+            .iter_mut()
+            .zip(xs)
+            .for_each(|(c, &v)| *c = f(clean(v), 0));
+    } else {
+        codes
+            .iter_mut()
+            .zip(xs)
+            .zip(words)
+            .for_each(|((c, &v), &w)| *c = f(clean(v), w));
+    }
+}
+
+impl DenseCodec {
+    /// Encodes one task's elements (`first` is a multiple of 32) into their code bytes.
+    fn encode_task(
+        &self,
+        first: usize,
+        xs: &[f32],
+        scales: &[f32],
+        ctx: &CodecContext,
+        bytes: &mut [u8],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { self.encode_task_avx2(first, xs, scales, ctx, bytes) };
+        }
+        self.encode_task_portable(first, xs, scales, ctx, bytes)
+    }
+
+    /// The same code, compiled for AVX2 so that the per-element loops vectorise; the
+    /// arithmetic is identical (no fused multiply-adds are introduced).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn encode_task_avx2(
+        &self,
+        first: usize,
+        xs: &[f32],
+        scales: &[f32],
+        ctx: &CodecContext,
+        bytes: &mut [u8],
+    ) {
+        self.encode_task_portable(first, xs, scales, ctx, bytes)
+    }
+
+    #[inline(always)]
+    fn encode_task_portable(
+        &self,
+        first: usize,
+        xs: &[f32],
+        scales: &[f32],
+        ctx: &CodecContext,
+        bytes: &mut [u8],
+    ) {
+        let mut words = [0u32; TASK];
+        let words = if self.stochastic() {
+            element_words(
+                ctx.seed,
+                ctx.step,
+                ctx.key,
+                first as u32,
+                &mut words[..xs.len()],
+            );
+            &words[..xs.len()]
+        } else {
+            &words[..0]
+        };
+        let mut codes = [0u32; TASK];
         match self.spec {
-            CodecSpec::BlockQ { group, .. } => scales[i / group],
-            _ => scales.first().copied().unwrap_or(1.0),
+            CodecSpec::BlockQ { group, .. } => {
+                // One segment per (part of a) group, each with its own scale.
+                let mut j = 0;
+                while j < xs.len() {
+                    let g = (first + j) / group;
+                    let end = ((g + 1) * group - first).min(xs.len());
+                    self.segment_codes(&xs[j..end], &words[..0], &mut codes[j..end], scales[g]);
+                    j = end;
+                }
+            }
+            _ => self.segment_codes(
+                xs,
+                words,
+                &mut codes[..xs.len()],
+                scales.first().copied().unwrap_or(1.0),
+            ),
+        }
+        super::support::pack_fast(&codes[..xs.len()], self.bits, bytes);
+    }
+
+    /// Values of one task's codes; on a code no encoder produces, its element and pattern.
+    fn decode_task(
+        &self,
+        first: usize,
+        bytes: &[u8],
+        scales: &[f32],
+        values: &mut [f32],
+    ) -> std::result::Result<(), (usize, u32)> {
+        let mut codes = [0u32; TASK];
+        let codes = &mut codes[..values.len()];
+        super::support::unpack_fast(bytes, self.bits, codes);
+        let mut j = 0;
+        while j < values.len() {
+            let (scale, end) = match self.spec {
+                CodecSpec::BlockQ { group, .. } => {
+                    let g = (first + j) / group;
+                    (scales[g], ((g + 1) * group - first).min(values.len()))
+                }
+                _ => (scales.first().copied().unwrap_or(1.0), values.len()),
+            };
+            let (_, step) = self.factors(scale);
+            let (cs, vs) = (&codes[j..end], &mut values[j..end]);
+            match self.spec {
+                // Every pattern is valid: a plain multiply the loop can vectorise.
+                CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
+                    let b = self.bits;
+                    vs.iter_mut()
+                        .zip(cs)
+                        .for_each(|(v, &c)| *v = sign_extend(c, b) as f32 * step);
+                }
+                _ => {
+                    for (k, (v, &c)) in vs.iter_mut().zip(cs).enumerate() {
+                        *v = self.value(c, step).ok_or((first + j + k, c))?;
+                    }
+                }
+            }
+            j = end;
+        }
+        Ok(())
+    }
+
+    /// Codes of elements that share one scale.
+    #[inline(always)]
+    fn segment_codes(&self, xs: &[f32], words: &[u32], codes: &mut [u32], scale: f32) {
+        let (factor, _) = self.factors(scale);
+        let b = self.bits;
+        let signed = move |neg: bool, mag: i32| to_pattern(if neg { -mag } else { mag }, b);
+        match self.spec {
+            CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
+                let lim = (1i32 << (b - 1)) as f32;
+                fill(xs, words, codes, |v, _| {
+                    to_pattern(
+                        to_i32(rne((v * factor).clamp(-lim - 1.0, lim)).clamp(-lim, lim - 1.0)),
+                        b,
+                    )
+                });
+            }
+            _ if scale == 0.0 && !matches!(self.spec, CodecSpec::Natural) => codes.fill(0),
+            CodecSpec::Dither {
+                levels: Levels::Linear,
+                s,
+                ..
+            } => {
+                let top = s as f32;
+                fill(xs, words, codes, |v, w| {
+                    let xi = v.abs() * factor;
+                    let l = floor_pos(xi);
+                    let q = if l >= top {
+                        top
+                    } else if uniform(w) < xi - l {
+                        l + 1.0
+                    } else {
+                        l
+                    };
+                    signed(v < 0.0, to_i32(q))
+                });
+            }
+            CodecSpec::Qsgd {
+                rounding: Rounding::Nearest,
+                bits,
+            } => {
+                let top = ((1u32 << (bits - 1)) - 1) as f32;
+                fill(xs, words, codes, |v, _| {
+                    signed(
+                        v < 0.0,
+                        to_i32(rne((v.abs() * factor).min(top + 1.0)).min(top)),
+                    )
+                });
+            }
+            _ => fill(xs, words, codes, |v, w| self.code(v, scale, factor, w)),
         }
     }
 }
@@ -326,28 +528,7 @@ impl Codec for DenseCodec {
             .zip(x.par_chunks(TASK))
             .enumerate()
             .for_each(|(t, (bytes, xs))| {
-                let first = t * TASK;
-                let mut words = vec![0u32; if self.stochastic() { xs.len() } else { 0 }];
-                if self.stochastic() {
-                    element_words(ctx.seed, ctx.step, ctx.key, first as u32, &mut words);
-                }
-                // Blocks have one scale each; other codecs one for the payload.
-                let mut codes = vec![0u32; xs.len()];
-                let mut current = (f32::NAN, 0.0, 0.0);
-                for (j, (&v, c)) in xs.iter().zip(codes.iter_mut()).enumerate() {
-                    let scale = self.scale_for(&scales, first + j);
-                    if scale.to_bits() != current.0.to_bits() {
-                        let (f, s) = self.factors(scale);
-                        current = (scale, f, s);
-                    }
-                    *c = self.code(
-                        clean(v),
-                        scale,
-                        current.1,
-                        words.get(j).copied().unwrap_or(0),
-                    );
-                }
-                pack(&codes, self.bits, bytes);
+                self.encode_task(t * TASK, xs, &scales, ctx, bytes);
             });
         out
     }
@@ -375,21 +556,24 @@ impl Codec for DenseCodec {
         let scales = (0..self.header_count(n))
             .map(|i| read_scale(payload, i, &name))
             .collect::<Result<Vec<_>>>()?;
-        let patterns = unpack(&payload[head..], n, self.bits, &name)?;
+        let codes = &payload[head..];
+        check_padding(codes, n, self.bits, &name)?;
         // Every value first, so that a bad code leaves `out` untouched.
-        let values = patterns
-            .par_iter()
+        let task_bytes = TASK / 8 * self.bits as usize;
+        let mut values = vec![0.0f32; n];
+        values
+            .par_chunks_mut(TASK)
+            .zip(codes.par_chunks(task_bytes))
             .enumerate()
-            .map(|(i, &p)| {
-                let (_, step) = self.factors(self.scale_for(&scales, i));
-                self.value(p, step).ok_or_else(|| {
-                    payload_err(
-                        &name,
-                        format!("element {i} has code {p:#x}, which no encoder produces"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<f32>>>()?;
+            .try_for_each(|(t, (vs, bytes))| {
+                self.decode_task(t * TASK, bytes, &scales, vs)
+                    .map_err(|(i, p)| {
+                        payload_err(
+                            &name,
+                            format!("element {i} has code {p:#x}, which no encoder produces"),
+                        )
+                    })
+            })?;
         match mode {
             DecodeMode::Set => out.copy_from_slice(&values),
             DecodeMode::Add => out.par_iter_mut().zip(&values).for_each(|(o, v)| *o += v),

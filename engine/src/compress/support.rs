@@ -168,6 +168,105 @@ pub fn pack(codes: &[u32], bits: u32, out: &mut [u8]) {
     }
 }
 
+/// [`pack`] for codes in groups of 32: each group becomes exactly `bits` little-endian words,
+/// with the shifts known at compile time. `out` may end inside the last group's words.
+pub fn pack_fast(codes: &[u32], bits: u32, out: &mut [u8]) {
+    macro_rules! widths {
+        ($($b:literal)*) => {
+            match bits {
+                $($b => pack32::<$b>(codes, out),)*
+                _ => pack(codes, bits, out),
+            }
+        };
+    }
+    widths!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+#[inline(always)]
+fn pack32<const B: u32>(codes: &[u32], out: &mut [u8]) {
+    let mask = if B == 32 { u32::MAX } else { (1u32 << B) - 1 };
+    for (group, dst) in codes.chunks(32).zip(out.chunks_mut(4 * B as usize)) {
+        let mut words = [0u32; 16];
+        if group.len() == 32 {
+            for j in 0..32u32 {
+                let c = group[j as usize] & mask;
+                let bit = j * B;
+                words[(bit / 32) as usize] |= c << (bit % 32);
+                if bit % 32 + B > 32 {
+                    words[(bit / 32 + 1) as usize] |= c >> (32 - bit % 32);
+                }
+            }
+        } else {
+            for (j, &c) in group.iter().enumerate() {
+                let (c, bit) = (c & mask, j as u32 * B);
+                words[(bit / 32) as usize] |= c << (bit % 32);
+                if bit % 32 + B > 32 {
+                    words[(bit / 32 + 1) as usize] |= c >> (32 - bit % 32);
+                }
+            }
+        }
+        for (d, w) in dst.chunks_mut(4).zip(words) {
+            d.copy_from_slice(&w.to_le_bytes()[..d.len()]);
+        }
+    }
+}
+
+/// The inverse of [`pack_fast`]: fills `codes` from `bytes`, groups of 32 codes at a time.
+/// `bytes` may end inside the last group (missing bytes read as zero).
+pub fn unpack_fast(bytes: &[u8], bits: u32, codes: &mut [u32]) {
+    macro_rules! widths {
+        ($($b:literal)*) => {
+            match bits {
+                $($b => unpack32::<$b>(bytes, codes),)*
+                _ => unreachable!("code widths are 1 to 16 bits"),
+            }
+        };
+    }
+    widths!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+#[inline(always)]
+fn unpack32<const B: u32>(bytes: &[u8], codes: &mut [u32]) {
+    let mask = (1u32 << B) - 1;
+    for (group, src) in codes.chunks_mut(32).zip(bytes.chunks(4 * B as usize)) {
+        let mut words = [0u32; 17];
+        for (w, c) in words.iter_mut().zip(src.chunks(4)) {
+            let mut le = [0u8; 4];
+            le[..c.len()].copy_from_slice(c);
+            *w = u32::from_le_bytes(le);
+        }
+        for (j, code) in group.iter_mut().enumerate() {
+            let bit = j as u32 * B;
+            let (w, s) = ((bit / 32) as usize, bit % 32);
+            let mut v = words[w] >> s;
+            if s + B > 32 {
+                v |= words[w + 1] << (32 - s);
+            }
+            *code = v & mask;
+        }
+    }
+}
+
+/// Fails if the bits past the last of `n` codes in `bytes` are not zero, or the length is
+/// not `packed_len(n, bits)`.
+pub fn check_padding(bytes: &[u8], n: usize, bits: u32, codec: &str) -> Result<()> {
+    if bytes.len() != packed_len(n, bits) {
+        return Err(payload_err(
+            codec,
+            format!(
+                "{} code bytes for {n} elements of {bits} bits, expected {}",
+                bytes.len(),
+                packed_len(n, bits)
+            ),
+        ));
+    }
+    let used = n * bits as usize;
+    if !used.is_multiple_of(8) && bytes[bytes.len() - 1] >> (used % 8) != 0 {
+        return Err(payload_err(codec, "nonzero padding bits".into()));
+    }
+    Ok(())
+}
+
 /// Unpacks `n` b-bit code patterns; fails if the length is wrong or a padding bit is set.
 pub fn unpack(bytes: &[u8], n: usize, bits: u32, codec: &str) -> Result<Vec<u32>> {
     if bytes.len() != packed_len(n, bits) {

@@ -1,5 +1,6 @@
 //! `murmur bench ...`: performance as ratios against a reference measured in the same run.
 
+mod codecs;
 mod matmul;
 
 use clap::Subcommand;
@@ -8,11 +9,14 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// GFLOPS of the WGSL matmul kernels beside a native CPU sgemm.
     Matmul(matmul::MatmulArgs),
+    /// Encode and decode GB/s per codec on one thread, all threads and the GPU, beside memcpy.
+    Codecs(codecs::CodecArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Matmul(a) => matmul::run(a),
+        BenchCommand::Codecs(a) => codecs::run(a),
     }
 }
 
