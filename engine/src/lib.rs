@@ -8,6 +8,7 @@ pub mod autograd;
 pub mod compress;
 pub mod data;
 pub mod error;
+pub mod feedback;
 pub mod gpu;
 pub mod kernels;
 pub mod nn;

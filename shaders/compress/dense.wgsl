@@ -2,7 +2,7 @@
 // formulas): `encode` turns 32 elements into `bits` payload words, `decode` one code into one
 // value. The scales sit in the first `header` payload words (written by reduce.wgsl).
 //   OP: 0 linear dithering, 1 natural dithering, 2 natural compression, 3 qsgd, 4 loco,
-//       5 blockq.   STOCHASTIC: qsgd's rounding.   MODE (decode): 0 set, 1 add.
+//       5 blockq.   STOCHASTIC: qsgd's rounding.   MODE (decode): 0 set, 1 add, 2 subtract, 2 subtract.
 
 struct Params {
     n: u32,
@@ -205,9 +205,9 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     pattern = pattern & ((1u << p.bits) - 1u);
     let step = factors(bitcast<f32>(code_words[scale_index(i)])).y;
     let v = value(pattern, step);
-    if (MODE == 0u) {
-        out[i] = v;
-    } else {
-        out[i] = out[i] + v;
+    switch MODE {
+        case 0u: { out[i] = v; }
+        case 1u: { out[i] = out[i] + v; }
+        default: { out[i] = out[i] - v; }
     }
 }

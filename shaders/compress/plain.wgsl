@@ -1,7 +1,7 @@
 // f32, f16 and bf16 codecs (engine/src/compress/plain.rs). Encoding cleans non-finite values
 // to 0 and saturates 16-bit formats at their largest finite value; f16/bf16 payload word w
 // holds element 2w in its low half and 2w + 1 in its high half.
-//   KIND: 0 f32, 1 f16, 2 bf16.   MODE (decode): 0 set, 1 add.
+//   KIND: 0 f32, 1 f16, 2 bf16.   MODE (decode): 0 set, 1 add, 2 subtract, 2 subtract.
 
 struct Params {
     n: u32,
@@ -70,9 +70,9 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     } else {
         v = half_value((code[i / 2u] >> (16u * (i % 2u))) & 0xffffu);
     }
-    if (MODE == 0u) {
-        out[i] = v;
-    } else {
-        out[i] = out[i] + v;
+    switch MODE {
+        case 0u: { out[i] = v; }
+        case 1u: { out[i] = out[i] + v; }
+        default: { out[i] = out[i] - v; }
     }
 }

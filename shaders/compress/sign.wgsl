@@ -48,9 +48,9 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let g = i / 32u;
     let negative = (code[g ^ 1u] >> (31u - i % 32u)) & 1u;
     let v = select(scale, -scale, negative == 1u);
-    if (MODE == 0u) {
-        out[i] = v;
-    } else {
-        out[i] = out[i] + v;
+    switch MODE {
+        case 0u: { out[i] = v; }
+        case 1u: { out[i] = out[i] + v; }
+        default: { out[i] = out[i] - v; }
     }
 }

@@ -1,7 +1,7 @@
 // Payloads of the sparse codecs (engine/src/compress/sparse.rs has the layouts), from the
 // selected indices that select.wgsl wrote in increasing order.
 //   KIND: 0 topk with f32 values, 1 topk with f16 values, 2 randk values only,
-//         3 randk with indices, 4 hybrid.   MODE (decode): 0 set, 1 add.
+//         3 randk with indices, 4 hybrid.   MODE (decode): 0 set, 1 add, 2 subtract, 2 subtract.
 // Encoding entries bind x, idx, payload, tmp; decoding entries bind payload, idx, out.
 
 struct Params {
@@ -172,9 +172,9 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (i >= p.n) {
         return;
     }
-    if (MODE == 0u) {
-        out[i] = v;
-    } else {
-        out[i] = out[i] + v;
+    switch MODE {
+        case 0u: { out[i] = v; }
+        case 1u: { out[i] = out[i] + v; }
+        default: { out[i] = out[i] - v; }
     }
 }

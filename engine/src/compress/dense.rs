@@ -23,8 +23,8 @@ use rayon::prelude::*;
 
 use super::gpu::{dense_decode_gpu, dense_encode_gpu};
 use super::support::{
-    canonical_sum, check_padding, clean, max_abs, packed_len, payload_err, read_scale, sign_extend,
-    to_pattern,
+    canonical_sum, check_padding, clean, max_abs, packed_len, payload_err, read_scale, rne,
+    sign_extend, to_pattern,
 };
 use super::{
     bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
@@ -277,15 +277,6 @@ impl DenseCodec {
     }
 }
 
-/// Round half to even for |x| <= 2^22, without a library call: adding 1.5 * 2^23 leaves no
-/// fraction bits, so the hardware's round-to-nearest-even does the rounding. (Rust's
-/// `round_ties_even` is a call to `rintf` on baseline x86-64.)
-#[inline(always)]
-fn rne(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
-
 /// `x` (finite, |x| < 2^31) as i32, truncating. `as` would add saturation and NaN checks
 /// that keep the loops from vectorising; every caller has bounded `x` already.
 #[inline(always)]
@@ -318,6 +309,33 @@ fn fill(xs: &[f32], words: &[u32], codes: &mut [u32], f: impl Fn(f32, u32) -> u3
 }
 
 impl DenseCodec {
+    /// The payload of `x`, and with `residual` also `clean(x) - decode(payload)` in the same
+    /// pass.
+    fn encode_with(&self, x: &[f32], ctx: &CodecContext, residual: Option<&mut [f32]>) -> Vec<u8> {
+        let scales = self.scales(x);
+        let head = 4 * scales.len();
+        let mut out = vec![0u8; self.payload_len(x.len())];
+        for (i, s) in scales.iter().enumerate() {
+            out[4 * i..4 * i + 4].copy_from_slice(&s.to_le_bytes());
+        }
+        let task_bytes = TASK / 8 * self.bits as usize;
+        let tasks = out[head..]
+            .par_chunks_mut(task_bytes)
+            .zip(x.par_chunks(TASK))
+            .enumerate();
+        match residual {
+            None => tasks.for_each(|(t, (bytes, xs))| {
+                self.encode_task(t * TASK, xs, &scales, ctx, bytes, None)
+            }),
+            Some(r) => tasks
+                .zip(r.par_chunks_mut(TASK))
+                .for_each(|((t, (bytes, xs)), rs)| {
+                    self.encode_task(t * TASK, xs, &scales, ctx, bytes, Some(rs))
+                }),
+        }
+        out
+    }
+
     /// Encodes one task's elements (`first` is a multiple of 32) into their code bytes.
     fn encode_task(
         &self,
@@ -326,13 +344,14 @@ impl DenseCodec {
         scales: &[f32],
         ctx: &CodecContext,
         bytes: &mut [u8],
+        residual: Option<&mut [f32]>,
     ) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { self.encode_task_avx2(first, xs, scales, ctx, bytes) };
+            return unsafe { self.encode_task_avx2(first, xs, scales, ctx, bytes, residual) };
         }
-        self.encode_task_portable(first, xs, scales, ctx, bytes)
+        self.encode_task_portable(first, xs, scales, ctx, bytes, residual)
     }
 
     /// The same code, compiled for AVX2 so that the per-element loops vectorise; the
@@ -346,8 +365,9 @@ impl DenseCodec {
         scales: &[f32],
         ctx: &CodecContext,
         bytes: &mut [u8],
+        residual: Option<&mut [f32]>,
     ) {
-        self.encode_task_portable(first, xs, scales, ctx, bytes)
+        self.encode_task_portable(first, xs, scales, ctx, bytes, residual)
     }
 
     #[inline(always)]
@@ -358,6 +378,7 @@ impl DenseCodec {
         scales: &[f32],
         ctx: &CodecContext,
         bytes: &mut [u8],
+        residual: Option<&mut [f32]>,
     ) {
         let mut words = [0u32; TASK];
         let words = if self.stochastic() {
@@ -392,6 +413,15 @@ impl DenseCodec {
             ),
         }
         super::support::pack_fast(&codes[..xs.len()], self.bits, bytes);
+        if let Some(rs) = residual {
+            let mut values = [0.0f32; TASK];
+            self.decode_task(first, bytes, scales, &mut values[..xs.len()])
+                .expect("own codes are valid");
+            rs.iter_mut()
+                .zip(xs)
+                .zip(&values)
+                .for_each(|((r, &v), &d)| *r = clean(v) - d);
+        }
     }
 
     /// Values of one task's codes; on a code no encoder produces, its element and pattern.
@@ -515,22 +545,11 @@ impl Codec for DenseCodec {
     }
 
     fn encode(&self, x: &[f32], ctx: &CodecContext) -> Vec<u8> {
-        let n = x.len();
-        let scales = self.scales(x);
-        let head = 4 * scales.len();
-        let mut out = vec![0u8; self.payload_len(n)];
-        for (i, s) in scales.iter().enumerate() {
-            out[4 * i..4 * i + 4].copy_from_slice(&s.to_le_bytes());
-        }
-        let task_bytes = TASK / 8 * self.bits as usize;
-        out[head..]
-            .par_chunks_mut(task_bytes)
-            .zip(x.par_chunks(TASK))
-            .enumerate()
-            .for_each(|(t, (bytes, xs))| {
-                self.encode_task(t * TASK, xs, &scales, ctx, bytes);
-            });
-        out
+        self.encode_with(x, ctx, None)
+    }
+
+    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
+        self.encode_with(q, ctx, Some(residual))
     }
 
     fn decode_into(
@@ -574,10 +593,9 @@ impl Codec for DenseCodec {
                         )
                     })
             })?;
-        match mode {
-            DecodeMode::Set => out.copy_from_slice(&values),
-            DecodeMode::Add => out.par_iter_mut().zip(&values).for_each(|(o, v)| *o += v),
-        }
+        out.par_iter_mut()
+            .zip(&values)
+            .for_each(|(o, &v)| mode.apply(o, v));
         Ok(())
     }
 

@@ -28,6 +28,7 @@ fn mode_code(mode: DecodeMode) -> f64 {
     match mode {
         DecodeMode::Set => 0.0,
         DecodeMode::Add => 1.0,
+        DecodeMode::Subtract => 2.0,
     }
 }
 

@@ -12,7 +12,7 @@
 //! accumulator.
 
 mod dense;
-mod gpu;
+pub(crate) mod gpu;
 mod plain;
 mod select;
 mod sign;
@@ -37,11 +37,25 @@ pub struct CodecContext {
     pub key: u32,
 }
 
-/// Whether a decoder overwrites its output or adds into it.
+/// Whether a decoder overwrites its output, adds into it or subtracts from it (the last is
+/// how error feedback forms its residual `q - decode(encode(q))`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeMode {
     Set,
     Add,
+    Subtract,
+}
+
+impl DecodeMode {
+    /// Applies the decoded value `v` to `out`.
+    #[inline(always)]
+    pub fn apply(self, out: &mut f32, v: f32) {
+        match self {
+            DecodeMode::Set => *out = v,
+            DecodeMode::Add => *out += v,
+            DecodeMode::Subtract => *out -= v,
+        }
+    }
 }
 
 /// What a codec promises.
@@ -104,6 +118,21 @@ pub trait Codec: Send + Sync + fmt::Debug {
     /// Adds the decoded values into `acc` (a server summing pushes).
     fn decode_add(&self, payload: &[u8], acc: &mut [f32], ctx: &CodecContext) -> Result<()> {
         self.decode_into(payload, acc, ctx, DecodeMode::Add)
+    }
+
+    /// Compresses `q` and writes `clean(q) - decode(payload)` into `residual`: the update of
+    /// an error-feedback memory. Codecs may override this with a single fused pass, which must
+    /// give these exact bits.
+    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
+        use rayon::prelude::*;
+        let payload = self.encode(q, ctx);
+        residual
+            .par_iter_mut()
+            .zip(q)
+            .for_each(|(r, &v)| *r = support::clean(v));
+        self.decode_into(&payload, residual, ctx, DecodeMode::Subtract)
+            .expect("a codec decodes its own payloads");
+        payload
     }
 
     /// Checks a payload without decoding it into anything.

@@ -112,10 +112,9 @@ impl Codec for Plain {
             return Err(payload_err(&name, format!("element {i} is not finite")));
         }
         let values = payload.par_chunks(self.width()).map(value);
-        match mode {
-            DecodeMode::Set => out.par_iter_mut().zip(values).for_each(|(o, v)| *o = v),
-            DecodeMode::Add => out.par_iter_mut().zip(values).for_each(|(o, v)| *o += v),
-        }
+        out.par_iter_mut()
+            .zip(values)
+            .for_each(|(o, v)| mode.apply(o, v));
         Ok(())
     }
 

@@ -62,6 +62,16 @@ impl Codec for ScaledSign {
         out
     }
 
+    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
+        let payload = self.encode(q, ctx);
+        let scale = f32::from_le_bytes(payload[payload.len() - 4..].try_into().expect("4 bytes"));
+        residual.par_iter_mut().zip(q).for_each(|(r, &v)| {
+            let v = clean(v);
+            *r = v - if v < 0.0 { -scale } else { scale };
+        });
+        payload
+    }
+
     fn decode_into(
         &self,
         payload: &[u8],
@@ -98,10 +108,7 @@ impl Codec for ScaledSign {
                     } else {
                         scale
                     };
-                    match mode {
-                        DecodeMode::Set => *o = v,
-                        DecodeMode::Add => *o += v,
-                    }
+                    mode.apply(o, v);
                 }
             });
         Ok(())

@@ -287,8 +287,13 @@ impl Codec for Sparse {
         if mode == DecodeMode::Set {
             out.par_iter_mut().for_each(|o| *o = 0.0);
         }
+        let kept_mode = if mode == DecodeMode::Set {
+            DecodeMode::Add
+        } else {
+            mode
+        };
         for (&i, v) in indices.iter().zip(values) {
-            out[i as usize] += v;
+            kept_mode.apply(&mut out[i as usize], v);
         }
         Ok(())
     }

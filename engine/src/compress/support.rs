@@ -16,6 +16,15 @@ pub fn clean(v: f32) -> f32 {
     }
 }
 
+/// Round half to even for |x| <= 2^22, without a library call: adding 1.5 * 2^23 leaves no
+/// fraction bits, so the hardware's round-to-nearest-even does the rounding. (Rust's
+/// `round_ties_even` is a call to `rintf` on baseline x86-64.)
+#[inline(always)]
+pub fn rne(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
 /// Lanes of the reduction workgroup, and elements one workgroup folds per pass.
 pub const LANES: usize = 256;
 pub const CHUNK: usize = 4096;

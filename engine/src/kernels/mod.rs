@@ -37,6 +37,7 @@ pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
 /// Every shader the engine compiles, for validation tests.
 pub fn all_shaders() -> Vec<&'static Shader> {
     let mut all = crate::compress::gpu_shaders();
+    all.push(&crate::feedback::FEEDBACK);
     all.extend([
         &GRID,
         &MATH,
