@@ -376,12 +376,36 @@ impl Gpu {
                     });
             }
         }
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("waiting for a readback: {e}")))?;
-        self.check()?;
-        if failed.load(Ordering::SeqCst) > 0 || pending.load(Ordering::SeqCst) > 0 {
-            return Err(Error::Gpu("mapping a readback buffer failed".into()));
+        // Another thread's poll may be the one that runs our callbacks, and may still be running
+        // them when our own poll returns: wait until they have all been called.
+        let started = std::time::Instant::now();
+        while pending.load(Ordering::SeqCst) > 0 {
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Gpu(format!("waiting for a readback: {e}")))?;
+            if pending.load(Ordering::SeqCst) > 0 {
+                if started.elapsed() > std::time::Duration::from_secs(600) {
+                    return Err(Error::Gpu(
+                        "a readback did not complete in 10 minutes".into(),
+                    ));
+                }
+                std::thread::yield_now();
+            }
+        }
+        // Mapped buffers are unmapped on every path below, so none goes back to the pool mapped.
+        let mapped = || {
+            if failed.load(Ordering::SeqCst) > 0 {
+                return Err(Error::Gpu("mapping a readback buffer failed".into()));
+            }
+            self.check()
+        };
+        if let Err(e) = mapped() {
+            staging.iter().flatten().for_each(|s| {
+                if failed.load(Ordering::SeqCst) == 0 {
+                    s.raw().unmap();
+                }
+            });
+            return Err(e);
         }
         let out = staging
             .iter()
