@@ -579,3 +579,23 @@ fn specific_malformed_payloads_name_the_problem() {
         .to_string()
         .contains("no encoder produces"));
 }
+
+#[test]
+fn tiny_and_subnormal_partitions_never_make_nan() {
+    // Found by fuzzing: with a subnormal scale, levels / scale overflowed and 0 * inf was NaN.
+    for spec in ALL {
+        let c = parse(spec).unwrap();
+        for x in [
+            vec![1e-40f32, 0.0, -1e-40, 0.0],
+            vec![1e-37, 0.0, -3e-38],
+            vec![f32::MIN_POSITIVE, 0.0],
+            vec![1e38, -3e38, 0.0],
+        ] {
+            let y = c.decode(&c.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
+            assert!(y.iter().all(|v| v.is_finite()), "{spec} {x:?} -> {y:?}");
+            // Re-encoding a decoded payload is always possible.
+            let again = c.encode(&y, &ctx(0));
+            assert_eq!(again.len(), c.payload_len(x.len()));
+        }
+    }
+}

@@ -124,6 +124,32 @@ fn gpu_payloads_equal_cpu_payloads_and_decode_alike() {
 }
 
 #[test]
+fn tiny_scales_match_too() {
+    let device = common::gpu();
+    let gpu = device.as_gpu().unwrap();
+    let ctx = CodecContext {
+        seed: 5,
+        step: 1,
+        key: 2,
+    };
+    for spec in ALL {
+        let codec = parse(spec).unwrap();
+        for x in [
+            vec![1e-40f32, 0.0, -1e-40, 0.0, 2e-39],
+            vec![1e-37, 0.0, -3e-38],
+            vec![1e38, -3e38, 0.0, 1.0],
+        ] {
+            let want = codec.encode(&x, &ctx);
+            let gx = gpu.upload(bytemuck::cast_slice(&x)).unwrap();
+            let got = gpu
+                .read(&codec.encode_gpu(gpu, &gx, x.len(), &ctx).unwrap())
+                .unwrap();
+            assert_eq!(&got[..want.len()], &want[..], "{spec} {x:?}");
+        }
+    }
+}
+
+#[test]
 fn multi_level_reductions_match_on_long_inputs() {
     // 4096 * 4096 + 5 elements: the canonical sum needs three levels.
     let device = common::gpu();

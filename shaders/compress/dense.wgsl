@@ -25,6 +25,9 @@ override OP: u32 = 0u;
 override STOCHASTIC: bool = false;
 override MODE: u32 = 0u;
 
+// compress::support::MAX_FACTOR, 2^126: smaller scales encode as zeros.
+const MAX_FACTOR: f32 = 8.5070591730234616e37;
+
 fn scale_index(i: u32) -> u32 {
     if (OP == 5u) {
         return i / p.group;
@@ -65,7 +68,7 @@ fn code(v: f32, scale: f32, factor: f32, word: u32) -> u32 {
     let b = p.bits;
     switch OP {
         case 0u, 1u: {
-            if (scale == 0.0) {
+            if (factor > MAX_FACTOR) {
                 return 0u;
             }
             let xi = abs(v) * factor;
@@ -100,7 +103,7 @@ fn code(v: f32, scale: f32, factor: f32, word: u32) -> u32 {
             return ((bits >> 31u) << 8u) | e;
         }
         case 3u: {
-            if (scale == 0.0) {
+            if (factor > MAX_FACTOR) {
                 return 0u;
             }
             let top = f32((1u << (b - 1u)) - 1u);
@@ -114,6 +117,9 @@ fn code(v: f32, scale: f32, factor: f32, word: u32) -> u32 {
             return to_pattern(select(l, -l, v < 0.0), b);
         }
         default: {
+            if (OP == 5u && factor > MAX_FACTOR) {
+                return 0u;
+            }
             let lim = f32(1u << (b - 1u));
             return to_pattern(i32(clamp(round(v * factor), -lim, lim - 1.0)), b);
         }

@@ -6,7 +6,7 @@
 // `chunks`: MODE 0 sums |clean(x)|, 1 sums clean(x)^2, 2 takes max |clean(x)|, 3 sums x as
 //   given, 4 takes max of x as given (levels after the first).
 // `finish`: writes the final value into payload word `dst`: FINISH 0 copies, 1 takes the
-//   square root, 2 divides by f32(n).
+//   square root, 2 divides by f32(n); results past f32's range saturate at its maximum.
 // `group_max`: blockq's per-group scales, max|v| * 2^(1-bits) (or 1 for an all-zero group),
 //   one invocation per group walking it in order.
 
@@ -25,6 +25,7 @@ override MODE: u32 = 0u;
 override FINISH: u32 = 0u;
 
 const LANES: u32 = 256u;
+const F32_MAX: f32 = 3.40282346638528859812e38;
 const CHUNK: u32 = 4096u;
 var<workgroup> lanes: array<f32, 256>;
 
@@ -74,12 +75,13 @@ fn finish() {
     let v = x[0];
     switch FINISH {
         case 0u: { out[p.dst] = v; }
-        case 1u: { out[p.dst] = sqrt(v); }
+        // Sums past f32's range saturate at its largest value (as the CPU side does).
+        case 1u: { out[p.dst] = min(sqrt(v), F32_MAX); }
         default: {
             if (p.n == 0u) {
                 out[p.dst] = 0.0;
             } else {
-                out[p.dst] = v / f32(p.n);
+                out[p.dst] = min(v / f32(p.n), F32_MAX);
             }
         }
     }

@@ -61,8 +61,9 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             let scale = bitcast<f32>(payload[0]);
             let top = hybrid_top();
             var l = 0;
-            if (scale != 0.0) {
-                l = i32(min(round(abs(v) * (top / scale)), top));
+            let factor = top / scale;
+            if (factor <= 8.5070591730234616e37) { // compress::support::MAX_FACTOR
+                l = i32(min(round(abs(v) * factor), top));
             }
             tmp[j] = to_pattern(select(l, -l, v < 0.0), p.bits);
         }

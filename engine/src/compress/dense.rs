@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::gpu::{dense_decode_gpu, dense_encode_gpu};
 use super::support::{
     canonical_sum, check_padding, clean, max_abs, packed_len, payload_err, read_scale, rne,
-    sign_extend, to_pattern,
+    sign_extend, to_pattern, MAX_FACTOR,
 };
 use super::{
     bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
@@ -119,7 +119,9 @@ impl DenseCodec {
             }
             | CodecSpec::Qsgd { .. } => vec![max_abs(x)],
             CodecSpec::Dither { norm: Norm::L2, .. } => {
-                vec![canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i])).sqrt()]
+                vec![canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i]))
+                    .sqrt()
+                    .min(f32::MAX)]
             }
             CodecSpec::BlockQ { bits, group } => x
                 .par_chunks(group)
@@ -170,7 +172,7 @@ impl DenseCodec {
         let b = self.bits;
         match self.spec {
             CodecSpec::Dither { levels, s, .. } => {
-                if scale == 0.0 {
+                if factor > MAX_FACTOR {
                     return 0;
                 }
                 let xi = v.abs() * factor;
@@ -218,7 +220,7 @@ impl DenseCodec {
                 ((bits >> 31) << 8) | e
             }
             CodecSpec::Qsgd { bits, rounding } => {
-                if scale == 0.0 {
+                if factor > MAX_FACTOR {
                     return 0;
                 }
                 let top = ((1u32 << (bits - 1)) - 1) as f32;
@@ -229,6 +231,7 @@ impl DenseCodec {
                 } as i32;
                 to_pattern(if v < 0.0 { -l } else { l }, b)
             }
+            CodecSpec::BlockQ { .. } if factor > MAX_FACTOR => 0,
             CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
                 let lim = (1i32 << (b - 1)) as f32;
                 to_pattern(
@@ -472,6 +475,7 @@ impl DenseCodec {
         let b = self.bits;
         let signed = move |neg: bool, mag: i32| to_pattern(if neg { -mag } else { mag }, b);
         match self.spec {
+            CodecSpec::BlockQ { .. } if factor > MAX_FACTOR => codes.fill(0),
             CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
                 let lim = (1i32 << (b - 1)) as f32;
                 fill(xs, words, codes, |v, _| {
@@ -481,7 +485,7 @@ impl DenseCodec {
                     )
                 });
             }
-            _ if scale == 0.0 && !matches!(self.spec, CodecSpec::Natural) => codes.fill(0),
+            _ if factor > MAX_FACTOR && !matches!(self.spec, CodecSpec::Natural) => codes.fill(0),
             CodecSpec::Dither {
                 levels: Levels::Linear,
                 s,

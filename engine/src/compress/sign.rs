@@ -23,7 +23,8 @@ pub(crate) fn sign_scale(x: &[f32]) -> f32 {
     if x.is_empty() {
         return 0.0;
     }
-    canonical_sum(x.len(), |i| clean(x[i]).abs()) / x.len() as f32
+    // A sum past f32's range saturates instead of making the payload invalid.
+    (canonical_sum(x.len(), |i| clean(x[i]).abs()) / x.len() as f32).min(f32::MAX)
 }
 
 fn words(n: usize) -> usize {

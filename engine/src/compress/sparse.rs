@@ -20,6 +20,7 @@ use super::gpu::sparse_gpu;
 use super::select::select_top;
 use super::support::{
     clean, f16_to_f32, pack, packed_len, payload_err, read_scale, sign_extend, to_pattern, unpack,
+    MAX_FACTOR,
 };
 use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
@@ -186,7 +187,7 @@ impl Codec for Sparse {
                     .iter()
                     .map(|&i| {
                         let v = clean(x[i as usize]);
-                        let l = if scale == 0.0 {
+                        let l = if factor > MAX_FACTOR {
                             0
                         } else {
                             (v.abs() * factor).round_ties_even().min(top) as i32

@@ -220,6 +220,9 @@ impl FromStr for CodecSpec {
                     (None, None) => return Err(bad("give s=<levels> or bits=<b>".into())),
                     _ => return Err(bad("give s or bits, not both".into())),
                 };
+                if levels == Levels::Natural && s > 24 {
+                    return Err(bad(format!("natural dithering takes s up to 24 (levels down to 2^-23 of the norm), not {s}")));
+                }
                 let norm = match kv("norm").unwrap_or("max") {
                     "max" => Norm::Max,
                     "l2" => Norm::L2,

@@ -25,6 +25,11 @@ pub fn rne(x: f32) -> f32 {
     (x + MAGIC) - MAGIC
 }
 
+/// Largest quantization factor (levels / scale) a codec uses: 2^126. A smaller scale (a
+/// partition whose values are all below about 1e-36, or subnormal) encodes as all zeros, so
+/// `|v| * factor` can never overflow, and `0 * inf` never makes a NaN.
+pub const MAX_FACTOR: f32 = f32::from_bits(0x7e80_0000);
+
 /// Lanes of the reduction workgroup, and elements one workgroup folds per pass.
 pub const LANES: usize = 256;
 pub const CHUNK: usize = 4096;
