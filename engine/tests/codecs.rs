@@ -599,3 +599,14 @@ fn tiny_and_subnormal_partitions_never_make_nan() {
         }
     }
 }
+
+#[test]
+fn payloads_whose_values_would_overflow_are_refused() {
+    // Found by fuzzing: a block-absmax scale near f32::MAX times a code is infinite.
+    let c = parse("blockq:bits=4:group=8").unwrap();
+    let mut p = c.encode(&[1.0; 8], &ctx(0));
+    p[..4].copy_from_slice(&f32::MAX.to_le_bytes());
+    let mut acc = vec![0.0; 8];
+    assert!(c.decode_add(&p, &mut acc, &ctx(0)).is_err());
+    assert_eq!(acc, vec![0.0; 8]);
+}

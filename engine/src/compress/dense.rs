@@ -168,7 +168,7 @@ impl DenseCodec {
 
     /// The code pattern of one (cleaned) element.
     #[inline]
-    fn code(&self, v: f32, scale: f32, factor: f32, word: u32) -> u32 {
+    fn code(&self, v: f32, factor: f32, word: u32) -> u32 {
         let b = self.bits;
         match self.spec {
             CodecSpec::Dither { levels, s, .. } => {
@@ -463,6 +463,10 @@ impl DenseCodec {
                     }
                 }
             }
+            // A scale near f32's limit times a code can overflow: no encoder makes that.
+            if let Some(k) = vs.iter().position(|v| !v.is_finite()) {
+                return Err((first + j + k, cs[k]));
+            }
             j = end;
         }
         Ok(())
@@ -517,7 +521,7 @@ impl DenseCodec {
                     )
                 });
             }
-            _ => fill(xs, words, codes, |v, w| self.code(v, scale, factor, w)),
+            _ => fill(xs, words, codes, |v, w| self.code(v, factor, w)),
         }
     }
 }
@@ -593,7 +597,7 @@ impl Codec for DenseCodec {
                     .map_err(|(i, p)| {
                         payload_err(
                             &name,
-                            format!("element {i} has code {p:#x}, which no encoder produces"),
+                            format!("element {i} has code {p:#x}, which no encoder produces with this scale"),
                         )
                     })
             })?;

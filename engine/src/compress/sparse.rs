@@ -281,6 +281,9 @@ impl Codec for Sparse {
                             .ok_or_else(|| payload_err(&name, format!("code {c} is out of range")))
                     })
                     .collect::<Result<Vec<f32>>>()?;
+                if let Some(j) = values.iter().position(|v| !v.is_finite()) {
+                    return Err(payload_err(&name, format!("kept value {j} overflows")));
+                }
                 (indices, values)
             }
             _ => unreachable!(),
