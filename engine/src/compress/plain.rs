@@ -105,16 +105,28 @@ impl Codec for Plain {
             CodecSpec::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")),
             spec => half_value(spec, u16::from_le_bytes(b.try_into().expect("2 bytes"))),
         };
+        // Check in large blocks first, so that a bad payload writes nothing.
+        let w = self.width();
+        const BLOCK: usize = 1 << 14;
         if let Some(i) = payload
-            .par_chunks(self.width())
-            .position_first(|b| !value(b).is_finite())
+            .par_chunks(BLOCK * w)
+            .enumerate()
+            .find_map_first(|(c, block)| {
+                block
+                    .chunks_exact(w)
+                    .position(|b| !value(b).is_finite())
+                    .map(|j| c * BLOCK + j)
+            })
         {
             return Err(payload_err(&name, format!("element {i} is not finite")));
         }
-        let values = payload.par_chunks(self.width()).map(value);
-        out.par_iter_mut()
-            .zip(values)
-            .for_each(|(o, v)| mode.apply(o, v));
+        out.par_chunks_mut(BLOCK)
+            .zip(payload.par_chunks(BLOCK * w))
+            .for_each(|(os, block)| {
+                os.iter_mut()
+                    .zip(block.chunks_exact(w))
+                    .for_each(|(o, b)| mode.apply(o, value(b)));
+            });
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use super::support::{
 use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
-use crate::rng::element_u32;
+use crate::rng::element_words;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sparse {
@@ -75,7 +75,14 @@ impl Sparse {
 
 /// Random-k's index set: the k largest random words, as the top-k machinery selects them.
 pub(crate) fn random_indices(n: usize, k: usize, ctx: &CodecContext) -> Vec<u32> {
-    select_top(n, k, |i| element_u32(ctx.seed, ctx.step, ctx.key, i as u32))
+    use rayon::prelude::*;
+    // The selection reads each key several times: draw the words once, in bulk.
+    let mut words = vec![0u32; n];
+    words
+        .par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, w)| element_words(ctx.seed, ctx.step, ctx.key, (c << 16) as u32, w));
+    select_top(n, k, |i| words[i])
 }
 
 fn read_u32s(bytes: &[u8]) -> Vec<u32> {
