@@ -51,13 +51,15 @@ impl Codec for ScaledSign {
     fn encode(&self, x: &[f32], _ctx: &CodecContext) -> Vec<u8> {
         let mut out = vec![0u8; self.payload_len(x.len())];
         let (bits, scale) = out.split_at_mut(8 * words(x.len()));
-        bits.par_chunks_mut(8)
-            .zip(x.par_chunks(64))
-            .for_each(|(w, xs)| {
-                let word = xs.iter().enumerate().fold(0u64, |acc, (j, &v)| {
-                    acc | (((clean(v) < 0.0) as u64) << (63 - j))
-                });
-                w.copy_from_slice(&word.to_le_bytes());
+        bits.par_chunks_mut(8 * 4096)
+            .zip(x.par_chunks(64 * 4096))
+            .for_each(|(ws, xs)| {
+                for (w, x64) in ws.chunks_mut(8).zip(xs.chunks(64)) {
+                    let word = x64.iter().enumerate().fold(0u64, |acc, (j, &v)| {
+                        acc | (((clean(v) < 0.0) as u64) << (63 - j))
+                    });
+                    w.copy_from_slice(&word.to_le_bytes());
+                }
             });
         scale.copy_from_slice(&sign_scale(x).to_le_bytes());
         out
@@ -99,17 +101,27 @@ impl Codec for ScaledSign {
                 return Err(payload_err("sign", "nonzero padding bits".into()));
             }
         }
-        out.par_chunks_mut(64)
-            .zip(bits.par_chunks(8))
-            .for_each(|(os, w)| {
-                let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-                for (j, o) in os.iter_mut().enumerate() {
-                    let v = if word >> (63 - j) & 1 == 1 {
-                        -scale
-                    } else {
-                        scale
+        // 4096 words per task: per-word tasks would cost more in scheduling than in work.
+        out.par_chunks_mut(64 * 4096)
+            .zip(bits.par_chunks(8 * 4096))
+            .for_each(|(os, ws)| {
+                for (o64, w) in os.chunks_mut(64).zip(ws.chunks_exact(8)) {
+                    let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                    let value = |j: usize| {
+                        f32::from_bits(scale.to_bits() | (((word >> (63 - j)) as u32 & 1) << 31))
                     };
-                    mode.apply(o, v);
+                    // The mode is chosen once per word, so that each loop is a plain vector loop.
+                    match mode {
+                        DecodeMode::Set => {
+                            o64.iter_mut().enumerate().for_each(|(j, o)| *o = value(j))
+                        }
+                        DecodeMode::Add => {
+                            o64.iter_mut().enumerate().for_each(|(j, o)| *o += value(j))
+                        }
+                        DecodeMode::Subtract => {
+                            o64.iter_mut().enumerate().for_each(|(j, o)| *o -= value(j))
+                        }
+                    }
                 }
             });
         Ok(())
