@@ -5,6 +5,8 @@
 //! `StageLink` traits, which `murmur-net` implements over QUIC.
 
 pub mod autograd;
+pub mod checkpoint;
+pub mod comm;
 pub mod compress;
 pub mod data;
 pub mod error;

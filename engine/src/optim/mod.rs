@@ -5,11 +5,50 @@ use crate::kernels::optim::{adamw_step, sgd_step, AdamWStep, SgdStep};
 use crate::tensor::Tensor;
 
 /// Updates parameters from their gradients.
-pub trait Optimizer {
+pub trait Optimizer: Send {
     /// One update; `grads[i]` is the gradient of `params[i]`.
     fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()>;
     fn lr(&self) -> f32;
     fn set_lr(&mut self, lr: f32);
+
+    /// Everything needed to continue exactly where this optimizer is: its step count and its
+    /// state tensors (empty before the first step).
+    fn export(&self) -> OptimizerState;
+
+    /// Restores an [`OptimizerState`] exported by an optimizer of the same kind and shapes.
+    fn import(&mut self, state: OptimizerState) -> Result<()>;
+}
+
+/// An optimizer's resumable state.
+#[derive(Debug, Clone)]
+pub struct OptimizerState {
+    pub steps: u64,
+    /// Named state tensors, e.g. `m.0`, `v.0`, ... or `momentum.0`, ...
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+fn named<'a>(prefix: &str, ts: &'a [Tensor]) -> impl Iterator<Item = (String, Tensor)> + 'a {
+    let prefix = prefix.to_string();
+    ts.iter()
+        .enumerate()
+        .map(move |(i, t)| (format!("{prefix}.{i}"), t.clone()))
+}
+
+/// The tensors `prefix.0, prefix.1, ...` of a state, in order.
+fn take(state: &OptimizerState, prefix: &str) -> Vec<Tensor> {
+    let mut found: Vec<(usize, Tensor)> = state
+        .tensors
+        .iter()
+        .filter_map(|(name, t)| {
+            name.strip_prefix(prefix)?
+                .strip_prefix('.')?
+                .parse()
+                .ok()
+                .map(|i: usize| (i, t.clone()))
+        })
+        .collect();
+    found.sort_by_key(|(i, _)| *i);
+    found.into_iter().map(|(_, t)| t).collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +145,19 @@ impl Optimizer for Sgd {
     fn set_lr(&mut self, lr: f32) {
         self.config.lr = lr;
     }
+
+    fn export(&self) -> OptimizerState {
+        OptimizerState {
+            steps: self.steps,
+            tensors: named("momentum", &self.buffers).collect(),
+        }
+    }
+
+    fn import(&mut self, state: OptimizerState) -> Result<()> {
+        self.buffers = take(&state, "momentum");
+        self.steps = state.steps;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -183,5 +235,27 @@ impl Optimizer for AdamW {
 
     fn set_lr(&mut self, lr: f32) {
         self.config.lr = lr;
+    }
+
+    fn export(&self) -> OptimizerState {
+        OptimizerState {
+            steps: self.steps,
+            tensors: named("m", &self.m).chain(named("v", &self.v)).collect(),
+        }
+    }
+
+    fn import(&mut self, state: OptimizerState) -> Result<()> {
+        let (m, v) = (take(&state, "m"), take(&state, "v"));
+        if m.len() != v.len() {
+            return Err(Error::Data(format!(
+                "AdamW state has {} first and {} second moments",
+                m.len(),
+                v.len()
+            )));
+        }
+        self.m = m;
+        self.v = v;
+        self.steps = state.steps;
+        Ok(())
     }
 }

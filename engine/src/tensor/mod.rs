@@ -194,6 +194,28 @@ impl Tensor {
         }
     }
 
+    /// The elements of several f32 tensors, with one GPU wait for all of them.
+    pub fn read_many(tensors: &[&Tensor]) -> Result<Vec<Vec<f32>>> {
+        let gpu_bufs: Vec<&GpuBuf> = tensors.iter().filter_map(|t| t.gpu_buf()).collect();
+        let mut gpu_data = match tensors.iter().find_map(|t| t.device.as_gpu()) {
+            Some(gpu) if !gpu_bufs.is_empty() => gpu.read_many(&gpu_bufs)?.into_iter(),
+            _ => Vec::new().into_iter(),
+        };
+        tensors
+            .iter()
+            .map(|t| {
+                t.expect_dtype("read_many", DType::F32)?;
+                match &t.storage {
+                    Storage::F32(v) => Ok(v.as_ref().clone()),
+                    Storage::Gpu(_) => Ok(bytemuck::pod_collect_to_vec(
+                        &gpu_data.next().expect("one read per GPU tensor"),
+                    )),
+                    Storage::U32(_) => unreachable!("dtype checked"),
+                }
+            })
+            .collect()
+    }
+
     /// The single element of a one-element tensor.
     pub fn item(&self) -> Result<f32> {
         if self.numel() != 1 {

@@ -154,3 +154,69 @@ impl Classifier {
         Ok(correct as f64 / set.len().max(1) as f64)
     }
 }
+
+impl Classifier {
+    /// Parameters and optimizer state as checkpoint bytes (safetensors).
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        let opt = self.optimizer.export();
+        let mut tensors: Vec<(String, Tensor)> = self
+            .model
+            .parameters()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("param.{i}"), (*p).clone()))
+            .collect();
+        tensors.extend(
+            opt.tensors
+                .into_iter()
+                .map(|(n, t)| (format!("optim.{n}"), t)),
+        );
+        let meta = std::collections::BTreeMap::from([
+            ("format".to_string(), "murmur-classifier-1".to_string()),
+            ("steps".to_string(), self.steps.to_string()),
+            ("optimizer_steps".to_string(), opt.steps.to_string()),
+        ]);
+        crate::checkpoint::to_bytes(&tensors, &meta)
+    }
+
+    /// Restores what [`Classifier::save_state`] wrote, for a classifier of the same shape.
+    pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
+        let (tensors, meta) = crate::checkpoint::from_bytes(bytes, &self.device)?;
+        if meta.get("format").map(String::as_str) != Some("murmur-classifier-1") {
+            return Err(Error::Data(
+                "checkpoint is not a murmur classifier state".into(),
+            ));
+        }
+        let number = |k: &str| {
+            meta.get(k)
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| Error::Data(format!("checkpoint metadata lacks {k}")))
+        };
+        let (steps, optimizer_steps) = (number("steps")?, number("optimizer_steps")?);
+        let loaded: Vec<Tensor> = (0..self.model.parameters().len())
+            .map(|i| crate::checkpoint::take(&tensors, &format!("param.{i}")))
+            .collect::<Result<_>>()?;
+        for (p, t) in self.model.parameters().iter().zip(&loaded) {
+            if p.shape() != t.shape() {
+                return Err(Error::Data(format!(
+                    "checkpoint parameter of shape {:?} for a model parameter of shape {:?}",
+                    t.shape(),
+                    p.shape()
+                )));
+            }
+        }
+        let optim = tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix("optim.").map(|n| (n.to_string(), t.clone())))
+            .collect();
+        self.optimizer.import(crate::optim::OptimizerState {
+            steps: optimizer_steps,
+            tensors: optim,
+        })?;
+        for (p, t) in self.model.parameters_mut().into_iter().zip(loaded) {
+            *p = t;
+        }
+        self.steps = steps;
+        Ok(())
+    }
+}

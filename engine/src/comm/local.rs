@@ -1,0 +1,297 @@
+//! The in-process collective: ranks are threads of one process, the servers a shared state
+//! the last rank to arrive at a round closes. Simulations and most tests use it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::shard::KeyState;
+use super::{Collective, Key, KeySpec};
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+struct Hub {
+    keys: HashMap<Key, KeyState>,
+    /// Ranks that have pushed in the open round, and the round's replies once closed.
+    arrived: usize,
+    round: u64,
+    replies: HashMap<Key, Vec<u8>>,
+    /// Ranks that have collected the closed round's replies.
+    collected: usize,
+    registered: usize,
+    failure: Option<String>,
+}
+
+struct Shared {
+    hub: Mutex<Hub>,
+    changed: Condvar,
+    world: usize,
+}
+
+/// One rank's handle on an in-process collective.
+pub struct LocalCollective {
+    shared: Arc<Shared>,
+    rank: usize,
+}
+
+/// Handles for `world` ranks, to be moved one to each thread.
+pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
+    let shared = Arc::new(Shared {
+        hub: Mutex::default(),
+        changed: Condvar::new(),
+        world,
+    });
+    (0..world)
+        .map(|rank| LocalCollective {
+            shared: shared.clone(),
+            rank,
+        })
+        .collect()
+}
+
+/// How long a rank waits for the others before declaring the round failed.
+const PATIENCE: Duration = Duration::from_secs(600);
+
+impl LocalCollective {
+    fn wait<'a>(
+        &'a self,
+        mut hub: std::sync::MutexGuard<'a, Hub>,
+        done: impl Fn(&Hub) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, Hub>> {
+        while !done(&hub) {
+            if let Some(f) = &hub.failure {
+                return Err(Error::Data(format!("in-process collective: {f}")));
+            }
+            let (h, timeout) = self
+                .shared
+                .changed
+                .wait_timeout(hub, PATIENCE)
+                .expect("hub lock");
+            hub = h;
+            if timeout.timed_out() && !done(&hub) {
+                return Err(Error::Data(
+                    "in-process collective: a rank did not arrive in 10 minutes".into(),
+                ));
+            }
+        }
+        Ok(hub)
+    }
+}
+
+impl Collective for LocalCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.shared.world
+    }
+
+    fn register(&mut self, keys: &[KeySpec]) -> Result<()> {
+        let mut hub = self.shared.hub.lock().expect("hub lock");
+        for spec in keys {
+            match hub.keys.get(&spec.key) {
+                Some(existing) if existing.spec != *spec => {
+                    return Err(Error::Config(format!(
+                        "rank {} registers key {:#x} differently from another rank",
+                        self.rank, spec.key
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    let state = KeyState::new(spec.clone())?;
+                    hub.keys.insert(spec.key, state);
+                }
+            }
+        }
+        hub.registered += 1;
+        self.shared.changed.notify_all();
+        let world = self.shared.world;
+        drop(self.wait(hub, |h| h.registered >= world)?);
+        Ok(())
+    }
+
+    fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>> {
+        let world = self.shared.world;
+        let hub = self.shared.hub.lock().expect("hub lock");
+        // The previous round's replies must have been collected by everyone.
+        let mut hub = self.wait(hub, |h| h.arrived < world && h.replies.is_empty())?;
+        if hub.round != step {
+            return Err(Error::Data(format!(
+                "rank {} pushes step {step} while the round is {}",
+                self.rank, hub.round
+            )));
+        }
+        for (key, payload) in &pushes {
+            let rank = self.rank;
+            let state = hub
+                .keys
+                .get_mut(key)
+                .ok_or_else(|| Error::Data(format!("unknown key {key:#x}")))?;
+            if let Err(e) = state.accept(rank, step, payload) {
+                hub.failure = Some(e.to_string());
+                self.shared.changed.notify_all();
+                return Err(e);
+            }
+        }
+        hub.arrived += 1;
+        if hub.arrived == world {
+            // Last to arrive: close every key's round.
+            let mut replies = HashMap::new();
+            for (key, state) in hub.keys.iter_mut() {
+                if state.count() > 0 {
+                    replies.insert(*key, state.close()?);
+                }
+            }
+            hub.replies = replies;
+            hub.collected = 0;
+        }
+        self.shared.changed.notify_all();
+        let mut hub = self.wait(hub, |h| {
+            h.arrived == world && !h.replies.is_empty() || h.failure.is_some()
+        })?;
+        let out = pushes
+            .iter()
+            .map(|(key, _)| {
+                hub.replies
+                    .get(key)
+                    .map(|r| (*key, r.clone()))
+                    .ok_or_else(|| Error::Data(format!("no reply for key {key:#x}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        hub.collected += 1;
+        if hub.collected == world {
+            hub.replies.clear();
+            hub.arrived = 0;
+            hub.round += 1;
+            self.shared.changed.notify_all();
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::codec_context;
+    use crate::compress::parse;
+
+    fn spec(key: Key, numel: u32, codec: &str, memory: &str) -> KeySpec {
+        KeySpec {
+            key,
+            numel,
+            push: codec.into(),
+            pull: codec.into(),
+            server_memory: memory.into(),
+            seed: 3,
+        }
+    }
+
+    #[test]
+    fn identity_codec_returns_the_exact_mean_to_every_rank() {
+        let world = 4;
+        let handles = local_collectives(world);
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let joins: Vec<_> = handles
+                .into_iter()
+                .map(|mut c| {
+                    s.spawn(move || {
+                        c.register(&[spec(1, 3, "f32", "none"), spec(2, 2, "f32", "none")])
+                            .unwrap();
+                        (0..3u64)
+                            .map(|step| {
+                                let r = c.rank() as f32;
+                                let pushes = vec![
+                                    (
+                                        1,
+                                        parse("f32")
+                                            .unwrap()
+                                            .encode(&[r, step as f32, 1.0], &Default::default()),
+                                    ),
+                                    (
+                                        2,
+                                        parse("f32")
+                                            .unwrap()
+                                            .encode(&[r * 2.0, -r], &Default::default()),
+                                    ),
+                                ];
+                                let replies = c.push_pull(step, pushes).unwrap();
+                                let mut v = parse("f32")
+                                    .unwrap()
+                                    .decode(&replies[0].1, 3, &Default::default())
+                                    .unwrap();
+                                v.extend(
+                                    parse("f32")
+                                        .unwrap()
+                                        .decode(&replies[1].1, 2, &Default::default())
+                                        .unwrap(),
+                                );
+                                v
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for (step, got) in results[0].iter().enumerate() {
+            assert_eq!(
+                got,
+                &vec![1.5, step as f32, 1.0, 3.0, -1.5],
+                "mean of ranks 0..4"
+            );
+        }
+        assert!(
+            results.iter().all(|r| *r == results[0]),
+            "every rank gets the same reply"
+        );
+    }
+
+    #[test]
+    fn server_error_feedback_is_the_two_way_ef_recursion() {
+        // One rank, top-1 of 3 with server EF: the server's residual carries what it did not send.
+        let mut c = local_collectives(1).pop().unwrap();
+        c.register(&[spec(7, 3, "topk:1", "ef")]).unwrap();
+        let codec = parse("topk:1").unwrap();
+        let ctx = |step| codec_context(3, step, 7);
+        let push = codec.encode(&[0.5, -2.0, 1.0], &ctx(0)); // sends -2.0 at index 1
+        let reply = codec
+            .decode(&c.push_pull(0, vec![(7, push)]).unwrap()[0].1, 3, &ctx(0))
+            .unwrap();
+        assert_eq!(reply, [0.0, -2.0, 0.0]);
+        let push = codec.encode(&[0.0, 0.0, 0.6], &ctx(1)); // mean 0.6 at index 2; server adds nothing yet
+        let reply = codec
+            .decode(&c.push_pull(1, vec![(7, push)]).unwrap()[0].1, 3, &ctx(1))
+            .unwrap();
+        assert_eq!(reply, [0.0, 0.0, 0.6]);
+        let push = codec.encode(&[0.0, 0.0, 0.0], &ctx(2));
+        // Nothing new: still nothing held back by the server (both sends were exact).
+        let reply = codec
+            .decode(&c.push_pull(2, vec![(7, push)]).unwrap()[0].1, 3, &ctx(2))
+            .unwrap();
+        assert_eq!(reply.iter().filter(|v| **v != 0.0).count(), 0);
+    }
+
+    #[test]
+    fn a_bad_push_fails_the_round_for_everyone_instead_of_hanging() {
+        let handles = local_collectives(2);
+        let outcomes: Vec<bool> = std::thread::scope(|s| {
+            let joins: Vec<_> = handles
+                .into_iter()
+                .map(|mut c| {
+                    s.spawn(move || {
+                        c.register(&[spec(1, 4, "f32", "none")]).unwrap();
+                        let payload = if c.rank() == 0 {
+                            vec![0u8; 16]
+                        } else {
+                            vec![1, 2, 3]
+                        };
+                        c.push_pull(0, vec![(1, payload)]).is_ok()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        assert_eq!(outcomes, [false, false]);
+    }
+}

@@ -1,0 +1,168 @@
+//! Data-parallel training through a [`Collective`]: every rank computes gradients on its slice
+//! of the global batch, pushes them compressed (with its error-feedback memory) partition by
+//! partition, and applies the servers' averaged reply with its optimizer. All ranks apply the
+//! same reply bytes, so their replicas stay bit-identical, in-process or over QUIC.
+
+use super::Classifier;
+use crate::comm::partition::{Partition, PartitionPlan};
+use crate::comm::{codec_context, Collective, Key};
+use crate::compress::{parse, Codec, DecodeMode};
+use crate::error::{Error, Result};
+use crate::feedback::{Feedback, Memory};
+use crate::nn::Module;
+use crate::tensor::{Device, Tensor};
+
+/// Bytes one rank sent and received in one round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundBytes {
+    pub pushed: usize,
+    pub pulled: usize,
+    /// What the same round costs in f32 each way.
+    pub f32_each_way: usize,
+}
+
+pub struct DataParallel<C: Collective> {
+    pub clf: Classifier,
+    pub collective: C,
+    parts: Vec<Partition>,
+    memories: Vec<Feedback>,
+    pulls: Vec<Box<dyn Codec>>,
+    seed: u64,
+    /// Rounds completed.
+    pub step: u64,
+}
+
+/// This rank's share of a global batch: equal slices, the first ranks taking one more sample
+/// when the batch does not divide.
+pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
+    let (base, extra) = (global.len() / world, global.len() % world);
+    let start = rank * base + rank.min(extra);
+    &global[start..start + base + usize::from(rank < extra)]
+}
+
+impl<C: Collective> DataParallel<C> {
+    /// Registers the model's partitions with the collective. `worker_memory` is the error
+    /// feedback of compressed partitions on this rank (`none`, `ef`, `loco-ema...`).
+    pub fn new(
+        clf: Classifier,
+        mut collective: C,
+        plan: &PartitionPlan,
+        worker_memory: &str,
+    ) -> Result<Self> {
+        let sizes: Vec<usize> = clf.model.parameters().iter().map(|p| p.numel()).collect();
+        let parts = plan.partitions(&sizes);
+        let specs = plan.key_specs(&parts);
+        collective.register(&specs)?;
+        let memory: Memory = worker_memory.parse()?;
+        let memories = parts
+            .iter()
+            .zip(&specs)
+            .map(|(p, s)| {
+                Feedback::new(
+                    parse(&s.push)?,
+                    if p.compressed { memory } else { Memory::None },
+                    p.len,
+                    &Device::Cpu,
+                )
+            })
+            .collect::<Result<_>>()?;
+        let pulls = specs
+            .iter()
+            .map(|s| parse(&s.pull))
+            .collect::<Result<_>>()?;
+        Ok(DataParallel {
+            clf,
+            collective,
+            parts,
+            memories,
+            pulls,
+            seed: plan.seed,
+            step: 0,
+        })
+    }
+
+    /// The keyed partitions this rank pushes each round.
+    pub fn partitions(&self) -> &[Partition] {
+        &self.parts
+    }
+
+    /// One round on this rank's batch: returns its loss and the bytes it moved.
+    pub fn step(&mut self, x: &[f32], labels: &[u32]) -> Result<(Tensor, RoundBytes)> {
+        let (loss, grads) = self.clf.loss_and_grads(x, labels)?;
+        let host = Tensor::read_many(&grads.iter().collect::<Vec<_>>())?;
+        let pushes: Vec<(Key, Vec<u8>)> = self
+            .parts
+            .iter()
+            .zip(&mut self.memories)
+            .map(|(p, m)| {
+                Ok((
+                    p.key,
+                    m.encode(
+                        &host[p.tensor][p.offset..p.offset + p.len],
+                        &codec_context(self.seed, self.step, p.key),
+                    )?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let pushed = pushes.iter().map(|(_, b)| b.len()).sum();
+        let replies = self.collective.push_pull(self.step, pushes)?;
+        let pulled = replies.iter().map(|(_, b)| b.len()).sum();
+        self.apply_replies(&replies)?;
+        let f32_each_way = 4 * self.parts.iter().map(|p| p.len).sum::<usize>();
+        Ok((
+            loss,
+            RoundBytes {
+                pushed,
+                pulled,
+                f32_each_way,
+            },
+        ))
+    }
+
+    /// Applies one round's replies (in partition order) with the optimizer: the second half of
+    /// [`DataParallel::step`], and what a rejoining rank replays to catch up.
+    pub fn apply_replies(&mut self, replies: &[(Key, Vec<u8>)]) -> Result<()> {
+        if replies.len() != self.parts.len() {
+            return Err(Error::Data(format!(
+                "{} replies for {} partitions",
+                replies.len(),
+                self.parts.len()
+            )));
+        }
+        let shapes: Vec<Vec<usize>> = self
+            .clf
+            .model
+            .parameters()
+            .iter()
+            .map(|p| p.shape().to_vec())
+            .collect();
+        let mut avg: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|s| vec![0.0; s.iter().product()])
+            .collect();
+        for ((p, pull), (key, reply)) in self.parts.iter().zip(&self.pulls).zip(replies) {
+            if *key != p.key {
+                return Err(Error::Data(format!(
+                    "reply for key {key:#x} where {:#x} was expected",
+                    p.key
+                )));
+            }
+            let ctx = codec_context(self.seed, self.step, p.key);
+            pull.decode_into(
+                reply,
+                &mut avg[p.tensor][p.offset..p.offset + p.len],
+                &ctx,
+                DecodeMode::Set,
+            )?;
+        }
+        let device = self.clf.device.clone();
+        let grads = avg
+            .into_iter()
+            .zip(&shapes)
+            .map(|(v, s)| Tensor::from_vec(&device, s, v))
+            .collect::<Result<Vec<_>>>()?;
+        self.clf.apply(&grads)?;
+        self.step += 1;
+        Ok(())
+    }
+}
