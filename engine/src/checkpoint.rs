@@ -20,6 +20,9 @@ fn bad<T>(msg: impl Into<String>) -> Result<T> {
     )))
 }
 
+/// Named tensors and string metadata, as a checkpoint holds them.
+pub type Contents = (Vec<(String, Tensor)>, BTreeMap<String, String>);
+
 /// Serialises f32 tensors (read back from the GPU if there) and string metadata.
 pub fn to_bytes(
     tensors: &[(String, Tensor)],
@@ -51,10 +54,7 @@ pub fn to_bytes(
 }
 
 /// Parses checkpoint bytes into named tensors on `device` (sorted by name) and metadata.
-pub fn from_bytes(
-    bytes: &[u8],
-    device: &Device,
-) -> Result<(Vec<(String, Tensor)>, BTreeMap<String, String>)> {
+pub fn from_bytes(bytes: &[u8], device: &Device) -> Result<Contents> {
     if bytes.len() < 8 {
         return bad("shorter than its 8-byte header length");
     }
