@@ -1,1 +1,13 @@
+//! murmur-net: nodes that find each other, prove they belong to the swarm, and move framed,
+//! compressed tensors over QUIC. It knows nothing of autodiff: it implements the engine's
+//! `Collective` over the parameter-server protocol, with the servers' arithmetic taken from
+//! the engine so that a run over QUIC gives the bits of the same run in-process.
+
+pub mod error;
+pub mod identity;
+pub mod tls;
+pub mod transport;
+pub mod wire;
+
+pub use error::{NetError, Result};
 pub use murmur_engine as engine;

@@ -1,0 +1,273 @@
+//! Who may join a swarm. A swarm is a certificate authority: `murmur swarm init` creates its key
+//! and certificate; every node gets a key pair and a certificate signed by it. Nodes present
+//! their certificate and verify the other side's against the swarm's in a mutual TLS 1.3
+//! handshake, so a node without credentials from this swarm is refused before it can send a
+//! byte. A peer is known by the fingerprint of its public key.
+//!
+//! A swarm folder holds `ca.pem` (every node needs it), `ca.key` (secret: whoever holds it can
+//! admit nodes) and `nodes/<name>.pem` / `nodes/<name>.key`.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use sha2::{Digest, Sha256};
+
+use crate::error::{NetError, Result};
+
+/// The name every node certificate carries and every client asks for; identity is the key.
+pub const NODE_NAME: &str = "murmur-node";
+
+fn err(e: impl std::fmt::Display) -> NetError {
+    NetError::Identity(e.to_string())
+}
+
+/// A node's credentials: the swarm's certificate, its own chain and key.
+#[derive(Debug)]
+pub struct Credentials {
+    pub ca: CertificateDer<'static>,
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Clone for Credentials {
+    fn clone(&self) -> Self {
+        Credentials {
+            ca: self.ca.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+/// A swarm authority held in memory.
+pub struct Swarm {
+    issuer: Issuer<'static, KeyPair>,
+    ca_key_pem: String,
+    ca_pem: String,
+}
+
+fn ca_params(name: &str) -> Result<CertificateParams> {
+    let mut p = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("murmur swarm {name}"));
+    p.distinguished_name = dn;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(p)
+}
+
+impl Swarm {
+    /// A new swarm authority.
+    pub fn generate(name: &str) -> Result<Swarm> {
+        let ca_key = KeyPair::generate().map_err(err)?;
+        let params = ca_params(name)?;
+        let ca_pem = params.self_signed(&ca_key).map_err(err)?.pem();
+        let ca_key_pem = ca_key.serialize_pem();
+        Ok(Swarm {
+            issuer: Issuer::new(params, ca_key),
+            ca_key_pem,
+            ca_pem,
+        })
+    }
+
+    /// Loads the authority from a swarm folder (needs `ca.key`).
+    pub fn load(dir: &Path) -> Result<Swarm> {
+        let ca_pem = read(&dir.join("ca.pem"))?;
+        let ca_key_pem = read(&dir.join("ca.key"))?;
+        let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(err)?;
+        let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(err)?;
+        Ok(Swarm {
+            issuer,
+            ca_key_pem,
+            ca_pem,
+        })
+    }
+
+    /// Writes `ca.pem` and `ca.key` into `dir` (created if needed).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        write_secret(&dir.join("ca.key"), &self.ca_key_pem)?;
+        std::fs::write(dir.join("ca.pem"), &self.ca_pem)?;
+        Ok(())
+    }
+
+    /// Credentials for a new node called `name`.
+    pub fn issue(&self, name: &str) -> Result<(String, String)> {
+        let key = KeyPair::generate().map_err(err)?;
+        let mut p =
+            CertificateParams::new(vec![NODE_NAME.to_string(), name.to_string()]).map_err(err)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        p.distinguished_name = dn;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = p.signed_by(&key, &self.issuer).map_err(err)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// Issues `name` and writes `nodes/<name>.pem` and `.key` below `dir`.
+    pub fn issue_to(&self, dir: &Path, name: &str) -> Result<()> {
+        check_name(name)?;
+        let (cert, key) = self.issue(name)?;
+        let nodes = dir.join("nodes");
+        std::fs::create_dir_all(&nodes)?;
+        std::fs::write(nodes.join(format!("{name}.pem")), cert)?;
+        write_secret(&nodes.join(format!("{name}.key")), &key)?;
+        Ok(())
+    }
+
+    /// In-memory credentials for a node (tests and local swarms).
+    pub fn credentials(&self, name: &str) -> Result<Credentials> {
+        let (cert, key) = self.issue(name)?;
+        Credentials::from_pem(&self.ca_pem, &cert, &key)
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(NetError::Identity(format!(
+            "node name {name:?}: use letters, digits, - and _"
+        )));
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| {
+        NetError::Identity(format!(
+            "cannot read {}: {e} (create a swarm with `murmur swarm init`)",
+            path.display()
+        ))
+    })
+}
+
+fn write_secret(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+fn pem_der(text: &str, what: &str) -> Result<Vec<u8>> {
+    let start = text
+        .find("-----BEGIN")
+        .ok_or_else(|| NetError::Identity(format!("{what} is not PEM")))?;
+    let body: String = text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    decode_base64(&body).ok_or_else(|| NetError::Identity(format!("{what}: bad base64")))
+}
+
+/// Standard base64 (PEM bodies), without padding requirements.
+fn decode_base64(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0u32);
+    for c in s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
+        acc = (acc << 6) | val(c)?;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+impl Credentials {
+    pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Credentials> {
+        Ok(Credentials {
+            ca: CertificateDer::from(pem_der(ca_pem, "swarm certificate")?),
+            chain: vec![CertificateDer::from(pem_der(cert_pem, "node certificate")?)],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pem_der(key_pem, "node key")?)),
+        })
+    }
+
+    /// Node `name`'s credentials from a swarm folder.
+    pub fn load(dir: &Path, name: &str) -> Result<Credentials> {
+        check_name(name)?;
+        let nodes: PathBuf = dir.join("nodes");
+        Credentials::from_pem(
+            &read(&dir.join("ca.pem"))?,
+            &read(&nodes.join(format!("{name}.pem")))?,
+            &read(&nodes.join(format!("{name}.key")))?,
+        )
+    }
+
+    /// This node's fingerprint.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.chain[0])
+    }
+}
+
+/// A peer's identity: the first 16 hex digits of SHA-256 over its certificate's public key
+/// (or over the whole certificate if it cannot be parsed).
+pub fn fingerprint(cert: &CertificateDer<'_>) -> String {
+    let parsed = x509_parser::parse_x509_certificate(cert.as_ref()).ok();
+    let spki = parsed
+        .as_ref()
+        .map(|(_, c)| c.tbs_certificate.subject_pki.raw);
+    let digest = Sha256::digest(spki.unwrap_or(cert.as_ref()));
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swarm_folders_round_trip_and_names_are_checked() {
+        let dir = std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()));
+        let swarm = Swarm::generate("test").unwrap();
+        swarm.save(&dir).unwrap();
+        swarm.issue_to(&dir, "worker-1").unwrap();
+        let again = Swarm::load(&dir).unwrap();
+        again.issue_to(&dir, "worker-2").unwrap();
+        let a = Credentials::load(&dir, "worker-1").unwrap();
+        let b = Credentials::load(&dir, "worker-2").unwrap();
+        assert_eq!(a.ca, b.ca);
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint().len(), 16);
+        assert!(Credentials::load(&dir, "nobody")
+            .unwrap_err()
+            .to_string()
+            .contains("swarm init"));
+        assert!(swarm.issue_to(&dir, "../evil").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn base64_decodes_pem_bodies() {
+        assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVs\nbG8").unwrap(), b"hello");
+        assert!(decode_base64("a*b").is_none());
+    }
+}

@@ -1,0 +1,337 @@
+//! The wire protocol: every message is one frame on its own QUIC stream.
+//!
+//! ```text
+//! offset size field
+//!      0    2 magic 0x4D55 ("MU", little-endian)
+//!      2    1 version (1)
+//!      3    1 kind (see Kind)
+//!      4    2 flags (0; reserved)
+//!      6    2 rank of the sender (workers) or shard (servers)
+//!      8    8 key
+//!     16    8 step
+//!     24    4 numel: elements the payload encodes (push, reply), else 0
+//!     28    4 payload length, which must equal the bytes that follow
+//!     32    - payload: codec bytes (push, reply, snapshot) or a postcard-encoded control
+//!             message (hello, register, error, catch-up)
+//! ```
+//! Decoding checks every field against [`Limits`] and returns an error, never panics: a bad
+//! frame costs its connection, never the node.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::engine::comm::{Key, KeySpec};
+use crate::error::{NetError, Result};
+
+pub const MAGIC: u16 = 0x4D55;
+pub const VERSION: u8 = 1;
+pub const HEADER: usize = 32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Worker → server, first message: [`Hello`].
+    Hello = 1,
+    /// Worker → server: the keys this server owns, [`Register`]; the server answers with an
+    /// empty `Registered`.
+    Register = 2,
+    Registered = 3,
+    /// Worker → server: one key's payload for one step.
+    Push = 4,
+    /// Server → worker: the round's reply for one key, identical bytes for every worker.
+    Reply = 5,
+    /// Either way: [`ErrorMessage`], then the sender closes the connection.
+    Error = 6,
+    /// Rank 0 → servers: a state snapshot after `step` (payload only to shard 0).
+    Snapshot = 7,
+    /// Rejoining worker → server: [`CatchupRequest`]; the server answers with `Catchup`.
+    CatchupRequest = 8,
+    Catchup = 9,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Register,
+            3 => Kind::Registered,
+            4 => Kind::Push,
+            5 => Kind::Reply,
+            6 => Kind::Error,
+            7 => Kind::Snapshot,
+            8 => Kind::CatchupRequest,
+            9 => Kind::Catchup,
+            _ => return None,
+        })
+    }
+}
+
+/// Hard limits on what a peer may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_payload: usize,
+    pub max_keys: usize,
+    pub max_numel: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload: 256 << 20,
+            max_keys: 1 << 16,
+            max_numel: 1 << 28,
+        }
+    }
+}
+
+impl Limits {
+    pub fn max_frame(&self) -> usize {
+        HEADER + self.max_payload
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub rank: u16,
+    pub key: Key,
+    pub step: u64,
+    pub numel: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    pub fn new(kind: Kind, rank: u16, key: Key, step: u64, numel: u32, payload: Vec<u8>) -> Frame {
+        Frame {
+            kind,
+            rank,
+            key,
+            step,
+            numel,
+            payload,
+        }
+    }
+
+    /// A control frame carrying `message`.
+    pub fn control<T: Serialize>(kind: Kind, rank: u16, step: u64, message: &T) -> Frame {
+        Frame::new(
+            kind,
+            rank,
+            0,
+            step,
+            0,
+            postcard::to_allocvec(message).expect("control messages serialise"),
+        )
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + self.payload.len());
+        out.extend(MAGIC.to_le_bytes());
+        out.push(VERSION);
+        out.push(self.kind as u8);
+        out.extend(0u16.to_le_bytes());
+        out.extend(self.rank.to_le_bytes());
+        out.extend(self.key.to_le_bytes());
+        out.extend(self.step.to_le_bytes());
+        out.extend(self.numel.to_le_bytes());
+        out.extend((self.payload.len() as u32).to_le_bytes());
+        out.extend(&self.payload);
+        out
+    }
+
+    pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame> {
+        let bad = |m: String| Err(NetError::Wire(m));
+        if bytes.len() < HEADER {
+            return bad(format!(
+                "{} bytes is shorter than the {HEADER}-byte header",
+                bytes.len()
+            ));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if u16_at(0) != MAGIC {
+            return bad(format!("magic {:#06x}, expected {MAGIC:#06x}", u16_at(0)));
+        }
+        if bytes[2] != VERSION {
+            return bad(format!(
+                "protocol version {}, this node speaks {VERSION}",
+                bytes[2]
+            ));
+        }
+        let Some(kind) = Kind::from_u8(bytes[3]) else {
+            return bad(format!("unknown frame kind {}", bytes[3]));
+        };
+        if u16_at(4) != 0 {
+            return bad(format!("reserved flags {:#x} set", u16_at(4)));
+        }
+        let (numel, len) = (u32_at(24), u32_at(28) as usize);
+        if numel > limits.max_numel {
+            return bad(format!(
+                "{numel} elements exceed the limit of {}",
+                limits.max_numel
+            ));
+        }
+        if len > limits.max_payload {
+            return bad(format!(
+                "payload of {len} bytes exceeds the limit of {}",
+                limits.max_payload
+            ));
+        }
+        if bytes.len() - HEADER != len {
+            return bad(format!(
+                "header announces {len} payload bytes, {} follow",
+                bytes.len() - HEADER
+            ));
+        }
+        Ok(Frame {
+            kind,
+            rank: u16_at(6),
+            key: u64_at(8),
+            step: u64_at(16),
+            numel,
+            payload: bytes[HEADER..].to_vec(),
+        })
+    }
+
+    /// The control message in the payload.
+    pub fn message<T: DeserializeOwned>(&self) -> Result<T> {
+        postcard::from_bytes(&self.payload)
+            .map_err(|e| NetError::Wire(format!("{:?} message does not decode: {e}", self.kind)))
+    }
+}
+
+/// A worker introduces itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub rank: u16,
+    pub world: u16,
+    pub node: String,
+}
+
+/// The keys a worker will push to this server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Register {
+    pub keys: Vec<KeySpec>,
+}
+
+impl Register {
+    /// Checks the list against the limits before anything is built from it.
+    pub fn check(&self, limits: &Limits) -> Result<()> {
+        if self.keys.len() > limits.max_keys {
+            return Err(NetError::Protocol(format!(
+                "{} keys exceed the limit of {}",
+                self.keys.len(),
+                limits.max_keys
+            )));
+        }
+        if let Some(k) = self.keys.iter().find(|k| k.numel > limits.max_numel) {
+            return Err(NetError::Protocol(format!(
+                "key {:#x} has {} elements, over the limit",
+                k.key, k.numel
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    pub message: String,
+}
+
+/// A rejoining worker asks for what it missed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatchupRequest {
+    pub rank: u16,
+}
+
+/// What a rejoining worker needs: the latest snapshot (shard 0 only) and this shard's replies
+/// for every closed round after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Catchup {
+    pub snapshot_step: Option<u64>,
+    pub snapshot: Vec<u8>,
+    /// (step, key, reply bytes), oldest first.
+    pub replies: Vec<(u64, Key, Vec<u8>)>,
+    /// The step of the round now open.
+    pub open_step: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_ones_are_refused() {
+        let limits = Limits {
+            max_payload: 100,
+            max_keys: 4,
+            max_numel: 1000,
+        };
+        let f = Frame::new(Kind::Push, 3, 0x2_0001, 42, 10, vec![1, 2, 3]);
+        let bytes = f.encode();
+        assert_eq!(bytes.len(), HEADER + 3);
+        assert_eq!(Frame::decode(&bytes, &limits).unwrap(), f);
+        let mut cases: Vec<(Vec<u8>, &str)> = vec![
+            (bytes[..10].to_vec(), "shorter"),
+            (bytes[..HEADER + 2].to_vec(), "announces"),
+            ([bytes.clone(), vec![0]].concat(), "announces"),
+        ];
+        let mut b = bytes.clone();
+        b[0] = 0;
+        cases.push((b, "magic"));
+        let mut b = bytes.clone();
+        b[2] = 9;
+        cases.push((b, "version"));
+        let mut b = bytes.clone();
+        b[3] = 77;
+        cases.push((b, "kind"));
+        let mut b = bytes.clone();
+        b[4] = 1;
+        cases.push((b, "flags"));
+        cases.push((
+            Frame::new(Kind::Push, 0, 0, 0, 5000, vec![]).encode(),
+            "elements",
+        ));
+        cases.push((
+            Frame::new(Kind::Push, 0, 0, 0, 1, vec![0; 101]).encode(),
+            "exceeds",
+        ));
+        for (bytes, want) in cases {
+            let err = Frame::decode(&bytes, &limits).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+
+    #[test]
+    fn control_messages_round_trip_and_garbage_is_an_error() {
+        let hello = Hello {
+            rank: 2,
+            world: 4,
+            node: "w2".into(),
+        };
+        let f = Frame::control(Kind::Hello, 2, 0, &hello);
+        assert_eq!(f.message::<Hello>().unwrap(), hello);
+        let junk = Frame::new(Kind::Register, 0, 0, 0, 0, vec![0xff; 7]);
+        assert!(junk.message::<Register>().is_err());
+        let too_many = Register {
+            keys: vec![
+                KeySpec {
+                    key: 1,
+                    numel: 1,
+                    push: "f32".into(),
+                    pull: "f32".into(),
+                    server_memory: "none".into(),
+                    seed: 0
+                };
+                5
+            ],
+        };
+        assert!(too_many
+            .check(&Limits {
+                max_keys: 4,
+                ..Limits::default()
+            })
+            .is_err());
+    }
+}
