@@ -32,6 +32,8 @@ struct Shared {
 pub struct LocalCollective {
     shared: Arc<Shared>,
     rank: usize,
+    /// This round's pushes, delivered to the hub together by `pull`.
+    outbox: Vec<(Key, Vec<u8>)>,
 }
 
 /// Handles for `world` ranks, to be moved one to each thread.
@@ -45,6 +47,7 @@ pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
         .map(|rank| LocalCollective {
             shared: shared.clone(),
             rank,
+            outbox: Vec::new(),
         })
         .collect()
 }
@@ -111,7 +114,13 @@ impl Collective for LocalCollective {
         Ok(())
     }
 
-    fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>> {
+    fn push(&mut self, _step: u64, key: Key, payload: Vec<u8>) -> Result<()> {
+        self.outbox.push((key, payload));
+        Ok(())
+    }
+
+    fn pull(&mut self, step: u64, keys: &[Key]) -> Result<Vec<(Key, Vec<u8>)>> {
+        let pushes = std::mem::take(&mut self.outbox);
         let world = self.shared.world;
         let hub = self.shared.hub.lock().expect("hub lock");
         // The previous round's replies must have been collected by everyone.
@@ -150,9 +159,9 @@ impl Collective for LocalCollective {
         let mut hub = self.wait(hub, |h| {
             h.arrived == world && !h.replies.is_empty() || h.failure.is_some()
         })?;
-        let out = pushes
+        let out = keys
             .iter()
-            .map(|(key, _)| {
+            .map(|key| {
                 hub.replies
                     .get(key)
                     .map(|r| (*key, r.clone()))

@@ -51,7 +51,20 @@ pub trait Collective: Send {
     /// Declares the keys (same list, same order, on every rank) before the first round.
     fn register(&mut self, keys: &[KeySpec]) -> Result<()>;
 
-    /// One round: this rank's payload per key in, the servers' reply per key out (in the
-    /// order of `pushes`; identical bytes on every rank).
-    fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>>;
+    /// Sends this rank's payload for one key of round `step`. Implementations may send at
+    /// once, so a caller pushes each partition as soon as it is encoded.
+    fn push(&mut self, step: u64, key: Key, payload: Vec<u8>) -> Result<()>;
+
+    /// Completes round `step`: the servers' reply for each of `keys` (in that order; identical
+    /// bytes on every rank). Every key must have been pushed in this round.
+    fn pull(&mut self, step: u64, keys: &[Key]) -> Result<Vec<(Key, Vec<u8>)>>;
+
+    /// One whole round: [`Collective::push`] every payload, then [`Collective::pull`].
+    fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>> {
+        let keys: Vec<Key> = pushes.iter().map(|(k, _)| *k).collect();
+        for (key, payload) in pushes {
+            self.push(step, key, payload)?;
+        }
+        self.pull(step, &keys)
+    }
 }

@@ -46,6 +46,14 @@ impl KeyState {
     /// Decodes and keeps one rank's push for the open round. Bad payloads, wrong steps and
     /// second pushes are errors that change nothing.
     pub fn accept(&mut self, rank: usize, step: u64, payload: &[u8]) -> Result<()> {
+        let values = self.decode_push(rank, step, payload)?;
+        self.insert(rank, values);
+        Ok(())
+    }
+
+    /// The checking and decoding half of [`KeyState::accept`]; it needs no exclusive access, so
+    /// servers decode concurrent pushes in parallel and insert them afterwards.
+    pub fn decode_push(&self, rank: usize, step: u64, payload: &[u8]) -> Result<Vec<f32>> {
         if step != self.step {
             return Err(Error::Data(format!(
                 "key {:#x}: push for step {step}, but the open round is step {}",
@@ -59,9 +67,17 @@ impl KeyState {
             )));
         }
         let ctx = codec_context(self.spec.seed, step, self.spec.key);
-        let values = self.push.decode(payload, self.spec.numel as usize, &ctx)?;
+        self.push.decode(payload, self.spec.numel as usize, &ctx)
+    }
+
+    /// Keeps a decoded push of the open round (from [`KeyState::decode_push`]).
+    pub fn insert(&mut self, rank: usize, values: Vec<f32>) {
         self.pending.insert(rank, values);
-        Ok(())
+    }
+
+    /// Forgets a rank's push of the open round (the rank left or missed the deadline).
+    pub fn discard(&mut self, rank: usize) {
+        self.pending.remove(&rank);
     }
 
     /// Ranks that have pushed in the open round.

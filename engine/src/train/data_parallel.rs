@@ -81,6 +81,14 @@ impl<C: Collective> DataParallel<C> {
         })
     }
 
+    /// Replaces parameters and optimizer state with a snapshot taken after `step` rounds (what
+    /// a rejoining rank starts from before replaying later rounds).
+    pub fn restore(&mut self, snapshot: &[u8], step: u64) -> Result<()> {
+        self.clf.load_state(snapshot)?;
+        self.step = step;
+        Ok(())
+    }
+
     /// The keyed partitions this rank pushes each round.
     pub fn partitions(&self) -> &[Partition] {
         &self.parts
@@ -90,22 +98,9 @@ impl<C: Collective> DataParallel<C> {
     pub fn step(&mut self, x: &[f32], labels: &[u32]) -> Result<(Tensor, RoundBytes)> {
         let (loss, grads) = self.clf.loss_and_grads(x, labels)?;
         let host = Tensor::read_many(&grads.iter().collect::<Vec<_>>())?;
-        let pushes: Vec<(Key, Vec<u8>)> = self
-            .parts
-            .iter()
-            .zip(&mut self.memories)
-            .map(|(p, m)| {
-                Ok((
-                    p.key,
-                    m.encode(
-                        &host[p.tensor][p.offset..p.offset + p.len],
-                        &codec_context(self.seed, self.step, p.key),
-                    )?,
-                ))
-            })
-            .collect::<Result<_>>()?;
-        let pushed = pushes.iter().map(|(_, b)| b.len()).sum();
-        let replies = self.collective.push_pull(self.step, pushes)?;
+        let pushed = self.encode_and_push(&host)?;
+        let keys: Vec<Key> = self.parts.iter().map(|p| p.key).collect();
+        let replies = self.collective.pull(self.step, &keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
         let f32_each_way = 4 * self.parts.iter().map(|p| p.len).sum::<usize>();
@@ -117,6 +112,38 @@ impl<C: Collective> DataParallel<C> {
                 f32_each_way,
             },
         ))
+    }
+
+    /// Encodes the partitions in parallel (each with its error-feedback memory) and pushes each
+    /// one the moment it is ready, so the first partitions travel while later ones encode.
+    /// Returns the bytes pushed.
+    fn encode_and_push(&mut self, host: &[Vec<f32>]) -> Result<usize> {
+        use rayon::prelude::*;
+        let (seed, step) = (self.seed, self.step);
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(Key, Vec<u8>)>>();
+        let parts = &self.parts;
+        let memories = &mut self.memories;
+        let collective = &mut self.collective;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                parts
+                    .par_iter()
+                    .zip(memories.par_iter_mut())
+                    .for_each_with(tx, |tx, (p, m)| {
+                        let ctx = codec_context(seed, step, p.key);
+                        let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
+                        // The receiver only stops listening after an error it already holds.
+                        let _ = tx.send(encoded.map(|bytes| (p.key, bytes)));
+                    });
+            });
+            let mut pushed = 0;
+            for encoded in rx {
+                let (key, bytes) = encoded?;
+                pushed += bytes.len();
+                collective.push(step, key, bytes)?;
+            }
+            Ok(pushed)
+        })
     }
 
     /// Applies one round's replies (in partition order) with the optimizer: the second half of
