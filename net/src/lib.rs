@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod identity;
+pub mod ps;
 pub mod tls;
 pub mod transport;
 pub mod wire;

@@ -136,21 +136,55 @@ pub fn peer_fingerprint(conn: &Connection) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Application close codes: why a peer hung up.
+pub mod close {
+    /// Orderly shutdown.
+    pub const DONE: u32 = 0;
+    /// The peer broke the protocol; the reason says how.
+    pub const PROTOCOL: u32 = 1;
+    /// The peer missed a round's deadline.
+    pub const DEADLINE: u32 = 2;
+    /// A newer connection took over the peer's rank.
+    pub const REPLACED: u32 = 3;
+}
+
+/// Closes a connection with a code from [`close`] and a reason the peer will see and log.
+pub fn hang_up(conn: &Connection, code: u32, reason: &str) {
+    // A close frame must fit in one packet.
+    let reason: String = reason.chars().take(400).collect();
+    conn.close(VarInt::from_u32(code), reason.as_bytes());
+}
+
 /// Sends one frame on a stream of its own.
 pub async fn send(conn: &Connection, frame: &Frame) -> Result<()> {
+    send_bytes(conn, &frame.encode()).await
+}
+
+/// Sends an encoded frame on a stream of its own (the server encodes a reply once and sends
+/// the same bytes to every worker).
+pub async fn send_bytes(conn: &Connection, bytes: &[u8]) -> Result<()> {
     let mut stream = conn.open_uni().await.map_err(conn_err)?;
-    stream.write_all(&frame.encode()).await.map_err(conn_err)?;
+    stream.write_all(bytes).await.map_err(conn_err)?;
     stream.finish().map_err(conn_err)?;
     Ok(())
 }
 
-/// Receives the next frame the peer sent; `Ok(None)` when the connection closed.
+/// Receives the next frame the peer sent; `Ok(None)` when the connection closed in order.
 pub async fn receive(conn: &Connection, limits: &Limits) -> Result<Option<Frame>> {
     let mut stream = match conn.accept_uni().await {
         Ok(s) => s,
-        Err(
-            quinn::ConnectionError::ApplicationClosed(_) | quinn::ConnectionError::LocallyClosed,
-        ) => return Ok(None),
+        Err(quinn::ConnectionError::LocallyClosed) => return Ok(None),
+        Err(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == VarInt::from_u32(close::DONE) =>
+        {
+            return Ok(None)
+        }
+        Err(quinn::ConnectionError::ApplicationClosed(c)) => {
+            return Err(NetError::Connection(format!(
+                "the peer closed the connection: {}",
+                String::from_utf8_lossy(&c.reason)
+            )))
+        }
         Err(e) => return Err(conn_err(e)),
     };
     let bytes = stream

@@ -31,19 +31,21 @@ pub const HEADER: usize = 32;
 pub enum Kind {
     /// Worker → server, first message: [`Hello`].
     Hello = 1,
-    /// Worker → server: the keys this server owns, [`Register`]; the server answers with an
-    /// empty `Registered`.
+    /// Worker → server: the keys this server owns, [`Register`]; the server answers with
+    /// [`Registered`] once every rank of a new swarm has registered, at once in a running one.
     Register = 2,
     Registered = 3,
     /// Worker → server: one key's payload for one step.
     Push = 4,
     /// Server → worker: the round's reply for one key, identical bytes for every worker.
     Reply = 5,
-    /// Either way: [`ErrorMessage`], then the sender closes the connection.
-    Error = 6,
-    /// Rank 0 → servers: a state snapshot after `step` (payload only to shard 0).
+    // 6 is retired: errors travel as the reason of the connection close.
+    /// Rank 0 → servers: a state snapshot after `step` rounds (payload only to shard 0, which
+    /// keeps it; every shard drops older rounds from its log). Server → rejoining worker: the
+    /// snapshot it holds.
     Snapshot = 7,
-    /// Rejoining worker → server: [`CatchupRequest`]; the server answers with `Catchup`.
+    /// Rejoining worker → server: [`CatchupRequest`]; the server answers with its snapshot, the
+    /// replies of every round it logged since, and [`Catchup`].
     CatchupRequest = 8,
     Catchup = 9,
 }
@@ -56,7 +58,6 @@ impl Kind {
             3 => Kind::Registered,
             4 => Kind::Push,
             5 => Kind::Reply,
-            6 => Kind::Error,
             7 => Kind::Snapshot,
             8 => Kind::CatchupRequest,
             9 => Kind::Catchup,
@@ -71,6 +72,8 @@ pub struct Limits {
     pub max_payload: usize,
     pub max_keys: usize,
     pub max_numel: u32,
+    /// Elements over all registered keys (what the server allocates for them).
+    pub max_total_numel: u64,
 }
 
 impl Default for Limits {
@@ -79,6 +82,7 @@ impl Default for Limits {
             max_payload: 256 << 20,
             max_keys: 1 << 16,
             max_numel: 1 << 28,
+            max_total_numel: 1 << 30,
         }
     }
 }
@@ -205,6 +209,10 @@ impl Frame {
 pub struct Hello {
     pub rank: u16,
     pub world: u16,
+    /// Which shard the worker believes this server is, of how many: every worker must list
+    /// the servers in the same order.
+    pub shard: u16,
+    pub shards: u16,
     pub node: String,
 }
 
@@ -230,30 +238,36 @@ impl Register {
                 k.key, k.numel
             )));
         }
+        let total: u64 = self.keys.iter().map(|k| u64::from(k.numel)).sum();
+        if total > limits.max_total_numel {
+            return Err(NetError::Protocol(format!(
+                "{total} elements over all keys exceed the limit of {}",
+                limits.max_total_numel
+            )));
+        }
         Ok(())
     }
 }
 
+/// A server's answer to [`Register`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorMessage {
-    pub message: String,
+pub struct Registered {
+    /// The round now open.
+    pub open_step: u64,
+    /// Whether the swarm had started without this worker (it must catch up first).
+    pub underway: bool,
 }
 
 /// A rejoining worker asks for what it missed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatchupRequest {
-    pub rank: u16,
-}
+pub struct CatchupRequest {}
 
-/// What a rejoining worker needs: the latest snapshot (shard 0 only) and this shard's replies
-/// for every closed round after it.
+/// The summary that ends a catch-up: the server has sent its snapshot (if it holds one) and the
+/// replies of every logged round, `first_step` to `open_step - 1`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catchup {
     pub snapshot_step: Option<u64>,
-    pub snapshot: Vec<u8>,
-    /// (step, key, reply bytes), oldest first.
-    pub replies: Vec<(u64, Key, Vec<u8>)>,
-    /// The step of the round now open.
+    pub first_step: u64,
     pub open_step: u64,
 }
 
@@ -267,6 +281,7 @@ mod tests {
             max_payload: 100,
             max_keys: 4,
             max_numel: 1000,
+            max_total_numel: 10_000,
         };
         let f = Frame::new(Kind::Push, 3, 0x2_0001, 42, 10, vec![1, 2, 3]);
         let bytes = f.encode();
@@ -308,6 +323,8 @@ mod tests {
         let hello = Hello {
             rank: 2,
             world: 4,
+            shard: 1,
+            shards: 2,
             node: "w2".into(),
         };
         let f = Frame::control(Kind::Hello, 2, 0, &hello);
@@ -327,11 +344,13 @@ mod tests {
                 5
             ],
         };
-        assert!(too_many
-            .check(&Limits {
-                max_keys: 4,
-                ..Limits::default()
-            })
-            .is_err());
+        let limits = |max_keys, max_total_numel| Limits {
+            max_keys,
+            max_total_numel,
+            ..Limits::default()
+        };
+        assert!(too_many.check(&limits(5, 5)).is_ok());
+        assert!(too_many.check(&limits(4, 5)).is_err(), "too many keys");
+        assert!(too_many.check(&limits(5, 4)).is_err(), "too many elements");
     }
 }

@@ -1,0 +1,408 @@
+//! The engine's [`Collective`] over QUIC: a worker's connections to every server shard.
+//!
+//! The collective owns a small tokio runtime, so the trainer stays synchronous. `push` hands
+//! each partition to the runtime at once (one stream per frame, so partitions never wait on
+//! each other); a reader task per shard files replies by (step, key) as they arrive; `pull`
+//! waits until the round's replies are all there, or a shard fails, or the timeout passes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use murmur_engine::comm::partition::shard_of;
+use murmur_engine::comm::{Collective, Key, KeySpec};
+use quinn::{Connection, Endpoint};
+
+use crate::error::{NetError, Result};
+use crate::identity::Credentials;
+use crate::transport::{client_endpoint, close, connect, hang_up, receive, send, Link};
+use crate::wire::{Catchup, CatchupRequest, Frame, Hello, Kind, Limits, Register, Registered};
+
+/// How a worker talks to the servers.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub link: Link,
+    pub limits: Limits,
+    /// Longest wait for one round's replies (the servers' deadline evicts stragglers sooner).
+    pub round_timeout: Duration,
+    /// Longest wait at the start barrier for the other workers to arrive.
+    pub start_timeout: Duration,
+    /// Longest wait for a QUIC handshake.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            link: Link::default(),
+            limits: Limits::default(),
+            round_timeout: Duration::from_secs(600),
+            start_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What the reader tasks have received.
+#[derive(Default)]
+struct Received {
+    replies: HashMap<(u64, Key), Vec<u8>>,
+    registered: HashMap<usize, Registered>,
+    catchups: HashMap<usize, Catchup>,
+    snapshot: Option<(u64, Vec<u8>)>,
+    failure: Option<String>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    received: Mutex<Received>,
+    changed: Condvar,
+}
+
+impl Inbox {
+    fn update(&self, f: impl FnOnce(&mut Received)) {
+        f(&mut self.received.lock().expect("inbox lock"));
+        self.changed.notify_all();
+    }
+
+    /// Waits until `ready` returns a value, a shard fails, or `timeout` passes.
+    fn wait<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        mut ready: impl FnMut(&mut Received) -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut received = self.received.lock().expect("inbox lock");
+        loop {
+            if let Some(v) = ready(&mut received) {
+                return Ok(v);
+            }
+            if let Some(f) = &received.failure {
+                return Err(NetError::Connection(f.clone()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(NetError::Timeout(format!("{what} after {timeout:?}")));
+            }
+            received = self
+                .changed
+                .wait_timeout(received, left)
+                .expect("inbox lock")
+                .0;
+        }
+    }
+}
+
+/// Where a rejoining worker starts and how far it must replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatchupPlan {
+    /// The snapshot to load first, and the rounds it includes.
+    pub snapshot: Option<(u64, Vec<u8>)>,
+    /// Replay rounds from here (the snapshot's step, or 0) ...
+    pub from: u64,
+    /// ... up to, not including, here: the first round the worker takes part in.
+    pub to: u64,
+}
+
+/// One worker's collective over QUIC.
+pub struct QuicCollective {
+    runtime: tokio::runtime::Runtime,
+    endpoint: Endpoint,
+    shards: Vec<Connection>,
+    rank: u16,
+    world: u16,
+    options: ClientOptions,
+    inbox: Arc<Inbox>,
+    /// Shard and size of every registered key.
+    owners: HashMap<Key, (usize, u32)>,
+    in_flight: Vec<tokio::task::JoinHandle<Result<()>>>,
+    underway: bool,
+}
+
+impl QuicCollective {
+    /// Connects to every shard (in the same order on every worker) and introduces this rank.
+    pub fn connect(
+        servers: &[SocketAddr],
+        creds: &Credentials,
+        rank: u16,
+        world: u16,
+        node: &str,
+        options: ClientOptions,
+    ) -> Result<Self> {
+        if servers.is_empty() || servers.len() > u16::MAX as usize {
+            return Err(NetError::Protocol(format!("{} servers", servers.len())));
+        }
+        if rank >= world {
+            return Err(NetError::Protocol(format!(
+                "rank {rank} of a world of {world}"
+            )));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("murmur-net")
+            .enable_all()
+            .build()?;
+        let inbox = Arc::new(Inbox::default());
+        let shards_total = servers.len() as u16;
+        let (endpoint, shards) = runtime.block_on(async {
+            let endpoint = client_endpoint(creds, &options.link)?;
+            let mut shards = Vec::new();
+            for (shard, addr) in servers.iter().enumerate() {
+                let conn = tokio::time::timeout(options.connect_timeout, connect(&endpoint, *addr))
+                    .await
+                    .map_err(|_| NetError::Timeout(format!("connecting to {addr}")))??;
+                let hello = Hello {
+                    rank,
+                    world,
+                    shard: shard as u16,
+                    shards: shards_total,
+                    node: node.chars().take(128).collect(),
+                };
+                send(&conn, &Frame::control(Kind::Hello, rank, 0, &hello)).await?;
+                tokio::spawn(read_replies(
+                    shard,
+                    conn.clone(),
+                    options.limits,
+                    inbox.clone(),
+                ));
+                shards.push(conn);
+            }
+            Ok::<_, NetError>((endpoint, shards))
+        })?;
+        Ok(QuicCollective {
+            runtime,
+            endpoint,
+            shards,
+            rank,
+            world,
+            options,
+            inbox,
+            owners: HashMap::new(),
+            in_flight: Vec::new(),
+            underway: false,
+        })
+    }
+
+    /// Whether the swarm had started before this worker registered: it must catch up (see
+    /// [`QuicCollective::catch_up`]) before its first round.
+    pub fn underway(&self) -> bool {
+        self.underway
+    }
+
+    /// Sends a snapshot of the model after `step` rounds: its bytes to shard 0, which keeps
+    /// them for rejoining workers, and a notice to the others, which then forget older rounds.
+    pub fn snapshot(&mut self, step: u64, bytes: Vec<u8>) -> Result<()> {
+        for (shard, conn) in self.shards.iter().enumerate() {
+            let payload = if shard == 0 {
+                bytes.clone()
+            } else {
+                Vec::new()
+            };
+            let frame = Frame::new(Kind::Snapshot, self.rank, 0, step, 0, payload);
+            let conn = conn.clone();
+            self.in_flight
+                .push(self.runtime.spawn(async move { send(&conn, &frame).await }));
+        }
+        Ok(())
+    }
+
+    /// Asks every shard for what this worker missed. The replies stay in the inbox, where
+    /// [`Collective::pull`] finds them as the worker replays rounds `from..to`.
+    pub fn catch_up(&mut self) -> Result<CatchupPlan> {
+        // A snapshot notice may reach one shard before another: retry a few times.
+        let mut last = String::new();
+        for _ in 0..5 {
+            match self.try_catch_up() {
+                Ok(plan) => return Ok(plan),
+                Err(NetError::Protocol(why)) => {
+                    last = why;
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(NetError::Protocol(format!("cannot catch up: {last}")))
+    }
+
+    fn try_catch_up(&mut self) -> Result<CatchupPlan> {
+        self.inbox.update(|r| r.catchups.clear());
+        for conn in &self.shards {
+            let frame = Frame::control(Kind::CatchupRequest, self.rank, 0, &CatchupRequest {});
+            let conn = conn.clone();
+            self.runtime
+                .block_on(async move { send(&conn, &frame).await })?;
+        }
+        let shards = self.shards.len();
+        let summaries = self
+            .inbox
+            .wait(self.options.round_timeout, "catching up", |r| {
+                (r.catchups.len() == shards).then(|| {
+                    let mut all: Vec<(usize, Catchup)> = r.catchups.drain().collect();
+                    all.sort_by_key(|(s, _)| *s);
+                    all.into_iter().map(|(_, c)| c).collect::<Vec<_>>()
+                })
+            })?;
+        let snapshot_step = summaries[0].snapshot_step;
+        let from = snapshot_step.unwrap_or(0);
+        for (shard, c) in summaries.iter().enumerate() {
+            if c.first_step > from {
+                return Err(NetError::Protocol(format!(
+                    "shard {shard} keeps rounds from step {} on, but the newest snapshot covers only {from}",
+                    c.first_step
+                )));
+            }
+        }
+        let to = summaries.iter().map(|c| c.open_step).min().unwrap_or(0);
+        let snapshot = match snapshot_step {
+            None => None,
+            Some(step) => Some(self.inbox.wait(
+                self.options.round_timeout,
+                "the snapshot",
+                |r| match &r.snapshot {
+                    Some((s, _)) if *s == step => r.snapshot.take(),
+                    _ => None,
+                },
+            )?),
+        };
+        Ok(CatchupPlan { snapshot, from, to })
+    }
+
+    /// Waits for the pushes handed to the runtime; the first send error fails the round.
+    fn flush(&mut self) -> Result<()> {
+        let handles = std::mem::take(&mut self.in_flight);
+        self.runtime.block_on(async {
+            for h in handles {
+                h.await
+                    .map_err(|e| NetError::Connection(format!("send task: {e}")))??;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Files every frame a shard sends into the inbox until the connection ends.
+async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc<Inbox>) {
+    let failure = loop {
+        match receive(&conn, &limits).await {
+            Ok(Some(frame)) => {
+                let filed = match frame.kind {
+                    Kind::Reply => {
+                        inbox.update(|r| {
+                            r.replies.insert((frame.step, frame.key), frame.payload);
+                        });
+                        Ok(())
+                    }
+                    Kind::Registered => frame.message::<Registered>().map(|m| {
+                        inbox.update(|r| {
+                            r.registered.insert(shard, m);
+                        })
+                    }),
+                    Kind::Catchup => frame.message::<Catchup>().map(|m| {
+                        inbox.update(|r| {
+                            r.catchups.insert(shard, m);
+                        })
+                    }),
+                    Kind::Snapshot => {
+                        inbox.update(|r| r.snapshot = Some((frame.step, frame.payload)));
+                        Ok(())
+                    }
+                    other => Err(NetError::Protocol(format!(
+                        "a server sent a {other:?} frame"
+                    ))),
+                };
+                if let Err(e) = filed {
+                    hang_up(&conn, close::PROTOCOL, &e.to_string());
+                    break e.to_string();
+                }
+            }
+            Ok(None) => break "the server closed the connection".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let addr = conn.remote_address();
+    inbox.update(|r| {
+        r.failure
+            .get_or_insert_with(|| format!("server {shard} ({addr}): {failure}"));
+    });
+}
+
+impl Collective for QuicCollective {
+    fn rank(&self) -> usize {
+        self.rank as usize
+    }
+
+    fn world(&self) -> usize {
+        self.world as usize
+    }
+
+    fn register(&mut self, keys: &[KeySpec]) -> murmur_engine::Result<()> {
+        let shards = self.shards.len();
+        let mut per_shard = vec![Vec::new(); shards];
+        for spec in keys {
+            let shard = shard_of(spec.key, shards);
+            self.owners.insert(spec.key, (shard, spec.numel));
+            per_shard[shard].push(spec.clone());
+        }
+        for (conn, keys) in self.shards.iter().zip(per_shard) {
+            let frame = Frame::control(Kind::Register, self.rank, 0, &Register { keys });
+            let conn = conn.clone();
+            self.runtime
+                .block_on(async move { send(&conn, &frame).await })?;
+        }
+        let registered = self.inbox.wait(
+            self.options.start_timeout,
+            "waiting for the other workers to register",
+            |r| {
+                (r.registered.len() == shards)
+                    .then(|| r.registered.values().cloned().collect::<Vec<_>>())
+            },
+        )?;
+        self.underway = registered.iter().any(|r| r.underway);
+        Ok(())
+    }
+
+    fn push(&mut self, step: u64, key: Key, payload: Vec<u8>) -> murmur_engine::Result<()> {
+        let Some(&(shard, numel)) = self.owners.get(&key) else {
+            return Err(NetError::Protocol(format!("push of unregistered key {key:#x}")).into());
+        };
+        let frame = Frame::new(Kind::Push, self.rank, key, step, numel, payload);
+        let conn = self.shards[shard].clone();
+        self.in_flight
+            .push(self.runtime.spawn(async move { send(&conn, &frame).await }));
+        Ok(())
+    }
+
+    fn pull(&mut self, step: u64, keys: &[Key]) -> murmur_engine::Result<Vec<(Key, Vec<u8>)>> {
+        self.flush()?;
+        let what = format!("waiting for the replies of step {step}");
+        let replies = self.inbox.wait(self.options.round_timeout, &what, |r| {
+            if !keys.iter().all(|k| r.replies.contains_key(&(step, *k))) {
+                return None;
+            }
+            // Replies of rounds before this one are no longer needed.
+            r.replies.retain(|(s, _), _| *s >= step);
+            Some(
+                keys.iter()
+                    .map(|k| (*k, r.replies.remove(&(step, *k)).expect("checked")))
+                    .collect::<Vec<_>>(),
+            )
+        })?;
+        Ok(replies)
+    }
+}
+
+impl Drop for QuicCollective {
+    fn drop(&mut self) {
+        let _ = self.flush();
+        for conn in &self.shards {
+            hang_up(conn, close::DONE, "done");
+        }
+        // Let the close frames leave before the runtime stops.
+        let endpoint = self.endpoint.clone();
+        self.runtime.block_on(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+        });
+    }
+}

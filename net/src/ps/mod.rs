@@ -1,0 +1,46 @@
+//! The BytePS-Compress parameter-server system over QUIC (byteps-clan.md §5): server shards
+//! that decode, average, compensate and re-encode each key once per round, and the workers'
+//! [`Collective`](murmur_engine::comm::Collective) that talks to them.
+//!
+//! Membership: a swarm starts when `world` workers have registered; a worker that dies is
+//! evicted at the round's deadline and the others go on; a worker that comes back registers as
+//! a listener, loads the newest snapshot, replays the rounds logged since, and takes part again
+//! from the open round ([`catch_up`]).
+
+pub mod client;
+pub mod server;
+pub mod state;
+
+pub use client::{CatchupPlan, ClientOptions, QuicCollective};
+pub use server::{Server, ServerOptions};
+
+use murmur_engine::comm::Collective;
+use murmur_engine::train::DataParallel;
+
+use crate::error::Result;
+
+/// Brings a trainer that joined a running swarm to the swarm's current round: loads the
+/// newest snapshot and applies every round after it, exactly as the others did. Returns the
+/// plan it followed. A trainer of a swarm that has not started is left as it is.
+pub fn catch_up(dp: &mut DataParallel<QuicCollective>) -> Result<Option<CatchupPlan>> {
+    if !dp.collective.underway() {
+        return Ok(None);
+    }
+    let plan = dp.collective.catch_up()?;
+    match &plan.snapshot {
+        Some((step, bytes)) => dp.restore(bytes, *step)?,
+        None if dp.step != 0 => {
+            return Err(crate::NetError::Protocol(format!(
+                "no snapshot to rejoin from, and this trainer is at step {} rather than 0",
+                dp.step
+            )))
+        }
+        None => {}
+    }
+    let keys: Vec<_> = dp.partitions().iter().map(|p| p.key).collect();
+    while dp.step < plan.to {
+        let replies = dp.collective.pull(dp.step, &keys)?;
+        dp.apply_replies(&replies)?;
+    }
+    Ok(Some(plan))
+}

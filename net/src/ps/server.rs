@@ -1,0 +1,361 @@
+//! A parameter-server shard on a QUIC endpoint: one task per connection reads frames and feeds
+//! them to the [`ShardState`]; payloads decode on tokio's blocking pool, rounds close on it
+//! (keys summed and re-encoded in parallel), and each reply is encoded once and sent as the
+//! same bytes to every worker, each on a stream of its own.
+//!
+//! A frame that breaks the protocol costs the connection that sent it, never the server: the
+//! reason is logged with the peer's fingerprint and sent to the peer in the close frame.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint};
+
+use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, ShardState};
+use crate::error::{NetError, Result};
+use crate::identity::Credentials;
+use crate::transport::{
+    close, hang_up, peer_fingerprint, receive, send, send_bytes, server_endpoint, Link,
+};
+use crate::wire::{CatchupRequest, Frame, Hello, Kind, Limits, Register};
+
+/// How a shard runs.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// This server's index among the shards, and how many there are.
+    pub shard: u16,
+    pub shards: u16,
+    pub link: Link,
+    pub limits: Limits,
+    /// How long a round waits for stragglers after its first push before it evicts them.
+    pub deadline: Duration,
+    /// Closed rounds kept for rejoining workers (since the latest snapshot).
+    pub max_log_rounds: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            shard: 0,
+            shards: 1,
+            link: Link::default(),
+            limits: Limits::default(),
+            deadline: Duration::from_secs(30),
+            max_log_rounds: 10_000,
+        }
+    }
+}
+
+struct Shared {
+    state: Mutex<ShardState>,
+    conns: Mutex<HashMap<PeerId, Connection>>,
+    options: ServerOptions,
+    next_id: AtomicUsize,
+}
+
+/// A running shard; [`Server::run`] serves until the endpoint closes.
+pub struct Server {
+    endpoint: Endpoint,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Binds the shard's endpoint. Must be called inside a tokio runtime.
+    pub fn bind(addr: SocketAddr, creds: &Credentials, options: ServerOptions) -> Result<Server> {
+        if options.shard >= options.shards {
+            return Err(NetError::Protocol(format!(
+                "shard {} of {}",
+                options.shard, options.shards
+            )));
+        }
+        let endpoint = server_endpoint(addr, creds, &options.link)?;
+        let state = ShardState::new(options.shard, options.limits, options.max_log_rounds);
+        Ok(Server {
+            endpoint,
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                conns: Mutex::default(),
+                options,
+                next_id: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.endpoint.local_addr()?)
+    }
+
+    /// A handle that stops the server (closing every connection) when dropped or closed.
+    pub fn endpoint(&self) -> Endpoint {
+        self.endpoint.clone()
+    }
+
+    /// Accepts peers until the endpoint is closed.
+    pub async fn run(self) -> Result<()> {
+        let shard = self.shared.options.shard;
+        while let Some(incoming) = self.endpoint.accept().await {
+            let shared = self.shared.clone();
+            let from = incoming.remote_address();
+            tokio::spawn(async move {
+                match incoming.await {
+                    Ok(conn) => serve(shared, conn).await,
+                    // Peers without this swarm's credentials end here.
+                    Err(e) => tracing::warn!("shard {shard}: refused {from}: {e}"),
+                }
+            });
+        }
+        Ok(())
+    }
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, ShardState> {
+    shared.state.lock().expect("shard state lock")
+}
+
+fn conn_of(shared: &Shared, id: PeerId) -> Option<Connection> {
+    shared.conns.lock().expect("conns lock").get(&id).cloned()
+}
+
+async fn serve(shared: Arc<Shared>, conn: Connection) {
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (shard, fingerprint, from) = (
+        shared.options.shard,
+        peer_fingerprint(&conn),
+        conn.remote_address(),
+    );
+    tracing::info!("shard {shard}: peer {fingerprint} connected from {from}");
+    shared
+        .conns
+        .lock()
+        .expect("conns lock")
+        .insert(id, conn.clone());
+    let outcome = loop {
+        match receive(&conn, &shared.options.limits).await {
+            Ok(Some(frame)) => {
+                if let Err(e) = handle(&shared, id, frame).await {
+                    break Err(e);
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let rank = lock(&shared)
+        .rank_of(id)
+        .map_or("no rank".to_string(), |r| format!("rank {r}"));
+    match outcome {
+        Err(e @ (NetError::Wire(_) | NetError::Protocol(_))) => {
+            tracing::warn!("shard {shard}: dropping peer {fingerprint} ({rank}, {from}): {e}");
+            hang_up(&conn, close::PROTOCOL, &e.to_string());
+        }
+        Err(e) => tracing::info!("shard {shard}: peer {fingerprint} ({rank}) left: {e}"),
+        Ok(()) => tracing::info!("shard {shard}: peer {fingerprint} ({rank}) left"),
+    }
+    shared.conns.lock().expect("conns lock").remove(&id);
+    lock(&shared).disconnect(id);
+    // Its leaving may complete the round the others were waiting on.
+    close_round_if_complete(&shared).await;
+}
+
+async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
+    match frame.kind {
+        Kind::Hello => {
+            let hello: Hello = frame.message()?;
+            let options = &shared.options;
+            if (hello.shard, hello.shards) != (options.shard, options.shards) {
+                return Err(NetError::Protocol(format!(
+                    "the worker takes this server for shard {} of {}; it is shard {} of {} (same --connect order on every worker?)",
+                    hello.shard, hello.shards, options.shard, options.shards
+                )));
+            }
+            let replaced = lock(shared).hello(id, &hello)?;
+            tracing::info!(
+                "shard {}: rank {} of {} is {:?}",
+                options.shard,
+                hello.rank,
+                hello.world,
+                hello.node
+            );
+            if let Some(old) = replaced.and_then(|old| conn_of(shared, old)) {
+                hang_up(&old, close::REPLACED, "a newer connection took this rank");
+            }
+        }
+        Kind::Register => {
+            let register: Register = frame.message()?;
+            let answers = lock(shared).register(id, &register)?;
+            for (peer, registered) in answers {
+                if let Some(conn) = conn_of(shared, peer) {
+                    let frame =
+                        Frame::control(Kind::Registered, shared.options.shard, 0, &registered);
+                    tokio::spawn(async move { send(&conn, &frame).await });
+                }
+            }
+        }
+        Kind::Push => on_push(shared, id, frame).await?,
+        Kind::Snapshot => {
+            lock(shared).snapshot(id, frame.step, frame.payload)?;
+        }
+        Kind::CatchupRequest => {
+            let _: CatchupRequest = frame.message()?;
+            let reply = lock(shared).catchup(id)?;
+            if let Some(conn) = conn_of(shared, id) {
+                tokio::spawn(send_catchup(shared.options.shard, conn, reply));
+            }
+        }
+        Kind::Registered | Kind::Reply | Kind::Catchup => {
+            return Err(NetError::Protocol(format!(
+                "a worker sent a {:?} frame, which only servers send",
+                frame.kind
+            )))
+        }
+    }
+    Ok(())
+}
+
+async fn on_push(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
+    let Frame {
+        rank,
+        key,
+        step,
+        numel,
+        payload,
+        ..
+    } = frame;
+    let decoder = {
+        let state = lock(shared);
+        if state.rank_of(id).is_some_and(|r| r != rank) {
+            return Err(NetError::Protocol(format!(
+                "a push signed rank {rank} on rank {}'s connection",
+                state.rank_of(id).unwrap_or_default()
+            )));
+        }
+        match state.check_push(id, key, step, numel)? {
+            PushCheck::Ignore => {
+                tracing::debug!(
+                    "shard {}: late push for closed step {step} ignored",
+                    state.shard
+                );
+                return Ok(());
+            }
+            PushCheck::Decode(d) => d,
+        }
+    };
+    let values = tokio::task::spawn_blocking(move || decoder.decode(&payload))
+        .await
+        .map_err(|e| NetError::Connection(format!("decoding task: {e}")))??;
+    let (begins_round, complete) = {
+        let mut state = lock(shared);
+        let begins = !state.round_begun();
+        let counted = state.insert_push(id, key, step, values)?;
+        (begins && counted, counted && state.round_complete())
+    };
+    if begins_round {
+        start_deadline(shared.clone(), step);
+    }
+    if complete {
+        close_round_if_complete(shared).await;
+    }
+    Ok(())
+}
+
+/// Evicts whoever has not finished round `step` when its deadline passes.
+fn start_deadline(shared: Arc<Shared>, step: u64) {
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.options.deadline).await;
+        let late = lock(&shared).evict_stragglers(step);
+        for id in late {
+            if let Some(conn) = conn_of(&shared, id) {
+                tracing::warn!(
+                    "shard {}: evicting {} for missing the {:?} deadline of step {step}",
+                    shared.options.shard,
+                    peer_fingerprint(&conn),
+                    shared.options.deadline
+                );
+                hang_up(
+                    &conn,
+                    close::DEADLINE,
+                    &format!("missed the deadline of step {step}; rejoin to catch up"),
+                );
+            }
+        }
+        close_round_if_complete(&shared).await;
+    });
+}
+
+/// Closes the open round if every active rank has pushed, on the blocking pool, and sends the
+/// replies to every registered peer.
+async fn close_round_if_complete(shared: &Arc<Shared>) {
+    let worker = shared.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut state = lock(&worker);
+        state.close_round().map(|round| (round, state.listeners()))
+    })
+    .await;
+    match closed {
+        Ok(Ok((Some(round), listeners))) => deliver(shared, &round, &listeners),
+        Ok(Ok((None, _))) => {}
+        Ok(Err(e)) => tracing::error!(
+            "shard {}: closing a round failed: {e}",
+            shared.options.shard
+        ),
+        Err(e) => tracing::error!("shard {}: closing task failed: {e}", shared.options.shard),
+    }
+}
+
+fn reply_frames(shard: u16, round: &ClosedRound) -> Vec<Arc<Vec<u8>>> {
+    round
+        .replies
+        .iter()
+        .map(|(key, numel, payload)| {
+            Arc::new(
+                Frame::new(
+                    Kind::Reply,
+                    shard,
+                    *key,
+                    round.step,
+                    *numel,
+                    payload.to_vec(),
+                )
+                .encode(),
+            )
+        })
+        .collect()
+}
+
+/// Sends one round's replies, encoded once, to every listener: one stream per reply.
+fn deliver(shared: &Shared, round: &ClosedRound, listeners: &[PeerId]) {
+    let frames = reply_frames(shared.options.shard, round);
+    for id in listeners {
+        let Some(conn) = conn_of(shared, *id) else {
+            continue;
+        };
+        for bytes in &frames {
+            let (conn, bytes) = (conn.clone(), bytes.clone());
+            tokio::spawn(async move { send_bytes(&conn, &bytes).await });
+        }
+    }
+}
+
+async fn send_catchup(shard: u16, conn: Connection, reply: CatchupReply) -> Result<()> {
+    let CatchupReply {
+        snapshot,
+        rounds,
+        summary,
+    } = reply;
+    if let Some((step, bytes)) = snapshot {
+        send(
+            &conn,
+            &Frame::new(Kind::Snapshot, shard, 0, step, 0, bytes.to_vec()),
+        )
+        .await?;
+    }
+    for round in &rounds {
+        for bytes in reply_frames(shard, round) {
+            send_bytes(&conn, &bytes).await?;
+        }
+    }
+    send(&conn, &Frame::control(Kind::Catchup, shard, 0, &summary)).await
+}

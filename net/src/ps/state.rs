@@ -1,0 +1,444 @@
+//! The state of one parameter-server shard, without sockets: who is connected, which keys it
+//! owns, which ranks have pushed in the open round, the closed rounds a rejoining worker can
+//! replay, and the latest snapshot. The server feeds it events and carries out what it returns,
+//! so every rule of the protocol lives here and is tested without a network.
+//!
+//! Rules:
+//! - A peer says `Hello` (its rank and the world size), then `Register`s the keys this shard
+//!   owns. Every rank must register the same keys.
+//! - Before the first round the shard waits for `world` ranks to register (start barrier). A
+//!   rank that registers later is a *listener*: it receives every reply from then on and may
+//!   ask for a catch-up; it becomes *active* with its first push for the open round.
+//! - A round closes when every active rank has pushed every key, or at its deadline, when the
+//!   active ranks that have not finished are evicted (their pushes discarded, their connection
+//!   closed) and the round closes over the ranks that did.
+//! - An active rank pushing a step that is not the open one breaks the protocol (a replayed old
+//!   step, or one from the future); a listener's push for an already closed step is ignored,
+//!   because it raced the round it was catching up to.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use murmur_engine::comm::shard::KeyState;
+use murmur_engine::comm::{Key, KeySpec};
+use murmur_engine::compress::Codec;
+
+use crate::error::{NetError, Result};
+use crate::wire::{Catchup, Hello, Limits, Register, Registered};
+
+/// A connection's identity inside the server.
+pub type PeerId = usize;
+
+#[derive(Debug, Clone)]
+struct Peer {
+    rank: u16,
+    registered: bool,
+    active: bool,
+}
+
+/// A round the shard has closed: the reply payload of each key, identical for every rank.
+#[derive(Debug, Clone)]
+pub struct ClosedRound {
+    pub step: u64,
+    pub replies: Vec<(Key, u32, Arc<Vec<u8>>)>,
+}
+
+/// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
+/// and the summary that ends the catch-up.
+pub struct CatchupReply {
+    pub snapshot: Option<(u64, Arc<Vec<u8>>)>,
+    pub rounds: Vec<ClosedRound>,
+    pub summary: Catchup,
+}
+
+/// What the server must do with a push once it has checked it.
+pub enum PushCheck {
+    /// A listener's push for a round that already closed: drop it quietly.
+    Ignore,
+    /// Decode the payload (off the state lock) with this, then [`ShardState::insert_push`].
+    Decode(PushDecoder),
+}
+
+/// Decodes one push without access to the shard state.
+pub struct PushDecoder {
+    codec: Arc<dyn Codec>,
+    spec: KeySpec,
+    step: u64,
+}
+
+impl PushDecoder {
+    pub fn decode(&self, payload: &[u8]) -> Result<Vec<f32>> {
+        let ctx = murmur_engine::comm::codec_context(self.spec.seed, self.step, self.spec.key);
+        self.codec
+            .decode(payload, self.spec.numel as usize, &ctx)
+            .map_err(|e| NetError::Protocol(format!("key {:#x}: {e}", self.spec.key)))
+    }
+}
+
+struct KeyEntry {
+    state: KeyState,
+    decoder: Arc<dyn Codec>,
+}
+
+/// The whole state of one shard.
+pub struct ShardState {
+    pub shard: u16,
+    limits: Limits,
+    world: Option<u16>,
+    keys: BTreeMap<Key, KeyEntry>,
+    /// Set by the first registration; later ones must match it.
+    keys_fixed: bool,
+    peers: BTreeMap<PeerId, Peer>,
+    started: bool,
+    open_step: u64,
+    /// Keys each rank has pushed in the open round.
+    pushed: BTreeMap<u16, usize>,
+    /// Closed rounds since the latest snapshot, oldest first, at most `max_log_rounds`.
+    log: VecDeque<ClosedRound>,
+    max_log_rounds: usize,
+    snapshot: Option<(u64, Arc<Vec<u8>>)>,
+}
+
+fn protocol<T>(message: String) -> Result<T> {
+    Err(NetError::Protocol(message))
+}
+
+impl ShardState {
+    pub fn new(shard: u16, limits: Limits, max_log_rounds: usize) -> Self {
+        ShardState {
+            shard,
+            limits,
+            world: None,
+            keys: BTreeMap::new(),
+            keys_fixed: false,
+            peers: BTreeMap::new(),
+            started: false,
+            open_step: 0,
+            pushed: BTreeMap::new(),
+            log: VecDeque::new(),
+            max_log_rounds: max_log_rounds.max(1),
+            snapshot: None,
+        }
+    }
+
+    /// The step of the round now open.
+    pub fn open_step(&self) -> u64 {
+        self.open_step
+    }
+
+    pub fn rank_of(&self, id: PeerId) -> Option<u16> {
+        self.peers.get(&id).map(|p| p.rank)
+    }
+
+    /// Registered peers: they receive every reply.
+    pub fn listeners(&self) -> Vec<PeerId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.registered)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// A peer introduces itself. Returns the peer this one replaces (the same rank on an older
+    /// connection, which the server must close).
+    pub fn hello(&mut self, id: PeerId, hello: &Hello) -> Result<Option<PeerId>> {
+        if self.peers.contains_key(&id) {
+            return protocol("a second hello on one connection".into());
+        }
+        if hello.world == 0 || hello.rank >= hello.world {
+            return protocol(format!("rank {} of a world of {}", hello.rank, hello.world));
+        }
+        if hello.node.len() > 128 {
+            return protocol("node name longer than 128 bytes".into());
+        }
+        match self.world {
+            Some(w) if w != hello.world => {
+                return protocol(format!("world of {} while this swarm has {w}", hello.world))
+            }
+            _ => self.world = Some(hello.world),
+        }
+        let replaced = self
+            .peers
+            .iter()
+            .find(|(_, p)| p.rank == hello.rank)
+            .map(|(id, _)| *id);
+        if let Some(old) = replaced {
+            self.disconnect(old);
+        }
+        self.peers.insert(
+            id,
+            Peer {
+                rank: hello.rank,
+                registered: false,
+                active: false,
+            },
+        );
+        Ok(replaced)
+    }
+
+    fn peer(&self, id: PeerId) -> Result<&Peer> {
+        match self.peers.get(&id) {
+            Some(p) => Ok(p),
+            None => protocol("a message before hello".into()),
+        }
+    }
+
+    /// A peer registers its keys. Returns the peers to answer now, with the answer: the peer
+    /// itself once the swarm is underway, everyone waiting at the start barrier when this
+    /// registration completes it, or nobody yet.
+    pub fn register(
+        &mut self,
+        id: PeerId,
+        register: &Register,
+    ) -> Result<Vec<(PeerId, Registered)>> {
+        let peer = self.peer(id)?;
+        if peer.registered {
+            return protocol("registered twice".into());
+        }
+        register.check(&self.limits)?;
+        if !self.keys_fixed {
+            let mut keys = BTreeMap::new();
+            for spec in &register.keys {
+                let state = KeyState::new(spec.clone())
+                    .map_err(|e| NetError::Protocol(format!("key {:#x}: {e}", spec.key)))?;
+                let decoder: Arc<dyn Codec> = Arc::from(
+                    murmur_engine::compress::parse(&spec.push)
+                        .map_err(|e| NetError::Protocol(e.to_string()))?,
+                );
+                if keys.insert(spec.key, KeyEntry { state, decoder }).is_some() {
+                    return protocol(format!("key {:#x} registered twice", spec.key));
+                }
+            }
+            self.keys = keys;
+            self.keys_fixed = true;
+        } else {
+            let same = register.keys.len() == self.keys.len()
+                && register
+                    .keys
+                    .iter()
+                    .all(|s| self.keys.get(&s.key).is_some_and(|k| k.state.spec == *s));
+            if !same {
+                return protocol(
+                    "keys differ from those the other ranks registered (same model, codecs and seed?)"
+                        .into(),
+                );
+            }
+        }
+        let started = self.started;
+        let peer = self.peers.get_mut(&id).expect("checked above");
+        peer.registered = true;
+        if started {
+            return Ok(vec![(
+                id,
+                Registered {
+                    open_step: self.open_step,
+                    underway: true,
+                },
+            )]);
+        }
+        let world = self.world.unwrap_or(1) as usize;
+        let waiting: Vec<PeerId> = self.listeners();
+        if waiting.len() < world {
+            return Ok(Vec::new());
+        }
+        self.started = true;
+        for id in &waiting {
+            self.peers.get_mut(id).expect("listed").active = true;
+        }
+        Ok(waiting
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    Registered {
+                        open_step: 0,
+                        underway: false,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Checks a push's header against the protocol; the payload is decoded afterwards.
+    pub fn check_push(&self, id: PeerId, key: Key, step: u64, numel: u32) -> Result<PushCheck> {
+        let peer = self.peer(id)?;
+        if !peer.registered || !self.started {
+            return protocol("push before registration completed".into());
+        }
+        let Some(entry) = self.keys.get(&key) else {
+            return protocol(format!("unknown key {key:#x}"));
+        };
+        if numel != entry.state.spec.numel {
+            return protocol(format!(
+                "wrong size: {numel} elements for key {key:#x}, which has {}",
+                entry.state.spec.numel
+            ));
+        }
+        if step < self.open_step {
+            if !peer.active {
+                return Ok(PushCheck::Ignore);
+            }
+            return protocol(format!(
+                "replayed old step {step} (the open round is step {})",
+                self.open_step
+            ));
+        }
+        if step > self.open_step {
+            return protocol(format!(
+                "push for step {step}, ahead of the open round {}",
+                self.open_step
+            ));
+        }
+        if entry.state.pushed().any(|r| r == peer.rank as usize) {
+            return protocol(format!("key {key:#x} pushed twice in step {step}"));
+        }
+        Ok(PushCheck::Decode(PushDecoder {
+            codec: entry.decoder.clone(),
+            spec: entry.state.spec.clone(),
+            step,
+        }))
+    }
+
+    /// Keeps a decoded push. Returns false when the push no longer counts (the round closed or
+    /// the peer left while it was being decoded).
+    pub fn insert_push(
+        &mut self,
+        id: PeerId,
+        key: Key,
+        step: u64,
+        values: Vec<f32>,
+    ) -> Result<bool> {
+        if step != self.open_step {
+            return Ok(false);
+        }
+        let Some(peer) = self.peers.get_mut(&id) else {
+            return Ok(false);
+        };
+        let entry = self.keys.get_mut(&key).expect("checked before decoding");
+        if entry.state.pushed().any(|r| r == peer.rank as usize) {
+            return protocol(format!("key {key:#x} pushed twice in step {step}"));
+        }
+        entry.state.insert(peer.rank as usize, values);
+        if !peer.active {
+            tracing::info!(
+                "shard {}: rank {} rejoins the rounds at step {step}",
+                self.shard,
+                peer.rank
+            );
+            peer.active = true;
+        }
+        *self.pushed.entry(peer.rank).or_default() += 1;
+        Ok(true)
+    }
+
+    /// Whether the open round has its first push (the server starts its deadline then).
+    pub fn round_begun(&self) -> bool {
+        !self.pushed.is_empty()
+    }
+
+    fn active_ranks(&self) -> impl Iterator<Item = u16> + '_ {
+        self.peers.values().filter(|p| p.active).map(|p| p.rank)
+    }
+
+    fn finished(&self, rank: u16) -> bool {
+        self.pushed.get(&rank).copied().unwrap_or(0) == self.keys.len()
+    }
+
+    /// Whether every active rank has pushed every key.
+    pub fn round_complete(&self) -> bool {
+        !self.keys.is_empty()
+            && self.active_ranks().next().is_some()
+            && self.active_ranks().all(|r| self.finished(r))
+    }
+
+    /// At the deadline of round `step`: evicts the active ranks that have not finished and
+    /// returns their peers, for the server to close.
+    pub fn evict_stragglers(&mut self, step: u64) -> Vec<PeerId> {
+        if step != self.open_step {
+            return Vec::new();
+        }
+        let late: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.active && !self.finished(p.rank))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &late {
+            self.disconnect(*id);
+        }
+        late
+    }
+
+    /// Closes the open round if it is complete: sums, compensates and re-encodes every key
+    /// (keys in parallel) and logs the replies. Returns the closed round.
+    pub fn close_round(&mut self) -> murmur_engine::Result<Option<ClosedRound>> {
+        use rayon::prelude::*;
+        if !self.round_complete() {
+            return Ok(None);
+        }
+        let step = self.open_step;
+        let replies = self
+            .keys
+            .par_iter_mut()
+            .map(|(key, entry)| {
+                let numel = entry.state.spec.numel;
+                entry.state.close().map(|r| (*key, numel, Arc::new(r)))
+            })
+            .collect::<murmur_engine::Result<Vec<_>>>()?;
+        let round = ClosedRound { step, replies };
+        self.log.push_back(round.clone());
+        while self.log.len() > self.max_log_rounds {
+            self.log.pop_front();
+        }
+        self.pushed.clear();
+        self.open_step += 1;
+        Ok(Some(round))
+    }
+
+    /// A snapshot of the model after `step` rounds: shard 0 keeps the bytes, every shard drops
+    /// the rounds before it from its log.
+    pub fn snapshot(&mut self, id: PeerId, step: u64, payload: Vec<u8>) -> Result<()> {
+        self.peer(id)?;
+        if step > self.open_step {
+            return protocol(format!(
+                "snapshot of step {step}, ahead of the open round {}",
+                self.open_step
+            ));
+        }
+        if !payload.is_empty() {
+            self.snapshot = Some((step, Arc::new(payload)));
+        }
+        while self.log.front().is_some_and(|r| r.step < step) {
+            self.log.pop_front();
+        }
+        Ok(())
+    }
+
+    /// What a rejoining peer is sent.
+    pub fn catchup(&self, id: PeerId) -> Result<CatchupReply> {
+        if !self.peer(id)?.registered {
+            return protocol("catch-up before registration".into());
+        }
+        let summary = Catchup {
+            snapshot_step: self.snapshot.as_ref().map(|(s, _)| *s),
+            first_step: self.log.front().map_or(self.open_step, |r| r.step),
+            open_step: self.open_step,
+        };
+        Ok(CatchupReply {
+            snapshot: self.snapshot.clone(),
+            rounds: self.log.iter().cloned().collect(),
+            summary,
+        })
+    }
+
+    /// A peer left: its pushes of the open round no longer count.
+    pub fn disconnect(&mut self, id: PeerId) {
+        let Some(peer) = self.peers.remove(&id) else {
+            return;
+        };
+        for entry in self.keys.values_mut() {
+            entry.state.discard(peer.rank as usize);
+        }
+        self.pushed.remove(&peer.rank);
+    }
+}

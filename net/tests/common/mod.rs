@@ -1,0 +1,157 @@
+//! Shared pieces of the network tests: a swarm with in-memory credentials, server shards on
+//! loopback, a tiny classifier and a synthetic task it can learn on the CPU.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use murmur_engine::comm::partition::PartitionPlan;
+use murmur_engine::comm::Collective;
+use murmur_engine::nn::Module;
+use murmur_engine::train::{Classifier, ClassifierConfig, DataParallel};
+use murmur_engine::Device;
+use murmur_net::identity::{Credentials, Swarm};
+use murmur_net::ps::{ClientOptions, QuicCollective, Server, ServerOptions};
+
+pub const FEATURES: usize = 24;
+pub const CLASSES: usize = 4;
+pub const BATCH: usize = 16;
+
+/// Server shards on loopback, served by their own runtime until dropped.
+pub struct Servers {
+    pub runtime: tokio::runtime::Runtime,
+    pub addrs: Vec<SocketAddr>,
+    endpoints: Vec<quinn::Endpoint>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for e in &self.endpoints {
+            e.close(0u32.into(), b"test over");
+        }
+    }
+}
+
+pub fn start_servers(swarm: &Swarm, shards: u16, options: ServerOptions) -> Servers {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut addrs = Vec::new();
+    let mut endpoints = Vec::new();
+    for shard in 0..shards {
+        let creds = swarm.credentials(&format!("server-{shard}")).unwrap();
+        let options = ServerOptions {
+            shard,
+            shards,
+            ..options.clone()
+        };
+        let server = runtime.block_on(async {
+            Server::bind("127.0.0.1:0".parse().unwrap(), &creds, options).unwrap()
+        });
+        addrs.push(server.local_addr().unwrap());
+        endpoints.push(server.endpoint());
+        runtime.spawn(server.run());
+    }
+    Servers {
+        runtime,
+        addrs,
+        endpoints,
+    }
+}
+
+pub fn client_options() -> ClientOptions {
+    ClientOptions {
+        round_timeout: Duration::from_secs(60),
+        start_timeout: Duration::from_secs(60),
+        ..ClientOptions::default()
+    }
+}
+
+pub fn worker(swarm: &Swarm, servers: &[SocketAddr], rank: u16, world: u16) -> QuicCollective {
+    let creds: Credentials = swarm.credentials(&format!("worker-{rank}")).unwrap();
+    QuicCollective::connect(
+        servers,
+        &creds,
+        rank,
+        world,
+        &format!("worker-{rank}"),
+        client_options(),
+    )
+    .unwrap()
+}
+
+pub fn classifier() -> Classifier {
+    let config = ClassifierConfig {
+        hidden: vec![16],
+        seed: 11,
+        lr: 1e-2,
+        ..ClassifierConfig::default()
+    };
+    Classifier::new(&Device::Cpu, FEATURES, CLASSES, &config).unwrap()
+}
+
+/// Several keys per tensor, compressed both ways with error feedback on both sides.
+pub fn plan(push: &str, pull: &str) -> PartitionPlan {
+    PartitionPlan {
+        partition_bytes: 256,
+        min_compress_bytes: 0,
+        push: push.into(),
+        pull: pull.into(),
+        server_memory: "ef".into(),
+        seed: 9,
+    }
+}
+
+/// A learnable task: the class is the argmax of a fixed linear map of the features.
+/// Rank `rank`'s batch of round `step` is a pure function of both.
+pub fn batch(step: u64, rank: usize) -> (Vec<f32>, Vec<u32>) {
+    let mut state = (step * 1_000_003 + rank as u64 * 7919 + 1) as u32;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+    };
+    let mut x = Vec::with_capacity(BATCH * FEATURES);
+    let mut y = Vec::with_capacity(BATCH);
+    for _ in 0..BATCH {
+        let row: Vec<f32> = (0..FEATURES).map(|_| next()).collect();
+        let score = |c: usize| -> f32 {
+            row.iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    if (i + c).is_multiple_of(CLASSES) {
+                        *v
+                    } else {
+                        -0.3 * v
+                    }
+                })
+                .sum()
+        };
+        let label = (0..CLASSES)
+            .max_by(|a, b| score(*a).total_cmp(&score(*b)))
+            .unwrap();
+        x.extend(row);
+        y.push(label as u32);
+    }
+    (x, y)
+}
+
+pub fn bits(clf: &Classifier) -> Vec<u32> {
+    clf.model
+        .parameters()
+        .iter()
+        .flat_map(|p| p.to_vec().unwrap())
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// Trains one rank for rounds `dp.step..steps`.
+pub fn train<C: Collective>(dp: &mut DataParallel<C>, steps: u64) {
+    while dp.step < steps {
+        let (x, y) = batch(dp.step, dp.collective.rank());
+        dp.step(&x, &y).unwrap();
+    }
+}

@@ -1,0 +1,293 @@
+//! Bad input and failing peers: a malformed or dishonest frame costs its connection and
+//! nothing else; a worker that stops mid-round is evicted at the deadline and can rejoin.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use murmur_engine::comm::{Collective, Key, KeySpec};
+use murmur_engine::compress::parse;
+use murmur_engine::train::DataParallel;
+use murmur_net::identity::{Credentials, Swarm};
+use murmur_net::ps::ServerOptions;
+use murmur_net::transport::{client_endpoint, connect, receive, send, send_bytes, Link};
+use murmur_net::wire::{Frame, Hello, Kind, Limits, Register};
+
+const KEY: Key = 0x10001;
+/// The servers' payload limit in these tests.
+const MAX_PAYLOAD: usize = 4096;
+
+fn keys() -> Vec<KeySpec> {
+    vec![KeySpec {
+        key: KEY,
+        numel: 4,
+        push: "f32".into(),
+        pull: "f32".into(),
+        server_memory: "none".into(),
+        seed: 1,
+    }]
+}
+
+fn f32_payload(values: &[f32]) -> Vec<u8> {
+    parse("f32").unwrap().encode(values, &Default::default())
+}
+
+/// What a misbehaving rank 2 does in round 1, after an honest round 0.
+#[derive(Clone, Copy, Debug)]
+enum Misdeed {
+    Garbage,
+    Truncated,
+    Oversized,
+    UnknownKey,
+    WrongSize,
+    ReplayedStep,
+}
+
+/// Rank 2 of 3: registers, pushes round 0 honestly, then commits `misdeed`. Returns the reason
+/// the server gave when it closed the connection.
+async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed) -> String {
+    let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
+    let conn = connect(&endpoint, addr).await.unwrap();
+    let hello = Hello {
+        rank: 2,
+        world: 3,
+        shard: 0,
+        shards: 1,
+        node: "rogue".into(),
+    };
+    send(&conn, &Frame::control(Kind::Hello, 2, 0, &hello))
+        .await
+        .unwrap();
+    send(
+        &conn,
+        &Frame::control(Kind::Register, 2, 0, &Register { keys: keys() }),
+    )
+    .await
+    .unwrap();
+    let limits = Limits::default();
+    let registered = receive(&conn, &limits).await.unwrap().unwrap();
+    assert_eq!(registered.kind, Kind::Registered);
+    let push = |step, key, numel, payload| Frame::new(Kind::Push, 2, key, step, numel, payload);
+    send(&conn, &push(0, KEY, 4, f32_payload(&[2.0, 0.0, 1.0, 2.0])))
+        .await
+        .unwrap();
+    let reply = receive(&conn, &limits).await.unwrap().unwrap();
+    assert_eq!((reply.kind, reply.step), (Kind::Reply, 0));
+    let valid = push(1, KEY, 4, f32_payload(&[9.0; 4])).encode();
+    let bad: Vec<u8> = match misdeed {
+        Misdeed::Garbage => (0..200u32).map(|i| (i * 37 % 251) as u8).collect(),
+        Misdeed::Truncated => valid[..valid.len() - 3].to_vec(),
+        Misdeed::Oversized => push(1, KEY, 4, vec![0; 2 * MAX_PAYLOAD]).encode(),
+        Misdeed::UnknownKey => push(1, 0xdead, 4, f32_payload(&[1.0; 4])).encode(),
+        Misdeed::WrongSize => push(1, KEY, 5, f32_payload(&[1.0; 5])).encode(),
+        Misdeed::ReplayedStep => push(0, KEY, 4, f32_payload(&[1.0; 4])).encode(),
+    };
+    send_bytes(&conn, &bad).await.unwrap();
+    match conn.closed().await {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            String::from_utf8_lossy(&c.reason).into_owned()
+        }
+        other => {
+            panic!("{misdeed:?}: the server did not close the connection with a reason: {other}")
+        }
+    }
+}
+
+/// Ranks 0 and 1 do four honest rounds while rank 2 misbehaves in round 1. Every round must
+/// complete with the honest ranks' mean, long before the deadline.
+fn honest_ranks_are_served_while(misdeed: Misdeed, expected_reason: &str) {
+    let swarm = Swarm::generate("faults").unwrap();
+    let options = ServerOptions {
+        deadline: Duration::from_secs(60),
+        limits: Limits {
+            max_payload: MAX_PAYLOAD,
+            ..Limits::default()
+        },
+        ..ServerOptions::default()
+    };
+    let servers = start_servers(&swarm, 1, options);
+    let started = Instant::now();
+    let creds = swarm.credentials("rogue").unwrap();
+    let rogue_task = servers
+        .runtime
+        .spawn(rogue(creds, servers.addrs[0], misdeed));
+    let means: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..2u16)
+            .map(|rank| {
+                let (swarm, addrs) = (&swarm, &servers.addrs);
+                s.spawn(move || {
+                    let mut c = worker(swarm, addrs, rank, 3);
+                    c.register(&keys()).unwrap();
+                    (0..4u64)
+                        .map(|step| {
+                            let mine = [rank as f32, step as f32, 1.0, 2.0];
+                            let reply = c.push_pull(step, vec![(KEY, f32_payload(&mine))]).unwrap();
+                            parse("f32")
+                                .unwrap()
+                                .decode(&reply[0].1, 4, &Default::default())
+                                .unwrap()
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let reason = servers.runtime.block_on(rogue_task).unwrap();
+    assert!(
+        reason.contains(expected_reason),
+        "{misdeed:?}: closed with {reason:?}"
+    );
+    assert_eq!(
+        means[0], means[1],
+        "{misdeed:?}: ranks got different replies"
+    );
+    assert_eq!(
+        means[0][0],
+        [1.0, 0.0, 1.0, 2.0],
+        "round 0 averages all three ranks"
+    );
+    for (step, mean) in means[0].iter().enumerate().skip(1) {
+        assert_eq!(
+            mean,
+            &[0.5, step as f32, 1.0, 2.0],
+            "{misdeed:?}: round {step} averages the two honest ranks"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{misdeed:?}: the honest ranks waited for the deadline"
+    );
+}
+
+#[test]
+fn a_garbage_frame_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::Garbage, "magic");
+}
+
+#[test]
+fn a_truncated_frame_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::Truncated, "announces");
+}
+
+#[test]
+fn an_oversized_frame_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::Oversized, "too long");
+}
+
+#[test]
+fn an_unknown_key_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::UnknownKey, "unknown key");
+}
+
+#[test]
+fn a_wrong_size_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::WrongSize, "wrong size");
+}
+
+#[test]
+fn a_replayed_old_step_costs_only_its_connection() {
+    honest_ranks_are_served_while(Misdeed::ReplayedStep, "replayed old step");
+}
+
+#[test]
+fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step() {
+    let swarm = Swarm::generate("rejoin").unwrap();
+    let deadline = Duration::from_millis(1500);
+    let servers = start_servers(
+        &swarm,
+        2,
+        ServerOptions {
+            deadline,
+            ..ServerOptions::default()
+        },
+    );
+    let (world, steps, stall_at) = (3u16, 40u64, 5u64);
+    let plan = plan("topk:0.25", "f16");
+    let (evicted_tx, evicted_rx) = mpsc::channel::<()>();
+    let results: Vec<(Vec<u32>, Option<u64>)> = std::thread::scope(|s| {
+        let mut joins = Vec::new();
+        for rank in 0..2u16 {
+            let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
+            joins.push(s.spawn(move || {
+                let c = worker(swarm, addrs, rank, world);
+                let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+                while dp.step < steps {
+                    let (x, y) = batch(dp.step, rank as usize);
+                    let began = Instant::now();
+                    dp.step(&x, &y).unwrap();
+                    if dp.step == stall_at + 1 {
+                        assert!(
+                            began.elapsed() >= deadline / 2,
+                            "round {stall_at} closed before the deadline"
+                        );
+                    }
+                    // One snapshot, after the eviction: the rejoining worker loads it and replays
+                    // the rounds since.
+                    if rank == 0 && dp.step == stall_at + 1 {
+                        let state = dp.clf.save_state().unwrap();
+                        let step = dp.step;
+                        dp.collective.snapshot(step, state).unwrap();
+                    }
+                    // Pace the rounds so the rejoining worker finds the swarm still running.
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+                (bits(&dp.clf), None)
+            }));
+        }
+        let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
+        joins.push(s.spawn(move || {
+            let c = worker(swarm, addrs, 2, world);
+            let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+            train(&mut dp, stall_at);
+            // Push one partition of round `stall_at`, then hang with the connection open.
+            let first = dp.partitions()[0].clone();
+            let payload = parse("topk:0.25")
+                .unwrap()
+                .encode(&vec![0.0; first.len], &Default::default());
+            dp.collective.push(stall_at, first.key, payload).unwrap();
+            let keys: Vec<Key> = dp.partitions().iter().map(|p| p.key).collect();
+            let err = dp.collective.pull(stall_at, &keys).unwrap_err().to_string();
+            assert!(err.contains("deadline"), "stalled worker told: {err}");
+            evicted_tx.send(()).unwrap();
+            drop(dp);
+            // Rejoin with a fresh process's state: same seed, nothing trained.
+            let c = worker(swarm, addrs, 2, world);
+            let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+            let caught = murmur_net::ps::catch_up(&mut dp)
+                .unwrap()
+                .expect("the swarm is underway");
+            assert_eq!(
+                caught.snapshot.as_ref().map(|s| s.0),
+                Some(stall_at + 1),
+                "rejoined from the snapshot"
+            );
+            assert!(
+                caught.from < caught.to,
+                "replayed rounds after the snapshot: {caught:?}"
+            );
+            train(&mut dp, steps);
+            (bits(&dp.clf), Some(caught.to))
+        }));
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    evicted_rx
+        .recv_timeout(Duration::from_secs(1))
+        .expect("the stalled worker was evicted");
+    let rejoined_at = results[2].1.unwrap();
+    eprintln!("evicted at step {stall_at}, rejoined at step {rejoined_at} of {steps}");
+    assert!(
+        rejoined_at > stall_at && rejoined_at < steps,
+        "rejoined at step {rejoined_at}"
+    );
+    assert_eq!(
+        results[0].0, results[1].0,
+        "the two workers that stayed differ"
+    );
+    assert_eq!(
+        results[2].0, results[0].0,
+        "the rejoined worker's replica differs"
+    );
+}

@@ -1,0 +1,104 @@
+//! The parameter-server system over QUIC: the same bits as in-process, and no admission
+//! without the swarm's credentials.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use murmur_engine::comm::local::local_collectives;
+use murmur_engine::train::DataParallel;
+use murmur_net::identity::Swarm;
+use murmur_net::ps::{QuicCollective, ServerOptions};
+
+#[test]
+fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
+    let (world, steps) = (3u16, 12u64);
+    let plan = plan("topk:0.2", "dither:linear:s=7");
+    let in_process: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(world as usize)
+            .into_iter()
+            .map(|c| {
+                let plan = plan.clone();
+                s.spawn(move || {
+                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+                    train(&mut dp, steps);
+                    bits(&dp.clf)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let swarm = Swarm::generate("bits").unwrap();
+    let servers = start_servers(&swarm, 2, ServerOptions::default());
+    let over_quic: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..world)
+            .map(|rank| {
+                let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
+                s.spawn(move || {
+                    let c = worker(swarm, addrs, rank, world);
+                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+                    assert!(dp.partitions().len() > 4, "several keys over two shards");
+                    train(&mut dp, steps);
+                    bits(&dp.clf)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert!(in_process.iter().all(|b| *b == in_process[0]));
+    assert!(
+        over_quic.iter().all(|b| *b == over_quic[0]),
+        "QUIC replicas differ"
+    );
+    assert_eq!(
+        over_quic[0], in_process[0],
+        "QUIC and in-process runs differ"
+    );
+    assert_ne!(
+        in_process[0],
+        bits(&classifier()),
+        "training changed nothing"
+    );
+}
+
+#[test]
+fn a_node_without_this_swarms_credentials_is_refused_at_the_handshake() {
+    let swarm = Swarm::generate("ours").unwrap();
+    let stranger = Swarm::generate("theirs").unwrap();
+    let servers = start_servers(&swarm, 1, ServerOptions::default());
+    let options = murmur_net::ps::ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        start_timeout: Duration::from_secs(5),
+        ..client_options()
+    };
+    // A certificate signed by another swarm: the server refuses it. (In TLS 1.3 the client may
+    // finish its half first, so the refusal can surface on the first exchange.)
+    let foreign = stranger.credentials("intruder").unwrap();
+    let outcome =
+        QuicCollective::connect(&servers.addrs, &foreign, 0, 1, "intruder", options.clone())
+            .and_then(|mut c| {
+                murmur_engine::comm::Collective::register(&mut c, &[])
+                    .map_err(|e| murmur_net::NetError::Connection(e.to_string()))
+            });
+    let err = outcome
+        .expect_err("a foreign certificate was admitted")
+        .to_string();
+    eprintln!("foreign client: {err}");
+    assert!(err.contains("peer certificate"), "{err}");
+
+    // A node of ours cannot be lured to a server of another swarm: it rejects the server.
+    let theirs = start_servers(&stranger, 1, ServerOptions::default());
+    let ours = swarm.credentials("member").unwrap();
+    let err = QuicCollective::connect(&theirs.addrs, &ours, 0, 1, "member", options.clone())
+        .err()
+        .expect("a foreign server was trusted")
+        .to_string();
+    eprintln!("foreign server: {err}");
+    assert!(err.contains("peer certificate"), "{err}");
+
+    // The server still serves members.
+    let mut member =
+        QuicCollective::connect(&servers.addrs, &ours, 0, 1, "member", options).unwrap();
+    murmur_engine::comm::Collective::register(&mut member, &[]).unwrap();
+}
