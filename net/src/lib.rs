@@ -6,6 +6,8 @@
 pub mod error;
 pub mod identity;
 pub mod ps;
+pub mod relay;
+pub mod throughput;
 pub mod tls;
 pub mod transport;
 pub mod wire;

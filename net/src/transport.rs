@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{
     Connection, Endpoint, EndpointConfig, IdleTimeout, TokioRuntime, TransportConfig, VarInt,
@@ -15,7 +16,7 @@ use quinn::{
 use crate::error::{NetError, Result};
 use crate::identity::{fingerprint, Credentials};
 use crate::tls::{client_tls, server_tls};
-use crate::wire::{Frame, Limits};
+use crate::wire::{Frame, Header, Limits, HEADER};
 
 /// What the link between peers can carry; windows are sized to hold a round trip's data.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,6 +35,10 @@ impl Default for Link {
     }
 }
 
+/// Streams a peer may have open and unfinished at once: enough for every partition of a
+/// 4 GB model in one round, and (times the frame limit) a bound on what a connection buffers.
+pub const MAX_STREAMS_IN_FLIGHT: u32 = 1024;
+
 /// Smallest UDP socket buffer murmur asks for.
 pub const SOCKET_BUFFER: usize = 2 << 20;
 
@@ -51,7 +56,7 @@ impl Link {
         t.stream_receive_window(VarInt::from_u64(stream).expect("below 2^62"))
             .receive_window(VarInt::from_u64(conn).expect("below 2^62"))
             .send_window(conn)
-            .max_concurrent_uni_streams(VarInt::from_u32(4096))
+            .max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS_IN_FLIGHT))
             .max_concurrent_bidi_streams(VarInt::from_u32(0))
             .initial_rtt(self.rtt)
             .keep_alive_interval(Some(Duration::from_secs(5)))
@@ -155,41 +160,242 @@ pub fn hang_up(conn: &Connection, code: u32, reason: &str) {
     conn.close(VarInt::from_u32(code), reason.as_bytes());
 }
 
-/// Sends one frame on a stream of its own.
-pub async fn send(conn: &Connection, frame: &Frame) -> Result<()> {
-    send_bytes(conn, &frame.encode()).await
+/// Sends one frame on a stream of its own; the payload is handed to quinn without a copy.
+pub async fn send(conn: &Connection, frame: Frame) -> Result<()> {
+    let header = Bytes::copy_from_slice(&frame.encode_header());
+    send_chunks(conn, &mut [header, Bytes::from(frame.payload)]).await
 }
 
 /// Sends an encoded frame on a stream of its own (the server encodes a reply once and sends
-/// the same bytes to every worker).
-pub async fn send_bytes(conn: &Connection, bytes: &[u8]) -> Result<()> {
+/// the same bytes, shared, to every worker).
+pub async fn send_bytes(conn: &Connection, bytes: Bytes) -> Result<()> {
+    send_chunks(conn, &mut [bytes]).await
+}
+
+async fn send_chunks(conn: &Connection, chunks: &mut [Bytes]) -> Result<()> {
     let mut stream = conn.open_uni().await.map_err(conn_err)?;
-    stream.write_all(bytes).await.map_err(conn_err)?;
+    stream.write_all_chunks(chunks).await.map_err(conn_err)?;
     stream.finish().map_err(conn_err)?;
     Ok(())
 }
 
 /// Receives the next frame the peer sent; `Ok(None)` when the connection closed in order.
+///
+/// Reads one stream to its end before the next is accepted: fine for a reply or two, but a
+/// peer that keeps many large streams in flight needs [`Incoming`], which reads them all at
+/// once.
 pub async fn receive(conn: &Connection, limits: &Limits) -> Result<Option<Frame>> {
-    let mut stream = match conn.accept_uni().await {
-        Ok(s) => s,
-        Err(quinn::ConnectionError::LocallyClosed) => return Ok(None),
+    match next_stream(conn).await? {
+        Some(stream) => read_frame(stream, limits).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The next stream the peer opened; `None` when it closed the connection in order.
+async fn next_stream(conn: &Connection) -> Result<Option<quinn::RecvStream>> {
+    match conn.accept_uni().await {
+        Ok(s) => Ok(Some(s)),
+        Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
         Err(quinn::ConnectionError::ApplicationClosed(c))
             if c.error_code == VarInt::from_u32(close::DONE) =>
         {
-            return Ok(None)
+            Ok(None)
         }
-        Err(quinn::ConnectionError::ApplicationClosed(c)) => {
-            return Err(NetError::Connection(format!(
-                "the peer closed the connection: {}",
-                String::from_utf8_lossy(&c.reason)
-            )))
+        Err(quinn::ConnectionError::ApplicationClosed(c)) => Err(NetError::Connection(format!(
+            "the peer closed the connection: {}",
+            String::from_utf8_lossy(&c.reason)
+        ))),
+        Err(e) => Err(conn_err(e)),
+    }
+}
+
+/// Reads one frame: the header first, checked against the limits before any payload is
+/// buffered, then exactly the payload it announces, straight into the frame's own buffer.
+async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Frame> {
+    let wire = |e: String| NetError::Wire(e);
+    let mut head = [0u8; HEADER];
+    stream.read_exact(&mut head).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(n) => wire(format!(
+            "the stream ended after {n} bytes, inside the {HEADER}-byte header"
+        )),
+        quinn::ReadExactError::ReadError(e) => wire(format!("reading a frame: {e}")),
+    })?;
+    let header = Header::decode(&head, limits)?;
+    let mut payload = vec![0u8; header.len];
+    stream.read_exact(&mut payload).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(n) => wire(format!(
+            "header announces {} payload bytes, {n} follow",
+            header.len
+        )),
+        quinn::ReadExactError::ReadError(e) => wire(format!("reading a frame: {e}")),
+    })?;
+    match stream.read_chunk(1, true).await {
+        Ok(None) => header.with_payload(payload),
+        Ok(Some(_)) => Err(wire(format!(
+            "more bytes follow the {} payload bytes the header announces",
+            header.len
+        ))),
+        Err(e) => Err(wire(format!("reading a frame: {e}"))),
+    }
+}
+
+enum Arrival {
+    Frame(tokio::task::JoinHandle<Result<Frame>>),
+    End(Result<()>),
+}
+
+/// Every frame a peer sends, in the order it opened the streams, with all streams read at
+/// once by tasks of their own.
+///
+/// Why not one stream at a time: data the peer has sent on streams nobody reads still holds
+/// the connection's flow-control credit. A peer that pushes more partitions at once than the
+/// connection window holds would fill the window with the later streams while the reader
+/// waits on the first, and both sides would stall for good. Reading every stream as it opens
+/// keeps the credit flowing; the peer can have at most `max_concurrent_uni_streams` streams
+/// unfinished, and frames that are read wait here, in order, for [`Incoming::next`].
+pub struct Incoming {
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl Incoming {
+    pub fn new(conn: Connection, limits: Limits) -> Self {
+        let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let acceptor = tokio::spawn(async move {
+            loop {
+                let arrival =
+                    match next_stream(&conn).await {
+                        Ok(Some(stream)) => Arrival::Frame(tokio::spawn(async move {
+                            read_frame(stream, &limits).await
+                        })),
+                        Ok(None) => Arrival::End(Ok(())),
+                        Err(e) => Arrival::End(Err(e)),
+                    };
+                let end = matches!(arrival, Arrival::End(_));
+                if tx.send(arrival).is_err() || end {
+                    return;
+                }
+            }
+        });
+        Incoming { arrivals, acceptor }
+    }
+
+    /// The next frame; `Ok(None)` once the peer closed the connection in order.
+    pub async fn next(&mut self) -> Result<Option<Frame>> {
+        match self.arrivals.recv().await {
+            Some(Arrival::Frame(read)) => read
+                .await
+                .map_err(|e| NetError::Connection(format!("reading task: {e}")))?
+                .map(Some),
+            Some(Arrival::End(end)) => end.map(|()| None),
+            None => Ok(None),
         }
-        Err(e) => return Err(conn_err(e)),
-    };
-    let bytes = stream
-        .read_to_end(limits.max_frame())
-        .await
-        .map_err(|e| NetError::Wire(format!("reading a frame: {e}")))?;
-    Frame::decode(&bytes, limits).map(Some)
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Swarm;
+    use crate::wire::Kind;
+
+    /// Many large frames in flight at once, far more than the connection window holds: a
+    /// reader that drained one stream at a time would stall here for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn more_streams_in_flight_than_the_window_holds_all_arrive() {
+        let swarm = Swarm::generate("t").unwrap();
+        let (server, client) = (
+            swarm.credentials("s").unwrap(),
+            swarm.credentials("c").unwrap(),
+        );
+        // The smallest windows murmur configures: 1 MiB per stream, 4 MiB per connection.
+        let link = Link {
+            bytes_per_second: 1e6,
+            rtt: Duration::from_millis(1),
+        };
+        let (frames, size) = (24u64, 1_000_000usize);
+        let limits = Limits {
+            max_payload: size,
+            ..Limits::default()
+        };
+        let listener = server_endpoint("127.0.0.1:0".parse().unwrap(), &server, &link).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = tokio::spawn(async move {
+            let conn = listener.accept().await.unwrap().await.unwrap();
+            let mut incoming = Incoming::new(conn, limits);
+            let mut keys = Vec::new();
+            for _ in 0..frames {
+                let f = incoming
+                    .next()
+                    .await
+                    .unwrap()
+                    .expect("all frames before the close");
+                assert!(f.payload.iter().all(|&b| b == f.key as u8));
+                keys.push(f.key);
+            }
+            keys
+        });
+        let endpoint = client_endpoint(&client, &link).unwrap();
+        let conn = connect(&endpoint, addr).await.unwrap();
+        let sends: Vec<_> = (0..frames)
+            .map(|key| {
+                let conn = conn.clone();
+                let frame = Frame::new(Kind::Push, 0, key, 0, 0, vec![key as u8; size]);
+                tokio::spawn(async move { send(&conn, frame).await })
+            })
+            .collect();
+        let all_sent = async {
+            for s in sends {
+                s.await.unwrap().unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), all_sent)
+            .await
+            .expect("the sender stalled on flow control");
+        let mut keys = tokio::time::timeout(Duration::from_secs(30), received)
+            .await
+            .expect("the reader stalled")
+            .unwrap();
+        conn.close(VarInt::from_u32(close::DONE), b"done");
+        keys.sort_unstable();
+        assert_eq!(keys, (0..frames).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frame_longer_than_its_header_announces_is_refused() {
+        let swarm = Swarm::generate("t").unwrap();
+        let (server, client) = (
+            swarm.credentials("s").unwrap(),
+            swarm.credentials("c").unwrap(),
+        );
+        let link = Link::default();
+        let listener = server_endpoint("127.0.0.1:0".parse().unwrap(), &server, &link).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = tokio::spawn(async move {
+            let conn = listener.accept().await.unwrap().await.unwrap();
+            let first = receive(&conn, &Limits::default()).await;
+            let second = receive(&conn, &Limits::default()).await;
+            (first, second)
+        });
+        let endpoint = client_endpoint(&client, &link).unwrap();
+        let conn = connect(&endpoint, addr).await.unwrap();
+        let frame = Frame::new(Kind::Push, 0, 7, 0, 1, vec![1, 2, 3, 4]);
+        let mut long = frame.encode();
+        long.push(0);
+        send_bytes(&conn, long.into()).await.unwrap();
+        send(&conn, frame.clone()).await.unwrap();
+        let (first, second) = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        let err = first.unwrap_err().to_string();
+        assert!(err.contains("more bytes follow"), "{err}");
+        assert_eq!(second.unwrap().unwrap(), frame);
+    }
 }

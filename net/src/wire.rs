@@ -93,6 +93,77 @@ impl Limits {
     }
 }
 
+/// A checked frame header: readers validate it before they buffer the payload it announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub rank: u16,
+    pub key: Key,
+    pub step: u64,
+    pub numel: u32,
+    /// Payload bytes that follow the header.
+    pub len: usize,
+}
+
+impl Header {
+    pub fn decode(bytes: &[u8; HEADER], limits: &Limits) -> Result<Header> {
+        let bad = |m: String| Err(NetError::Wire(m));
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if u16_at(0) != MAGIC {
+            return bad(format!("magic {:#06x}, expected {MAGIC:#06x}", u16_at(0)));
+        }
+        if bytes[2] != VERSION {
+            return bad(format!(
+                "protocol version {}, this node speaks {VERSION}",
+                bytes[2]
+            ));
+        }
+        let Some(kind) = Kind::from_u8(bytes[3]) else {
+            return bad(format!("unknown frame kind {}", bytes[3]));
+        };
+        if u16_at(4) != 0 {
+            return bad(format!("reserved flags {:#x} set", u16_at(4)));
+        }
+        let (numel, len) = (u32_at(24), u32_at(28) as usize);
+        if numel > limits.max_numel {
+            return bad(format!(
+                "{numel} elements exceed the limit of {}",
+                limits.max_numel
+            ));
+        }
+        if len > limits.max_payload {
+            return bad(format!(
+                "payload of {len} bytes exceeds the limit of {}",
+                limits.max_payload
+            ));
+        }
+        Ok(Header {
+            kind,
+            rank: u16_at(6),
+            key: u64_at(8),
+            step: u64_at(16),
+            numel,
+            len,
+        })
+    }
+
+    /// The frame, once exactly the announced payload has arrived.
+    pub fn with_payload(self, payload: Vec<u8>) -> Result<Frame> {
+        if payload.len() != self.len {
+            return Err(NetError::Wire(format!(
+                "header announces {} payload bytes, {} follow",
+                self.len,
+                payload.len()
+            )));
+        }
+        Ok(Frame::new(
+            self.kind, self.rank, self.key, self.step, self.numel, payload,
+        ))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub kind: Kind,
@@ -129,72 +200,34 @@ impl Frame {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.payload.len());
-        out.extend(MAGIC.to_le_bytes());
-        out.push(VERSION);
-        out.push(self.kind as u8);
-        out.extend(0u16.to_le_bytes());
-        out.extend(self.rank.to_le_bytes());
-        out.extend(self.key.to_le_bytes());
-        out.extend(self.step.to_le_bytes());
-        out.extend(self.numel.to_le_bytes());
-        out.extend((self.payload.len() as u32).to_le_bytes());
+        out.extend(self.encode_header());
         out.extend(&self.payload);
         out
     }
 
+    /// The 32 header bytes, for senders that pass the payload on without copying it.
+    pub fn encode_header(&self) -> [u8; HEADER] {
+        let mut out = [0u8; HEADER];
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = VERSION;
+        out[3] = self.kind as u8;
+        out[6..8].copy_from_slice(&self.rank.to_le_bytes());
+        out[8..16].copy_from_slice(&self.key.to_le_bytes());
+        out[16..24].copy_from_slice(&self.step.to_le_bytes());
+        out[24..28].copy_from_slice(&self.numel.to_le_bytes());
+        out[28..32].copy_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        out
+    }
+
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame> {
-        let bad = |m: String| Err(NetError::Wire(m));
         if bytes.len() < HEADER {
-            return bad(format!(
+            return Err(NetError::Wire(format!(
                 "{} bytes is shorter than the {HEADER}-byte header",
                 bytes.len()
-            ));
+            )));
         }
-        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        if u16_at(0) != MAGIC {
-            return bad(format!("magic {:#06x}, expected {MAGIC:#06x}", u16_at(0)));
-        }
-        if bytes[2] != VERSION {
-            return bad(format!(
-                "protocol version {}, this node speaks {VERSION}",
-                bytes[2]
-            ));
-        }
-        let Some(kind) = Kind::from_u8(bytes[3]) else {
-            return bad(format!("unknown frame kind {}", bytes[3]));
-        };
-        if u16_at(4) != 0 {
-            return bad(format!("reserved flags {:#x} set", u16_at(4)));
-        }
-        let (numel, len) = (u32_at(24), u32_at(28) as usize);
-        if numel > limits.max_numel {
-            return bad(format!(
-                "{numel} elements exceed the limit of {}",
-                limits.max_numel
-            ));
-        }
-        if len > limits.max_payload {
-            return bad(format!(
-                "payload of {len} bytes exceeds the limit of {}",
-                limits.max_payload
-            ));
-        }
-        if bytes.len() - HEADER != len {
-            return bad(format!(
-                "header announces {len} payload bytes, {} follow",
-                bytes.len() - HEADER
-            ));
-        }
-        Ok(Frame {
-            kind,
-            rank: u16_at(6),
-            key: u64_at(8),
-            step: u64_at(16),
-            numel,
-            payload: bytes[HEADER..].to_vec(),
-        })
+        let header = Header::decode(bytes[..HEADER].try_into().expect("32 bytes"), limits)?;
+        header.with_payload(bytes[HEADER..].to_vec())
     }
 
     /// The control message in the payload.

@@ -57,12 +57,12 @@ async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed)
         shards: 1,
         node: "rogue".into(),
     };
-    send(&conn, &Frame::control(Kind::Hello, 2, 0, &hello))
+    send(&conn, Frame::control(Kind::Hello, 2, 0, &hello))
         .await
         .unwrap();
     send(
         &conn,
-        &Frame::control(Kind::Register, 2, 0, &Register { keys: keys() }),
+        Frame::control(Kind::Register, 2, 0, &Register { keys: keys() }),
     )
     .await
     .unwrap();
@@ -70,7 +70,7 @@ async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed)
     let registered = receive(&conn, &limits).await.unwrap().unwrap();
     assert_eq!(registered.kind, Kind::Registered);
     let push = |step, key, numel, payload| Frame::new(Kind::Push, 2, key, step, numel, payload);
-    send(&conn, &push(0, KEY, 4, f32_payload(&[2.0, 0.0, 1.0, 2.0])))
+    send(&conn, push(0, KEY, 4, f32_payload(&[2.0, 0.0, 1.0, 2.0])))
         .await
         .unwrap();
     let reply = receive(&conn, &limits).await.unwrap().unwrap();
@@ -84,7 +84,7 @@ async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed)
         Misdeed::WrongSize => push(1, KEY, 5, f32_payload(&[1.0; 5])).encode(),
         Misdeed::ReplayedStep => push(0, KEY, 4, f32_payload(&[1.0; 4])).encode(),
     };
-    send_bytes(&conn, &bad).await.unwrap();
+    send_bytes(&conn, bad.into()).await.unwrap();
     match conn.closed().await {
         quinn::ConnectionError::ApplicationClosed(c) => {
             String::from_utf8_lossy(&c.reason).into_owned()
@@ -174,7 +174,7 @@ fn a_truncated_frame_costs_only_its_connection() {
 
 #[test]
 fn an_oversized_frame_costs_only_its_connection() {
-    honest_ranks_are_served_while(Misdeed::Oversized, "too long");
+    honest_ranks_are_served_while(Misdeed::Oversized, "exceeds the limit");
 }
 
 #[test]

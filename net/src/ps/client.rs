@@ -16,7 +16,7 @@ use quinn::{Connection, Endpoint};
 
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
-use crate::transport::{client_endpoint, close, connect, hang_up, receive, send, Link};
+use crate::transport::{client_endpoint, close, connect, hang_up, send, Incoming, Link};
 use crate::wire::{Catchup, CatchupRequest, Frame, Hello, Kind, Limits, Register, Registered};
 
 /// How a worker talks to the servers.
@@ -160,7 +160,7 @@ impl QuicCollective {
                     shards: shards_total,
                     node: node.chars().take(128).collect(),
                 };
-                send(&conn, &Frame::control(Kind::Hello, rank, 0, &hello)).await?;
+                send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await?;
                 tokio::spawn(read_replies(
                     shard,
                     conn.clone(),
@@ -203,7 +203,7 @@ impl QuicCollective {
             let frame = Frame::new(Kind::Snapshot, self.rank, 0, step, 0, payload);
             let conn = conn.clone();
             self.in_flight
-                .push(self.runtime.spawn(async move { send(&conn, &frame).await }));
+                .push(self.runtime.spawn(async move { send(&conn, frame).await }));
         }
         Ok(())
     }
@@ -232,7 +232,7 @@ impl QuicCollective {
             let frame = Frame::control(Kind::CatchupRequest, self.rank, 0, &CatchupRequest {});
             let conn = conn.clone();
             self.runtime
-                .block_on(async move { send(&conn, &frame).await })?;
+                .block_on(async move { send(&conn, frame).await })?;
         }
         let shards = self.shards.len();
         let summaries = self
@@ -284,8 +284,9 @@ impl QuicCollective {
 
 /// Files every frame a shard sends into the inbox until the connection ends.
 async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc<Inbox>) {
+    let mut incoming = Incoming::new(conn.clone(), limits);
     let failure = loop {
-        match receive(&conn, &limits).await {
+        match incoming.next().await {
             Ok(Some(frame)) => {
                 let filed = match frame.kind {
                     Kind::Reply => {
@@ -349,7 +350,7 @@ impl Collective for QuicCollective {
             let frame = Frame::control(Kind::Register, self.rank, 0, &Register { keys });
             let conn = conn.clone();
             self.runtime
-                .block_on(async move { send(&conn, &frame).await })?;
+                .block_on(async move { send(&conn, frame).await })?;
         }
         let registered = self.inbox.wait(
             self.options.start_timeout,
@@ -370,7 +371,7 @@ impl Collective for QuicCollective {
         let frame = Frame::new(Kind::Push, self.rank, key, step, numel, payload);
         let conn = self.shards[shard].clone();
         self.in_flight
-            .push(self.runtime.spawn(async move { send(&conn, &frame).await }));
+            .push(self.runtime.spawn(async move { send(&conn, frame).await }));
         Ok(())
     }
 

@@ -12,13 +12,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
+use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
-use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, ShardState};
+use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, PushDecoder, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{
-    close, hang_up, peer_fingerprint, receive, send, send_bytes, server_endpoint, Link,
+    close, hang_up, peer_fingerprint, send, send_bytes, server_endpoint, Incoming, Link,
 };
 use crate::wire::{CatchupRequest, Frame, Hello, Kind, Limits, Register};
 
@@ -132,8 +134,9 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         .lock()
         .expect("conns lock")
         .insert(id, conn.clone());
+    let mut incoming = Incoming::new(conn.clone(), shared.options.limits);
     let outcome = loop {
-        match receive(&conn, &shared.options.limits).await {
+        match incoming.next().await {
             Ok(Some(frame)) => {
                 if let Err(e) = handle(&shared, id, frame).await {
                     break Err(e);
@@ -173,8 +176,9 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
             }
             let replaced = lock(shared).hello(id, &hello)?;
             tracing::info!(
-                "shard {}: rank {} of {} is {:?}",
+                "shard {}: peer {} is rank {} of {} ({:?})",
                 options.shard,
+                conn_of(shared, id).map_or("?".into(), |c| peer_fingerprint(&c)),
                 hello.rank,
                 hello.world,
                 hello.node
@@ -190,7 +194,7 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 if let Some(conn) = conn_of(shared, peer) {
                     let frame =
                         Frame::control(Kind::Registered, shared.options.shard, 0, &registered);
-                    tokio::spawn(async move { send(&conn, &frame).await });
+                    tokio::spawn(async move { send(&conn, frame).await });
                 }
             }
         }
@@ -243,6 +247,32 @@ async fn on_push(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
             PushCheck::Decode(d) => d,
         }
     };
+    // Decode and add up off this connection's reader, so that one worker's partitions are
+    // decoded side by side on the blocking pool; the checks above kept the peer's order.
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        if let Err(e) = decode_and_insert(&shared, id, key, step, decoder, payload).await {
+            if let Some(conn) = conn_of(&shared, id) {
+                tracing::warn!(
+                    "shard {}: dropping peer {} (rank {rank}): {e}",
+                    shared.options.shard,
+                    peer_fingerprint(&conn)
+                );
+                hang_up(&conn, close::PROTOCOL, &e.to_string());
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn decode_and_insert(
+    shared: &Arc<Shared>,
+    id: PeerId,
+    key: Key,
+    step: u64,
+    decoder: PushDecoder,
+    payload: Vec<u8>,
+) -> Result<()> {
     let values = tokio::task::spawn_blocking(move || decoder.decode(&payload))
         .await
         .map_err(|e| NetError::Connection(format!("decoding task: {e}")))??;
@@ -305,12 +335,12 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     }
 }
 
-fn reply_frames(shard: u16, round: &ClosedRound) -> Vec<Arc<Vec<u8>>> {
+fn reply_frames(shard: u16, round: &ClosedRound) -> Vec<Bytes> {
     round
         .replies
         .iter()
         .map(|(key, numel, payload)| {
-            Arc::new(
+            Bytes::from(
                 Frame::new(
                     Kind::Reply,
                     shard,
@@ -334,7 +364,7 @@ fn deliver(shared: &Shared, round: &ClosedRound, listeners: &[PeerId]) {
         };
         for bytes in &frames {
             let (conn, bytes) = (conn.clone(), bytes.clone());
-            tokio::spawn(async move { send_bytes(&conn, &bytes).await });
+            tokio::spawn(async move { send_bytes(&conn, bytes).await });
         }
     }
 }
@@ -348,14 +378,14 @@ async fn send_catchup(shard: u16, conn: Connection, reply: CatchupReply) -> Resu
     if let Some((step, bytes)) = snapshot {
         send(
             &conn,
-            &Frame::new(Kind::Snapshot, shard, 0, step, 0, bytes.to_vec()),
+            Frame::new(Kind::Snapshot, shard, 0, step, 0, bytes.to_vec()),
         )
         .await?;
     }
     for round in &rounds {
         for bytes in reply_frames(shard, round) {
-            send_bytes(&conn, &bytes).await?;
+            send_bytes(&conn, bytes).await?;
         }
     }
-    send(&conn, &Frame::control(Kind::Catchup, shard, 0, &summary)).await
+    send(&conn, Frame::control(Kind::Catchup, shard, 0, &summary)).await
 }
