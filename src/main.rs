@@ -8,7 +8,7 @@ use clap::Parser;
 fn main() {
     env::quiet_mesa_wsi();
     let cli = commands::Cli::parse();
-    env::init_logging();
+    env::init_logging(cli.default_log_filter());
     if let Err(e) = commands::run(cli) {
         eprintln!("murmur: error: {e:#}");
         std::process::exit(1);

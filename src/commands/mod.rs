@@ -3,7 +3,10 @@
 mod bench;
 mod info;
 mod machine;
+mod server;
+mod swarm;
 mod train;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -24,15 +27,35 @@ enum Command {
     Info(info::InfoArgs),
     /// Train a model on one machine.
     Train(train::TrainArgs),
+    /// Swarm credentials (`init`, `issue`), or a whole swarm on this machine over loopback.
+    Swarm(swarm::SwarmArgs),
+    /// Run a parameter-server shard.
+    Server(server::ServerArgs),
+    /// Run one worker of a data-parallel swarm.
+    Worker(worker::WorkerArgs),
     /// Measure performance against a reference run in the same process.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+impl Cli {
+    /// What is logged unless `MURMUR_LOG` says otherwise: nodes of a swarm report peers
+    /// coming and going; everything else only warnings, so that reports stay readable.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Server(_) | Command::Worker(_) | Command::Swarm(_) => "warn,murmur_net=info",
+            _ => "warn",
+        }
+    }
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info(a) => info::run(a),
         Command::Train(a) => train::run(a),
+        Command::Swarm(a) => swarm::run(a),
+        Command::Server(a) => server::run(a),
+        Command::Worker(a) => worker::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

@@ -2,6 +2,7 @@
 
 mod codecs;
 mod matmul;
+mod net;
 
 use clap::Subcommand;
 
@@ -11,12 +12,16 @@ pub enum BenchCommand {
     Matmul(matmul::MatmulArgs),
     /// Encode and decode GB/s per codec on one thread, all threads and the GPU, beside memcpy.
     Codecs(codecs::CodecArgs),
+    /// Push/pull throughput of QUIC beside TLS over TCP and TCP on loopback, and time per
+    /// training step for f32 and compressed codecs on a shaped link.
+    Net(net::NetArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Matmul(a) => matmul::run(a),
         BenchCommand::Codecs(a) => codecs::run(a),
+        BenchCommand::Net(a) => net::run(a),
     }
 }
 

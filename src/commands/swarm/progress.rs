@@ -1,0 +1,222 @@
+//! The local swarm's dashboard: a bar per worker (step, loss, bytes per step), epoch results
+//! as they come, and the totals that end the run. Without a terminal it prints plain lines.
+
+use std::collections::BTreeMap;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use super::args::WorkerEvent;
+
+#[derive(Default, Clone)]
+struct WorkerTotals {
+    steps: u64,
+    bytes_pushed: u64,
+    bytes_pulled: u64,
+    f32_bytes_each_way: u64,
+    seconds: f64,
+    last_pushed: usize,
+    last_pulled: usize,
+    last_f32: usize,
+    done: bool,
+}
+
+pub struct Dashboard {
+    multi: MultiProgress,
+    bars: Vec<ProgressBar>,
+    totals: Vec<WorkerTotals>,
+    accuracy: BTreeMap<u32, f64>,
+    final_accuracy: Option<f64>,
+    total_steps: u64,
+    rejoins: usize,
+    /// Without a terminal: the next step at which to print a plain progress line.
+    next_line: u64,
+}
+
+/// What the run achieved, printed as JSON on stdout.
+#[derive(Serialize)]
+pub struct Outcome {
+    pub workers: usize,
+    pub steps: u64,
+    pub test_accuracy: Vec<f64>,
+    pub final_test_accuracy: Option<f64>,
+    /// Mean bytes one worker sent / received per step.
+    pub pushed_per_step: f64,
+    pub pulled_per_step: f64,
+    /// What one worker would send (and receive) per step in f32.
+    pub f32_per_step: f64,
+    /// Bytes all workers sent and received, and the same traffic in f32.
+    pub total_bytes: u64,
+    pub total_f32_bytes: u64,
+    /// f32 traffic over actual traffic.
+    pub reduction: f64,
+    pub rejoins: usize,
+}
+
+impl Dashboard {
+    pub fn new(workers: usize, quiet: bool) -> Dashboard {
+        let target = if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let multi = MultiProgress::with_draw_target(target);
+        let style = ProgressStyle::with_template("worker {prefix} [{bar:24}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> ");
+        let bars = (0..workers)
+            .map(|r| {
+                let bar = multi.add(ProgressBar::new(0));
+                bar.set_style(style.clone());
+                bar.set_prefix(r.to_string());
+                bar.set_message("connecting");
+                bar
+            })
+            .collect();
+        Dashboard {
+            multi,
+            bars,
+            totals: vec![WorkerTotals::default(); workers],
+            accuracy: BTreeMap::new(),
+            final_accuracy: None,
+            total_steps: 0,
+            rejoins: 0,
+            next_line: 0,
+        }
+    }
+
+    fn say(&self, line: String) {
+        if self.multi.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            let _ = self.multi.println(line);
+        }
+    }
+
+    pub fn handle(&mut self, event: WorkerEvent) {
+        match event {
+            WorkerEvent::Started {
+                rank,
+                steps,
+                from_step,
+                parameters,
+                keys,
+                ..
+            } => {
+                let bar = &self.bars[rank as usize];
+                bar.set_length(steps);
+                bar.set_position(from_step);
+                bar.set_message("training");
+                self.total_steps = steps;
+                if rank == 0 {
+                    self.say(format!(
+                        "model: {parameters} parameters in {keys} keys; {steps} rounds"
+                    ));
+                }
+            }
+            WorkerEvent::Progress {
+                rank,
+                step,
+                loss,
+                pushed,
+                pulled,
+                f32_each_way,
+                samples_per_second,
+            } => {
+                let t = &mut self.totals[rank as usize];
+                (t.steps, t.last_pushed, t.last_pulled, t.last_f32) =
+                    (step, pushed, pulled, f32_each_way);
+                let bar = &self.bars[rank as usize];
+                bar.set_position(step);
+                bar.set_message(format!(
+                    "loss {loss:.3}  up {:.0} KB  down {:.0} KB /step (f32 {:.0} KB)  {samples_per_second:.0} samples/s",
+                    pushed as f64 / 1e3,
+                    pulled as f64 / 1e3,
+                    f32_each_way as f64 / 1e3
+                ));
+                if self.multi.is_hidden() && rank == 0 && step >= self.next_line {
+                    self.next_line = step + (self.total_steps / 10).max(1);
+                    eprintln!(
+                        "step {step}/{}: loss {loss:.3}, {:.0} KB up and {:.0} KB down per worker per step (f32: {:.0} KB each way)",
+                        self.total_steps,
+                        pushed as f64 / 1e3,
+                        pulled as f64 / 1e3,
+                        f32_each_way as f64 / 1e3
+                    );
+                }
+            }
+            WorkerEvent::Epoch {
+                epoch,
+                accuracy,
+                seconds,
+                ..
+            } => {
+                self.accuracy.insert(epoch, accuracy);
+                self.final_accuracy = Some(accuracy);
+                self.say(format!(
+                    "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
+                    100.0 * accuracy
+                ));
+            }
+            WorkerEvent::Rejoined { rank, step, reason } => {
+                self.rejoins += 1;
+                self.say(format!(
+                    "worker {rank} rejoined at step {step} after: {reason}"
+                ));
+            }
+            WorkerEvent::Done {
+                rank,
+                steps,
+                final_accuracy,
+                bytes_pushed,
+                bytes_pulled,
+                f32_bytes_each_way,
+                seconds,
+            } => {
+                let t = &mut self.totals[rank as usize];
+                t.steps = steps;
+                t.bytes_pushed = bytes_pushed;
+                t.bytes_pulled = bytes_pulled;
+                t.f32_bytes_each_way = f32_bytes_each_way;
+                t.seconds = seconds;
+                t.done = true;
+                if final_accuracy.is_some() {
+                    self.final_accuracy = final_accuracy;
+                }
+                self.bars[rank as usize].finish_with_message(format!("done in {seconds:.0} s"));
+            }
+        }
+    }
+
+    /// A worker's process ended before it reported `Done`.
+    pub fn failed(&self, rank: usize, why: &str) {
+        self.bars[rank].abandon_with_message(format!("failed: {why}"));
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        let done: Vec<&WorkerTotals> = self.totals.iter().filter(|t| t.done).collect();
+        let per_step = |f: fn(&WorkerTotals) -> u64| {
+            let steps: u64 = done.iter().map(|t| t.steps).sum();
+            done.iter().map(|t| f(t)).sum::<u64>() as f64 / steps.max(1) as f64
+        };
+        let total_bytes: u64 = done.iter().map(|t| t.bytes_pushed + t.bytes_pulled).sum();
+        let total_f32_bytes: u64 = done.iter().map(|t| 2 * t.f32_bytes_each_way).sum();
+        Outcome {
+            workers: self.totals.len(),
+            steps: done.iter().map(|t| t.steps).max().unwrap_or(0),
+            test_accuracy: self.accuracy.values().copied().collect(),
+            final_test_accuracy: self.final_accuracy,
+            pushed_per_step: per_step(|t| t.bytes_pushed),
+            pulled_per_step: per_step(|t| t.bytes_pulled),
+            f32_per_step: per_step(|t| t.f32_bytes_each_way),
+            total_bytes,
+            total_f32_bytes,
+            reduction: total_f32_bytes as f64 / total_bytes.max(1) as f64,
+            rejoins: self.rejoins,
+        }
+    }
+
+    pub fn clear(&self) {
+        let _ = self.multi.clear();
+    }
+}
