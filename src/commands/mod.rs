@@ -3,6 +3,7 @@
 mod bench;
 mod info;
 mod machine;
+mod relay;
 mod server;
 mod swarm;
 mod train;
@@ -33,6 +34,8 @@ enum Command {
     Server(server::ServerArgs),
     /// Run one worker of a data-parallel swarm.
     Worker(worker::WorkerArgs),
+    /// Forward a QUIC link through added delay, a rate limit and loss (for trying bad paths).
+    Relay(relay::RelayArgs),
     /// Measure performance against a reference run in the same process.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -56,6 +59,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Swarm(a) => swarm::run(a),
         Command::Server(a) => server::run(a),
         Command::Worker(a) => worker::run(a),
+        Command::Relay(a) => relay::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

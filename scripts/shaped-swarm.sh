@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Runs a murmur swarm over a shaped link on one machine: the servers live in one network
+# namespace, the workers in another, joined by a veth pair whose two ends are rate-limited
+# with tc's token bucket (tbf); murmur's own UDP relay, on the workers' side, adds delay and
+# loss (netem is not available everywhere). Needs root (ip netns, tc). Everything it creates
+# is removed on exit.
+#
+#   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
+#                           [--loss 0] [--codec topk:0.01] [-- more worker flags]
+#
+# Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
+#   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
+set -euo pipefail
+
+WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01
+EXTRA=(--epochs 1)
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --workers) WORKERS=$2; shift 2 ;;
+        --servers) SERVERS=$2; shift 2 ;;
+        --mbit) MBIT=$2; shift 2 ;;
+        --rtt-ms) RTT_MS=$2; shift 2 ;;
+        --loss) LOSS=$2; shift 2 ;;
+        --codec) CODEC=$2; shift 2 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "shaped-swarm: needs root for network namespaces and tc" >&2
+    exit 1
+fi
+for tool in ip tc; do
+    command -v "$tool" >/dev/null || { echo "shaped-swarm: '$tool' is missing (apt-get install iproute2)" >&2; exit 1; }
+done
+
+cd "$(dirname "$0")/.."
+cargo build --release --quiet
+MURMUR=$PWD/target/release/murmur
+
+TAG=mm$$
+NS_S=$TAG-servers NS_W=$TAG-workers
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    ip netns del "$NS_S" 2>/dev/null || true
+    ip netns del "$NS_W" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+# Two namespaces joined by a veth pair; each end sends at most MBIT.
+ip netns add "$NS_S"
+ip netns add "$NS_W"
+ip link add "$TAG-s" type veth peer name "$TAG-w"
+ip link set "$TAG-s" netns "$NS_S"
+ip link set "$TAG-w" netns "$NS_W"
+ip -n "$NS_S" addr add 10.77.0.1/24 dev "$TAG-s"
+ip -n "$NS_W" addr add 10.77.0.2/24 dev "$TAG-w"
+for ns in "$NS_S" "$NS_W"; do ip -n "$ns" link set lo up; done
+ip -n "$NS_S" link set "$TAG-s" up
+ip -n "$NS_W" link set "$TAG-w" up
+# Bucket of at least one packet burst; a queue of about one round trip, as a router's.
+BURST=$(( MBIT * 1000000 / 8 / 250 )); (( BURST < 16000 )) && BURST=16000
+for end in "$NS_S:$TAG-s" "$NS_W:$TAG-w"; do
+    tc -n "${end%%:*}" qdisc add dev "${end#*:}" root tbf rate "${MBIT}mbit" burst "$BURST" latency "${RTT_MS}ms"
+done
+
+"$MURMUR" swarm init "$WORK/swarm" >/dev/null 2>&1
+names=()
+for ((s = 0; s < SERVERS; s++)); do names+=("server-$s"); done
+for ((r = 0; r < WORKERS; r++)); do names+=("worker-$r"); done
+"$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" >/dev/null 2>&1
+
+LINK=(--link-mbit "$MBIT" --link-rtt-ms "$RTT_MS")
+HALF_RTT=$(awk -v r="$RTT_MS" 'BEGIN { print r / 2 }')
+relays=()
+for ((s = 0; s < SERVERS; s++)); do
+    port=$((7400 + s))
+    ip netns exec "$NS_S" "$MURMUR" server --listen "10.77.0.1:$port" --swarm "$WORK/swarm" \
+        --node "server-$s" --shard "$s" --shards "$SERVERS" "${LINK[@]}" \
+        >"$WORK/server-$s.out" 2>"$WORK/server-$s.log" &
+    PIDS+=($!)
+    # The relay sits in the workers' namespace: workers -> relay (delay, loss) -> veth (rate).
+    ip netns exec "$NS_W" "$MURMUR" relay --listen "127.0.0.1:$((7500 + s))" \
+        --forward "10.77.0.1:$port" --delay-ms "$HALF_RTT" --loss "$LOSS" --report-every 0 \
+        >/dev/null 2>"$WORK/relay-$s.log" &
+    PIDS+=($!)
+    relays+=("127.0.0.1:$((7500 + s))")
+done
+sleep 1
+CONNECT=$(IFS=,; echo "${relays[*]}")
+
+echo "shaped-swarm: $WORKERS workers, $SERVERS servers, ${MBIT} Mbit/s each way, ${RTT_MS} ms RTT, loss $LOSS, codec $CODEC"
+workers=()
+for ((r = 0; r < WORKERS; r++)); do
+    ip netns exec "$NS_W" "$MURMUR" worker --connect "$CONNECT" --swarm "$WORK/swarm" \
+        --node "worker-$r" --rank "$r" --world "$WORKERS" --codec "$CODEC" "${LINK[@]}" --json \
+        "${EXTRA[@]}" >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
+    workers+=($!)
+done
+status=0
+for p in "${workers[@]}"; do wait "$p" || status=1; done
+if [[ $status -ne 0 ]]; then
+    echo "shaped-swarm: a worker failed; its log:" >&2
+    for ((r = 0; r < WORKERS; r++)); do tail -n 5 "$WORK/worker-$r.log" >&2; done
+    exit 1
+fi
+# Rank 0's last event is its summary: accuracy, seconds, bytes per step.
+tail -n 1 "$WORK/worker-0.out"
