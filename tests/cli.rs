@@ -1,24 +1,13 @@
 //! The `murmur` binary end to end: training prints a JSON summary, errors are clear and
 //! non-zero, never panics.
 
+mod common;
+
+use common::have_mnist;
 use std::process::Command;
 
 fn murmur() -> Command {
     Command::new(env!("CARGO_BIN_EXE_murmur"))
-}
-
-fn have_mnist() -> bool {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
-    let ok = root.join("train-images-idx3-ubyte").exists()
-        || root.join("train-images-idx3-ubyte.gz").exists();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "MNIST missing under CI: run scripts/fetch-data.sh"
-        );
-        eprintln!("NOTICE: skipping: MNIST not fetched (scripts/fetch-data.sh)");
-    }
-    ok
 }
 
 #[test]

@@ -1,0 +1,46 @@
+//! `murmur swarm` end to end: separate server and worker processes over loopback QUIC with
+//! swarm credentials, a compressed codec, and a JSON outcome whose byte counts add up.
+
+mod common;
+
+use common::have_mnist;
+use std::process::Command;
+
+#[test]
+fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
+    if !have_mnist() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("murmur-swarm-test-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(
+            "swarm --workers 2 --servers 2 --codec topk:0.05 --min-compress-bytes 0 --epochs 1 \
+             --max-steps 40 --train-limit 12000 --hidden 64 --quiet --dir"
+                .split_whitespace(),
+        )
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "murmur swarm failed:\n{stderr}");
+    assert!(stderr.contains("less traffic"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("an outcome line");
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let acc = v["final_test_accuracy"].as_f64().expect("an accuracy");
+    assert!(acc > 0.6, "40 steps reach well above chance, got {acc}");
+    // Top 5% as (u32 index, f32 value) pairs: a tenth of f32's bytes, plus headers.
+    let reduction = v["reduction"].as_f64().unwrap();
+    assert!(
+        (9.0..10.5).contains(&reduction),
+        "top-5% should send about a tenth of f32's bytes, got {reduction}x less"
+    );
+    // Both shards took part: their logs name both workers by fingerprint.
+    for shard in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("logs/server-{shard}.log"))).unwrap();
+        assert_eq!(log.matches("connected from").count(), 2, "{log}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
