@@ -32,7 +32,11 @@ fuzz_target!(|data: &[u8]| {
     let codec = parse(SPECS[data[0] as usize % SPECS.len()]).expect("valid spec");
     let n = u16::from_le_bytes([data[1], data[2]]) as usize % 4096;
     let payload = &data[3..];
-    let ctx = CodecContext { seed: 1, step: 2, key: 3 };
+    let ctx = CodecContext {
+        seed: 1,
+        step: 2,
+        key: 3,
+    };
     let mut acc = vec![0.25f32; n];
     match codec.decode_into(payload, &mut acc, &ctx, DecodeMode::Add) {
         Ok(()) => assert!(acc.iter().all(|v| v.is_finite())),

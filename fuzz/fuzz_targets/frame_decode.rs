@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(frame) = Frame::decode(data, &limits) else {
         return;
     };
-    assert_eq!(frame.encode(), data, "a decoded frame re-encodes to its bytes");
+    assert_eq!(
+        frame.encode(),
+        data,
+        "a decoded frame re-encodes to its bytes"
+    );
     match frame.kind {
         Kind::Hello => {
             let _ = frame.message::<Hello>();
