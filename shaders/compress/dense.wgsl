@@ -188,7 +188,9 @@ fn encode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             words[bit / 32u + 1u] = words[bit / 32u + 1u] | (c >> (32u - bit % 32u));
         }
     }
-    for (var w = 0u; w < p.bits; w++) {
+    // A last, partial group fills only the words its codes reach: the payload ends there.
+    let used = (min(32u, p.n - first) * p.bits + 31u) / 32u;
+    for (var w = 0u; w < used; w++) {
         payload[p.header + g * p.bits + w] = words[w];
     }
 }

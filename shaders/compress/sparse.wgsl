@@ -110,7 +110,9 @@ fn pack_codes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             words[bit / 32u + 1u] = words[bit / 32u + 1u] | (tmp[c] >> (32u - bit % 32u));
         }
     }
-    for (var w = 0u; w < p.bits; w++) {
+    // A last, partial group fills only the words its codes reach: the payload ends there.
+    let used = (min(32u, p.k - 32u * g) * p.bits + 31u) / 32u;
+    for (var w = 0u; w < used; w++) {
         payload[p.codes_offset + g * p.bits + w] = words[w];
     }
 }
