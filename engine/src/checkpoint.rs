@@ -31,11 +31,11 @@ pub fn to_bytes(
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!(metadata));
     let mut data = vec![];
-    for (name, t) in tensors {
+    // One readback (one wait on the GPU) for all tensors.
+    let values = Tensor::read_many(&tensors.iter().map(|(_, t)| t).collect::<Vec<_>>())?;
+    for ((name, t), values) in tensors.iter().zip(values) {
         let begin = data.len();
-        for v in t.to_vec()? {
-            data.extend(v.to_le_bytes());
-        }
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
         header.insert(
             name.clone(),
             json!({"dtype": "F32", "shape": t.shape(), "data_offsets": [begin, data.len()]}),

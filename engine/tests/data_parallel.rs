@@ -18,12 +18,7 @@ fn config() -> ClassifierConfig {
 }
 
 fn bits(c: &Classifier) -> Vec<u32> {
-    c.model
-        .parameters()
-        .iter()
-        .flat_map(|p| p.to_vec().unwrap())
-        .map(f32::to_bits)
-        .collect()
+    c.parameter_bits().unwrap()
 }
 
 #[test]

@@ -44,17 +44,9 @@ fn gpu_and_cpu_losses_agree_for_the_first_50_steps() {
             worst, 0.0,
             "lavapipe evaluates every kernel exactly as the CPU reference does"
         );
-        let bits = |c: &Classifier| -> Vec<u32> {
-            c.model
-                .parameters()
-                .iter()
-                .flat_map(|p| p.to_vec().unwrap())
-                .map(f32::to_bits)
-                .collect()
-        };
         assert_eq!(
-            bits(&on_gpu),
-            bits(&on_cpu),
+            on_gpu.parameter_bits().unwrap(),
+            on_cpu.parameter_bits().unwrap(),
             "parameters after 50 steps differ"
         );
     }
@@ -72,19 +64,10 @@ fn same_seed_gives_the_same_bits() {
                 let (x, y) = train.batch(batch);
                 clf.step(&x, &y).unwrap();
             }
-            clf.model
-                .parameters()
-                .iter()
-                .map(|p| p.to_vec().unwrap())
-                .collect::<Vec<_>>()
+            clf.parameter_bits().unwrap()
         };
         let (a, b) = (run(), run());
-        let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&a),
-            bits(&b),
-            "two runs with one seed differ on {device}"
-        );
+        assert_eq!(a, b, "two runs with one seed differ on {device}");
     }
 }
 

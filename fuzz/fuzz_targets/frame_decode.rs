@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
                     for spec in register.keys {
                         // A codec the server builds must also refuse a payload cleanly.
                         if let Ok(state) = KeyState::new(spec) {
-                            let _ = state.decode_push(0, 0, &frame.payload);
+                            let _ = state.push_decoder(0, 0).map(|d| d.decode(&frame.payload));
                         }
                     }
                 }

@@ -13,6 +13,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use sha2::{Digest, Sha256};
 
@@ -166,48 +167,17 @@ fn write_secret(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-fn pem_der(text: &str, what: &str) -> Result<Vec<u8>> {
-    let start = text
-        .find("-----BEGIN")
-        .ok_or_else(|| NetError::Identity(format!("{what} is not PEM")))?;
-    let body: String = text[start..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.starts_with("-----END"))
-        .collect();
-    decode_base64(&body).ok_or_else(|| NetError::Identity(format!("{what}: bad base64")))
-}
-
-/// Standard base64 (PEM bodies), without padding requirements.
-fn decode_base64(s: &str) -> Option<Vec<u8>> {
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0u32);
-    for c in s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
-        acc = (acc << 6) | val(c)?;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
+/// The first PEM section of the right type in `text` (rustls' own PEM reader).
+fn from_pem<T: PemObject>(text: &str, what: &str) -> Result<T> {
+    T::from_pem_slice(text.as_bytes()).map_err(|e| NetError::Identity(format!("{what}: {e}")))
 }
 
 impl Credentials {
     pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Credentials> {
         Ok(Credentials {
-            ca: CertificateDer::from(pem_der(ca_pem, "swarm certificate")?),
-            chain: vec![CertificateDer::from(pem_der(cert_pem, "node certificate")?)],
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pem_der(key_pem, "node key")?)),
+            ca: from_pem(ca_pem, "swarm certificate")?,
+            chain: vec![from_pem(cert_pem, "node certificate")?],
+            key: PrivateKeyDer::Pkcs8(from_pem::<PrivatePkcs8KeyDer>(key_pem, "node key")?),
         })
     }
 
@@ -265,9 +235,17 @@ mod tests {
     }
 
     #[test]
-    fn base64_decodes_pem_bodies() {
-        assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(decode_base64("aGVs\nbG8").unwrap(), b"hello");
-        assert!(decode_base64("a*b").is_none());
+    fn pem_that_is_not_pem_or_not_base64_is_refused() {
+        let swarm = Swarm::generate("t").unwrap();
+        let (cert, key) = swarm.issue("n").unwrap();
+        let ca = swarm.ca_pem.clone();
+        assert!(Credentials::from_pem(&ca, &cert, &key).is_ok());
+        let not_pem = Credentials::from_pem("hello", &cert, &key).unwrap_err();
+        assert!(
+            not_pem.to_string().contains("swarm certificate"),
+            "{not_pem}"
+        );
+        let bad_base64 = cert.replacen("MII", "M*I", 1);
+        assert!(Credentials::from_pem(&ca, &bad_base64, &key).is_err());
     }
 }

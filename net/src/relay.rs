@@ -100,7 +100,8 @@ impl Pipe {
             self.stats.dropped.fetch_add(1, Relaxed);
             return;
         }
-        let transmit = if self.shape.rate.is_finite() {
+        // A rate that is not a positive number means no limit.
+        let transmit = if self.shape.rate.is_finite() && self.shape.rate > 0.0 {
             Duration::from_secs_f64(packet.len() as f64 / self.shape.rate)
         } else {
             Duration::ZERO
@@ -123,6 +124,8 @@ pub async fn run_relay(
     let front = Arc::new(UdpSocket::bind(listen).await?);
     let _ = bound.send(front.local_addr()?);
     let mut clients: HashMap<SocketAddr, Pipe> = HashMap::new();
+    // The readers of the target's replies end with the relay (dropping the set aborts them).
+    let mut readers = tokio::task::JoinSet::new();
     let mut buf = vec![0u8; 65_536];
     loop {
         let (n, from) = front.recv_from(&mut buf).await?;
@@ -141,7 +144,7 @@ pub async fn run_relay(
                     stats.clone(),
                 );
                 let reader = upstream.clone();
-                tokio::spawn(async move {
+                readers.spawn(async move {
                     let mut buf = vec![0u8; 65_536];
                     while let Ok((n, _)) = reader.recv_from(&mut buf).await {
                         back.push(buf[..n].to_vec());

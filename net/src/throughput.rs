@@ -156,7 +156,7 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, lim: &Limits) -> Result<Opt
 async fn echo_stream<S: AsyncRead + AsyncWrite + Unpin>(stream: S, lim: Limits) -> Result<()> {
     let (mut r, mut wr) = tokio::io::split(stream);
     while let Some(f) = read_frame(&mut r, &lim).await? {
-        wr.write_all(&f.encode_header()).await?;
+        wr.write_all(&f.header().encode()).await?;
         wr.write_all(&f.payload).await?;
     }
     wr.shutdown().await?;

@@ -36,7 +36,7 @@ impl Default for Link {
 }
 
 /// Streams a peer may have open and unfinished at once: enough for every partition of a
-/// 4 GB model in one round, and (times the frame limit) a bound on what a connection buffers.
+/// 4 GB model in one round.
 pub const MAX_STREAMS_IN_FLIGHT: u32 = 1024;
 
 /// Smallest UDP socket buffer murmur asks for.
@@ -155,19 +155,30 @@ pub mod close {
 
 /// Closes a connection with a code from [`close`] and a reason the peer will see and log.
 pub fn hang_up(conn: &Connection, code: u32, reason: &str) {
-    // A close frame must fit in one packet.
-    let reason: String = reason.chars().take(400).collect();
-    conn.close(VarInt::from_u32(code), reason.as_bytes());
+    // A close frame must fit in one packet (quinn would cut it anywhere, even inside a
+    // character): at most 400 bytes, cut at a character boundary.
+    let mut end = reason.len().min(400);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    conn.close(VarInt::from_u32(code), &reason.as_bytes()[..end]);
 }
 
 /// Sends one frame on a stream of its own; the payload is handed to quinn without a copy.
 pub async fn send(conn: &Connection, frame: Frame) -> Result<()> {
-    let header = Bytes::copy_from_slice(&frame.encode_header());
-    send_chunks(conn, &mut [header, Bytes::from(frame.payload)]).await
+    let header = frame.header();
+    send_parts(conn, &header, Bytes::from(frame.payload)).await
 }
 
-/// Sends an encoded frame on a stream of its own (the server encodes a reply once and sends
-/// the same bytes, shared, to every worker).
+/// Sends a frame from its header and a payload shared with other sends (the server encodes a
+/// reply once and sends the same bytes to every worker).
+pub async fn send_parts(conn: &Connection, header: &Header, payload: Bytes) -> Result<()> {
+    debug_assert_eq!(header.len, payload.len());
+    let header = Bytes::copy_from_slice(&header.encode());
+    send_chunks(conn, &mut [header, payload]).await
+}
+
+/// Sends bytes that are already a whole frame, on a stream of its own.
 pub async fn send_bytes(conn: &Connection, bytes: Bytes) -> Result<()> {
     send_chunks(conn, &mut [bytes]).await
 }
@@ -251,8 +262,12 @@ enum Arrival {
 /// the connection's flow-control credit. A peer that pushes more partitions at once than the
 /// connection window holds would fill the window with the later streams while the reader
 /// waits on the first, and both sides would stall for good. Reading every stream as it opens
-/// keeps the credit flowing; the peer can have at most `max_concurrent_uni_streams` streams
-/// unfinished, and frames that are read wait here, in order, for [`Incoming::next`].
+/// keeps the credit flowing; frames that are read wait here, in order, for
+/// [`Incoming::next`]. Nothing bounds that queue but the consumer keeping up: murmur's
+/// consumers never wait on the network (the server checks a push and hands its decoding to
+/// the blocking pool), and an honest peer sends one round's partitions, then waits for the
+/// replies. Bounding it would bring the stall back (a full queue stops accepting streams whose
+/// data still holds credit), so a peer that floods a connection costs memory, not a stall.
 pub struct Incoming {
     arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     acceptor: tokio::task::JoinHandle<()>,

@@ -87,12 +87,6 @@ impl Default for Limits {
     }
 }
 
-impl Limits {
-    pub fn max_frame(&self) -> usize {
-        HEADER + self.max_payload
-    }
-}
-
 /// A checked frame header: readers validate it before they buffer the payload it announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
@@ -149,6 +143,21 @@ impl Header {
         })
     }
 
+    /// The 32 header bytes, for senders that pass the payload on without copying it.
+    pub fn encode(&self) -> [u8; HEADER] {
+        let len = u32::try_from(self.len).expect("senders keep payloads under the limits");
+        let mut out = [0u8; HEADER];
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = VERSION;
+        out[3] = self.kind as u8;
+        out[6..8].copy_from_slice(&self.rank.to_le_bytes());
+        out[8..16].copy_from_slice(&self.key.to_le_bytes());
+        out[16..24].copy_from_slice(&self.step.to_le_bytes());
+        out[24..28].copy_from_slice(&self.numel.to_le_bytes());
+        out[28..32].copy_from_slice(&len.to_le_bytes());
+        out
+    }
+
     /// The frame, once exactly the announced payload has arrived.
     pub fn with_payload(self, payload: Vec<u8>) -> Result<Frame> {
         if payload.len() != self.len {
@@ -200,23 +209,21 @@ impl Frame {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.payload.len());
-        out.extend(self.encode_header());
+        out.extend(self.header().encode());
         out.extend(&self.payload);
         out
     }
 
-    /// The 32 header bytes, for senders that pass the payload on without copying it.
-    pub fn encode_header(&self) -> [u8; HEADER] {
-        let mut out = [0u8; HEADER];
-        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
-        out[2] = VERSION;
-        out[3] = self.kind as u8;
-        out[6..8].copy_from_slice(&self.rank.to_le_bytes());
-        out[8..16].copy_from_slice(&self.key.to_le_bytes());
-        out[16..24].copy_from_slice(&self.step.to_le_bytes());
-        out[24..28].copy_from_slice(&self.numel.to_le_bytes());
-        out[28..32].copy_from_slice(&(self.payload.len() as u32).to_le_bytes());
-        out
+    /// The frame's header.
+    pub fn header(&self) -> Header {
+        Header {
+            kind: self.kind,
+            rank: self.rank,
+            key: self.key,
+            step: self.step,
+            numel: self.numel,
+            len: self.payload.len(),
+        }
     }
 
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame> {

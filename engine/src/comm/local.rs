@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::shard::KeyState;
+use rayon::prelude::*;
+
+use super::shard::{KeyState, PushDecoder};
 use super::{Collective, Key, KeySpec};
 use crate::error::{Error, Result};
 
@@ -79,6 +81,16 @@ impl LocalCollective {
         }
         Ok(hub)
     }
+
+    /// Passes `result` on; an error also fails the round for every rank, so that none waits
+    /// for a round that cannot close.
+    fn fail_on_error<T>(&self, hub: &mut Hub, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            hub.failure = Some(e.to_string());
+            self.shared.changed.notify_all();
+        }
+        result
+    }
 }
 
 impl Collective for LocalCollective {
@@ -121,38 +133,51 @@ impl Collective for LocalCollective {
 
     fn pull(&mut self, step: u64, keys: &[Key]) -> Result<Vec<(Key, Vec<u8>)>> {
         let pushes = std::mem::take(&mut self.outbox);
-        let world = self.shared.world;
+        let (rank, world) = (self.rank, self.shared.world);
         let hub = self.shared.hub.lock().expect("hub lock");
         // The previous round's replies must have been collected by everyone.
         let mut hub = self.wait(hub, |h| h.arrived < world && h.replies.is_empty())?;
         if hub.round != step {
             return Err(Error::Data(format!(
-                "rank {} pushes step {step} while the round is {}",
-                self.rank, hub.round
+                "rank {rank} pushes step {step} while the round is {}",
+                hub.round
             )));
         }
-        for (key, payload) in &pushes {
-            let rank = self.rank;
-            let state = hub
-                .keys
+        let decoders: Result<Vec<PushDecoder>> = pushes
+            .iter()
+            .map(|(key, _)| {
+                hub.keys
+                    .get(key)
+                    .ok_or_else(|| Error::Data(format!("unknown key {key:#x}")))?
+                    .push_decoder(rank, step)
+            })
+            .collect();
+        let decoders = self.fail_on_error(&mut hub, decoders)?;
+        // Decoding needs no state: every rank decodes its pushes at once, outside the lock.
+        drop(hub);
+        let decoded: Result<Vec<Vec<f32>>> = decoders
+            .par_iter()
+            .zip(&pushes)
+            .map(|(d, (_, payload))| d.decode(payload))
+            .collect();
+        let mut hub = self.shared.hub.lock().expect("hub lock");
+        let decoded = self.fail_on_error(&mut hub, decoded)?;
+        for ((key, _), values) in pushes.iter().zip(decoded) {
+            hub.keys
                 .get_mut(key)
-                .ok_or_else(|| Error::Data(format!("unknown key {key:#x}")))?;
-            if let Err(e) = state.accept(rank, step, payload) {
-                hub.failure = Some(e.to_string());
-                self.shared.changed.notify_all();
-                return Err(e);
-            }
+                .expect("checked above")
+                .insert(rank, values);
         }
         hub.arrived += 1;
         if hub.arrived == world {
-            // Last to arrive: close every key's round.
-            let mut replies = HashMap::new();
-            for (key, state) in hub.keys.iter_mut() {
-                if state.count() > 0 {
-                    replies.insert(*key, state.close()?);
-                }
-            }
-            hub.replies = replies;
+            // Last to arrive: close every key's round; keys are independent.
+            let replies: Result<HashMap<Key, Vec<u8>>> = hub
+                .keys
+                .par_iter_mut()
+                .filter(|(_, state)| state.count() > 0)
+                .map(|(key, state)| state.close().map(|r| (*key, r)))
+                .collect();
+            hub.replies = self.fail_on_error(&mut hub, replies)?;
             hub.collected = 0;
         }
         self.shared.changed.notify_all();

@@ -7,16 +7,32 @@
 //! `ẽ = Δ − D(p)` (Algorithms 3 and 4 of byteps-clan.md).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{codec_context, KeySpec};
-use crate::compress::{parse, Codec};
+use super::{codec_context, Key, KeySpec};
+use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::tensor::Device;
 
+/// Decodes one push of a checked round (from [`KeyState::push_decoder`]).
+#[derive(Clone)]
+pub struct PushDecoder {
+    codec: Arc<dyn Codec>,
+    pub key: Key,
+    numel: usize,
+    ctx: CodecContext,
+}
+
+impl PushDecoder {
+    pub fn decode(&self, payload: &[u8]) -> Result<Vec<f32>> {
+        self.codec.decode(payload, self.numel, &self.ctx)
+    }
+}
+
 pub struct KeyState {
     pub spec: KeySpec,
-    push: Box<dyn Codec>,
+    push: Arc<dyn Codec>,
     pull: Feedback,
     /// The step of the round now open.
     pub step: u64,
@@ -26,7 +42,7 @@ pub struct KeyState {
 
 impl KeyState {
     pub fn new(spec: KeySpec) -> Result<Self> {
-        let push = parse(&spec.push)?;
+        let push = Arc::from(parse(&spec.push)?);
         let memory: Memory = spec.server_memory.parse()?;
         let pull = Feedback::new(
             parse(&spec.pull)?,
@@ -43,17 +59,10 @@ impl KeyState {
         })
     }
 
-    /// Decodes and keeps one rank's push for the open round. Bad payloads, wrong steps and
-    /// second pushes are errors that change nothing.
-    pub fn accept(&mut self, rank: usize, step: u64, payload: &[u8]) -> Result<()> {
-        let values = self.decode_push(rank, step, payload)?;
-        self.insert(rank, values);
-        Ok(())
-    }
-
-    /// The checking and decoding half of [`KeyState::accept`]; it needs no exclusive access, so
-    /// servers decode concurrent pushes in parallel and insert them afterwards.
-    pub fn decode_push(&self, rank: usize, step: u64, payload: &[u8]) -> Result<Vec<f32>> {
+    /// Checks that `rank` may push for `step` and returns what decodes that push; it needs no
+    /// access to the state, so servers decode concurrent pushes in parallel, outside their
+    /// locks, and [`KeyState::insert`] them afterwards.
+    pub fn push_decoder(&self, rank: usize, step: u64) -> Result<PushDecoder> {
         if step != self.step {
             return Err(Error::Data(format!(
                 "key {:#x}: push for step {step}, but the open round is step {}",
@@ -66,11 +75,20 @@ impl KeyState {
                 self.spec.key
             )));
         }
-        let ctx = codec_context(self.spec.seed, step, self.spec.key);
-        self.push.decode(payload, self.spec.numel as usize, &ctx)
+        Ok(PushDecoder {
+            codec: self.push.clone(),
+            key: self.spec.key,
+            numel: self.spec.numel as usize,
+            ctx: codec_context(self.spec.seed, step, self.spec.key),
+        })
     }
 
-    /// Keeps a decoded push of the open round (from [`KeyState::decode_push`]).
+    /// Whether `rank` has pushed in the open round.
+    pub fn has_pushed(&self, rank: usize) -> bool {
+        self.pending.contains_key(&rank)
+    }
+
+    /// Keeps a decoded push of the open round (decoded with [`KeyState::push_decoder`]).
     pub fn insert(&mut self, rank: usize, values: Vec<f32>) {
         self.pending.insert(rank, values);
     }
@@ -94,18 +112,19 @@ impl KeyState {
         let n = self.spec.numel as usize;
         // Rank order, whatever the arrival order, starting from the first push itself (so that
         // one rank's push comes back bit for bit, signed zeros included).
-        let mut ranks = self.pending.values();
-        let mut mean = ranks.next().cloned().unwrap_or_else(|| vec![0.0f32; n]);
+        let pending = std::mem::take(&mut self.pending);
+        let count = pending.len();
+        let mut ranks = pending.into_values();
+        let mut mean = ranks.next().unwrap_or_else(|| vec![0.0f32; n]);
         for values in ranks {
-            mean.iter_mut().zip(values).for_each(|(m, v)| *m += v);
+            mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
         }
-        if self.pending.len() > 1 {
-            let scale = 1.0 / self.pending.len() as f32;
+        if count > 1 {
+            let scale = 1.0 / count as f32;
             mean.iter_mut().for_each(|m| *m *= scale);
         }
         let ctx = codec_context(self.spec.seed, self.step, self.spec.key);
         let reply = self.pull.encode(&mean, &ctx)?;
-        self.pending.clear();
         self.step += 1;
         Ok(reply)
     }

@@ -54,7 +54,7 @@ fn uniform(word: u32) -> f32 {
 
 /// Stochastic rounding of `xi >= 0` onto `0..=top`: floor, plus one with probability equal
 /// to the fraction.
-#[inline]
+#[inline(always)]
 fn stochastic_level(xi: f32, top: f32, word: u32) -> f32 {
     let l = floor_pos(xi);
     if l >= top {
@@ -166,42 +166,40 @@ impl DenseCodec {
         }
     }
 
-    /// The code pattern of one (cleaned) element.
+    /// The code pattern of one (cleaned) element, for the codecs without a loop of their own
+    /// in [`Self::segment_codes`]: natural dithering, natural compression and stochastic QSGD
+    /// (the scale factor is already known to be at most `MAX_FACTOR`).
     #[inline]
     fn code(&self, v: f32, factor: f32, word: u32) -> u32 {
         let b = self.bits;
         match self.spec {
-            CodecSpec::Dither { levels, s, .. } => {
-                if factor > MAX_FACTOR {
-                    return 0;
-                }
+            CodecSpec::Dither {
+                levels: Levels::Natural,
+                s,
+                ..
+            } => {
                 let xi = v.abs() * factor;
-                let mag = match levels {
-                    Levels::Linear => stochastic_level(xi, s as f32, word) as i32,
-                    Levels::Natural => {
-                        let top = pow2(s as i32 - 1);
-                        let q = if xi >= top {
-                            top
-                        } else if xi < 1.0 {
-                            if uniform(word) < xi {
-                                1.0
-                            } else {
-                                0.0
-                            }
-                        } else {
-                            let lo = f32::from_bits(xi.to_bits() & 0xff80_0000);
-                            if uniform(word) < (xi - lo) / lo {
-                                2.0 * lo
-                            } else {
-                                lo
-                            }
-                        };
-                        if q == 0.0 {
-                            0
-                        } else {
-                            ((q.to_bits() >> 23) as i32 - 127) + 1
-                        }
+                let top = pow2(s as i32 - 1);
+                let q = if xi >= top {
+                    top
+                } else if xi < 1.0 {
+                    if uniform(word) < xi {
+                        1.0
+                    } else {
+                        0.0
                     }
+                } else {
+                    let lo = f32::from_bits(xi.to_bits() & 0xff80_0000);
+                    if uniform(word) < (xi - lo) / lo {
+                        2.0 * lo
+                    } else {
+                        lo
+                    }
+                };
+                let mag = if q == 0.0 {
+                    0
+                } else {
+                    ((q.to_bits() >> 23) as i32 - 127) + 1
                 };
                 to_pattern(if v < 0.0 { -mag } else { mag }, b)
             }
@@ -219,27 +217,15 @@ impl DenseCodec {
                 };
                 ((bits >> 31) << 8) | e
             }
-            CodecSpec::Qsgd { bits, rounding } => {
-                if factor > MAX_FACTOR {
-                    return 0;
-                }
+            CodecSpec::Qsgd {
+                bits,
+                rounding: Rounding::Stochastic,
+            } => {
                 let top = ((1u32 << (bits - 1)) - 1) as f32;
-                let xi = v.abs() * factor;
-                let l = match rounding {
-                    Rounding::Nearest => rne(xi.min(top + 1.0)).min(top),
-                    Rounding::Stochastic => stochastic_level(xi, top, word),
-                } as i32;
+                let l = stochastic_level(v.abs() * factor, top, word) as i32;
                 to_pattern(if v < 0.0 { -l } else { l }, b)
             }
-            CodecSpec::BlockQ { .. } if factor > MAX_FACTOR => 0,
-            CodecSpec::Loco { .. } | CodecSpec::BlockQ { .. } => {
-                let lim = (1i32 << (b - 1)) as f32;
-                to_pattern(
-                    to_i32(rne((v * factor).clamp(-lim - 1.0, lim)).clamp(-lim, lim - 1.0)),
-                    b,
-                )
-            }
-            _ => unreachable!(),
+            _ => unreachable!("segment_codes codes {:?} itself", self.spec),
         }
     }
 
@@ -497,16 +483,7 @@ impl DenseCodec {
             } => {
                 let top = s as f32;
                 fill(xs, words, codes, |v, w| {
-                    let xi = v.abs() * factor;
-                    let l = floor_pos(xi);
-                    let q = if l >= top {
-                        top
-                    } else if uniform(w) < xi - l {
-                        l + 1.0
-                    } else {
-                        l
-                    };
-                    signed(v < 0.0, to_i32(q))
+                    signed(v < 0.0, to_i32(stochastic_level(v.abs() * factor, top, w)))
                 });
             }
             CodecSpec::Qsgd {

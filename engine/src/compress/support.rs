@@ -283,20 +283,7 @@ pub fn check_padding(bytes: &[u8], n: usize, bits: u32, codec: &str) -> Result<(
 
 /// Unpacks `n` b-bit code patterns; fails if the length is wrong or a padding bit is set.
 pub fn unpack(bytes: &[u8], n: usize, bits: u32, codec: &str) -> Result<Vec<u32>> {
-    if bytes.len() != packed_len(n, bits) {
-        return Err(payload_err(
-            codec,
-            format!(
-                "{} code bytes for {n} elements of {bits} bits, expected {}",
-                bytes.len(),
-                packed_len(n, bits)
-            ),
-        ));
-    }
-    let used = n * bits as usize;
-    if !used.is_multiple_of(8) && bytes[bytes.len() - 1] >> (used % 8) != 0 {
-        return Err(payload_err(codec, "nonzero padding bits".into()));
-    }
+    check_padding(bytes, n, bits, codec)?;
     let mut out = Vec::with_capacity(n);
     match bits {
         8 => out.extend(bytes.iter().map(|&b| b as u32)),

@@ -156,6 +156,15 @@ impl Classifier {
 }
 
 impl Classifier {
+    /// Every parameter's bits in order, read back at once: what determinism tests compare.
+    pub fn parameter_bits(&self) -> Result<Vec<u32>> {
+        Ok(Tensor::read_many(&self.model.parameters())?
+            .into_iter()
+            .flatten()
+            .map(f32::to_bits)
+            .collect())
+    }
+
     /// Parameters and optimizer state as checkpoint bytes (safetensors).
     pub fn save_state(&self) -> Result<Vec<u8>> {
         let opt = self.optimizer.export();

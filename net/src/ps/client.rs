@@ -194,9 +194,18 @@ impl QuicCollective {
     /// Sends a snapshot of the model after `step` rounds: its bytes to shard 0, which keeps
     /// them for rejoining workers, and a notice to the others, which then forget older rounds.
     pub fn snapshot(&mut self, step: u64, bytes: Vec<u8>) -> Result<()> {
+        // Shard 0 would refuse it and drop this worker: say so here instead.
+        if bytes.len() > self.options.limits.max_payload {
+            return Err(NetError::Protocol(format!(
+                "a {}-byte snapshot exceeds the {}-byte frame limit",
+                bytes.len(),
+                self.options.limits.max_payload
+            )));
+        }
+        let mut bytes = Some(bytes);
         for (shard, conn) in self.shards.iter().enumerate() {
             let payload = if shard == 0 {
-                bytes.clone()
+                bytes.take().expect("shard 0 comes once")
             } else {
                 Vec::new()
             };

@@ -13,16 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use murmur_engine::comm::shard::PushDecoder;
 use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
-use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, PushDecoder, ShardState};
+use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{
-    close, hang_up, peer_fingerprint, send, send_bytes, server_endpoint, Incoming, Link,
+    close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
 };
-use crate::wire::{CatchupRequest, Frame, Hello, Kind, Limits, Register};
+use crate::wire::{CatchupRequest, Frame, Header, Hello, Kind, Limits, Register};
 
 /// How a shard runs.
 #[derive(Debug, Clone)]
@@ -275,7 +276,8 @@ async fn decode_and_insert(
 ) -> Result<()> {
     let values = tokio::task::spawn_blocking(move || decoder.decode(&payload))
         .await
-        .map_err(|e| NetError::Connection(format!("decoding task: {e}")))??;
+        .map_err(|e| NetError::Connection(format!("decoding task: {e}")))?
+        .map_err(|e| NetError::Protocol(format!("key {key:#x}: {e}")))?;
     let (begins_round, complete) = {
         let mut state = lock(shared);
         let begins = !state.round_begun();
@@ -335,36 +337,35 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     }
 }
 
-fn reply_frames(shard: u16, round: &ClosedRound) -> Vec<Bytes> {
+/// The header of each of a round's replies; the payloads are shared, never copied.
+fn reply_headers(shard: u16, round: &ClosedRound) -> Vec<(Header, Bytes)> {
     round
         .replies
         .iter()
         .map(|(key, numel, payload)| {
-            Bytes::from(
-                Frame::new(
-                    Kind::Reply,
-                    shard,
-                    *key,
-                    round.step,
-                    *numel,
-                    payload.to_vec(),
-                )
-                .encode(),
-            )
+            let header = Header {
+                kind: Kind::Reply,
+                rank: shard,
+                key: *key,
+                step: round.step,
+                numel: *numel,
+                len: payload.len(),
+            };
+            (header, payload.clone())
         })
         .collect()
 }
 
-/// Sends one round's replies, encoded once, to every listener: one stream per reply.
+/// Sends one round's replies to every listener, the same bytes to each: one stream per reply.
 fn deliver(shared: &Shared, round: &ClosedRound, listeners: &[PeerId]) {
-    let frames = reply_frames(shared.options.shard, round);
+    let replies = reply_headers(shared.options.shard, round);
     for id in listeners {
         let Some(conn) = conn_of(shared, *id) else {
             continue;
         };
-        for bytes in &frames {
-            let (conn, bytes) = (conn.clone(), bytes.clone());
-            tokio::spawn(async move { send_bytes(&conn, bytes).await });
+        for (header, payload) in &replies {
+            let (conn, header, payload) = (conn.clone(), *header, payload.clone());
+            tokio::spawn(async move { send_parts(&conn, &header, payload).await });
         }
     }
 }
@@ -376,15 +377,19 @@ async fn send_catchup(shard: u16, conn: Connection, reply: CatchupReply) -> Resu
         summary,
     } = reply;
     if let Some((step, bytes)) = snapshot {
-        send(
-            &conn,
-            Frame::new(Kind::Snapshot, shard, 0, step, 0, bytes.to_vec()),
-        )
-        .await?;
+        let header = Header {
+            kind: Kind::Snapshot,
+            rank: shard,
+            key: 0,
+            step,
+            numel: 0,
+            len: bytes.len(),
+        };
+        send_parts(&conn, &header, bytes).await?;
     }
     for round in &rounds {
-        for bytes in reply_frames(shard, round) {
-            send_bytes(&conn, bytes).await?;
+        for (header, payload) in reply_headers(shard, round) {
+            send_parts(&conn, &header, payload).await?;
         }
     }
     send(&conn, Frame::control(Kind::Catchup, shard, 0, &summary)).await

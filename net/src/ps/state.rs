@@ -17,11 +17,10 @@
 //!   because it raced the round it was catching up to.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
-use murmur_engine::comm::shard::KeyState;
-use murmur_engine::comm::{Key, KeySpec};
-use murmur_engine::compress::Codec;
+use bytes::Bytes;
+use murmur_engine::comm::shard::{KeyState, PushDecoder};
+use murmur_engine::comm::Key;
 
 use crate::error::{NetError, Result};
 use crate::wire::{Catchup, Hello, Limits, Register, Registered};
@@ -40,13 +39,13 @@ struct Peer {
 #[derive(Debug, Clone)]
 pub struct ClosedRound {
     pub step: u64,
-    pub replies: Vec<(Key, u32, Arc<Vec<u8>>)>,
+    pub replies: Vec<(Key, u32, Bytes)>,
 }
 
 /// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
 /// and the summary that ends the catch-up.
 pub struct CatchupReply {
-    pub snapshot: Option<(u64, Arc<Vec<u8>>)>,
+    pub snapshot: Option<(u64, Bytes)>,
     pub rounds: Vec<ClosedRound>,
     pub summary: Catchup,
 }
@@ -59,33 +58,12 @@ pub enum PushCheck {
     Decode(PushDecoder),
 }
 
-/// Decodes one push without access to the shard state.
-pub struct PushDecoder {
-    codec: Arc<dyn Codec>,
-    spec: KeySpec,
-    step: u64,
-}
-
-impl PushDecoder {
-    pub fn decode(&self, payload: &[u8]) -> Result<Vec<f32>> {
-        let ctx = murmur_engine::comm::codec_context(self.spec.seed, self.step, self.spec.key);
-        self.codec
-            .decode(payload, self.spec.numel as usize, &ctx)
-            .map_err(|e| NetError::Protocol(format!("key {:#x}: {e}", self.spec.key)))
-    }
-}
-
-struct KeyEntry {
-    state: KeyState,
-    decoder: Arc<dyn Codec>,
-}
-
 /// The whole state of one shard.
 pub struct ShardState {
     pub shard: u16,
     limits: Limits,
     world: Option<u16>,
-    keys: BTreeMap<Key, KeyEntry>,
+    keys: BTreeMap<Key, KeyState>,
     /// Set by the first registration; later ones must match it.
     keys_fixed: bool,
     peers: BTreeMap<PeerId, Peer>,
@@ -96,7 +74,7 @@ pub struct ShardState {
     /// Closed rounds since the latest snapshot, oldest first, at most `max_log_rounds`.
     log: VecDeque<ClosedRound>,
     max_log_rounds: usize,
-    snapshot: Option<(u64, Arc<Vec<u8>>)>,
+    snapshot: Option<(u64, Bytes)>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -201,11 +179,7 @@ impl ShardState {
             for spec in &register.keys {
                 let state = KeyState::new(spec.clone())
                     .map_err(|e| NetError::Protocol(format!("key {:#x}: {e}", spec.key)))?;
-                let decoder: Arc<dyn Codec> = Arc::from(
-                    murmur_engine::compress::parse(&spec.push)
-                        .map_err(|e| NetError::Protocol(e.to_string()))?,
-                );
-                if keys.insert(spec.key, KeyEntry { state, decoder }).is_some() {
+                if keys.insert(spec.key, state).is_some() {
                     return protocol(format!("key {:#x} registered twice", spec.key));
                 }
             }
@@ -216,7 +190,7 @@ impl ShardState {
                 && register
                     .keys
                     .iter()
-                    .all(|s| self.keys.get(&s.key).is_some_and(|k| k.state.spec == *s));
+                    .all(|s| self.keys.get(&s.key).is_some_and(|k| k.spec == *s));
             if !same {
                 return protocol(
                     "keys differ from those the other ranks registered (same model, codecs and seed?)"
@@ -268,10 +242,10 @@ impl ShardState {
         let Some(entry) = self.keys.get(&key) else {
             return protocol(format!("unknown key {key:#x}"));
         };
-        if numel != entry.state.spec.numel {
+        if numel != entry.spec.numel {
             return protocol(format!(
                 "wrong size: {numel} elements for key {key:#x}, which has {}",
-                entry.state.spec.numel
+                entry.spec.numel
             ));
         }
         if step < self.open_step {
@@ -289,14 +263,13 @@ impl ShardState {
                 self.open_step
             ));
         }
-        if entry.state.pushed().any(|r| r == peer.rank as usize) {
+        if entry.has_pushed(peer.rank as usize) {
             return protocol(format!("key {key:#x} pushed twice in step {step}"));
         }
-        Ok(PushCheck::Decode(PushDecoder {
-            codec: entry.decoder.clone(),
-            spec: entry.state.spec.clone(),
-            step,
-        }))
+        let decoder = entry
+            .push_decoder(peer.rank as usize, step)
+            .map_err(|e| NetError::Protocol(e.to_string()))?;
+        Ok(PushCheck::Decode(decoder))
     }
 
     /// Keeps a decoded push. Returns false when the push no longer counts (the round closed or
@@ -315,10 +288,10 @@ impl ShardState {
             return Ok(false);
         };
         let entry = self.keys.get_mut(&key).expect("checked before decoding");
-        if entry.state.pushed().any(|r| r == peer.rank as usize) {
+        if entry.has_pushed(peer.rank as usize) {
             return protocol(format!("key {key:#x} pushed twice in step {step}"));
         }
-        entry.state.insert(peer.rank as usize, values);
+        entry.insert(peer.rank as usize, values);
         if !peer.active {
             tracing::info!(
                 "shard {}: rank {} rejoins the rounds at step {step}",
@@ -381,8 +354,8 @@ impl ShardState {
             .keys
             .par_iter_mut()
             .map(|(key, entry)| {
-                let numel = entry.state.spec.numel;
-                entry.state.close().map(|r| (*key, numel, Arc::new(r)))
+                let numel = entry.spec.numel;
+                entry.close().map(|r| (*key, numel, Bytes::from(r)))
             })
             .collect::<murmur_engine::Result<Vec<_>>>()?;
         let round = ClosedRound { step, replies };
@@ -406,7 +379,7 @@ impl ShardState {
             ));
         }
         if !payload.is_empty() {
-            self.snapshot = Some((step, Arc::new(payload)));
+            self.snapshot = Some((step, Bytes::from(payload)));
         }
         while self.log.front().is_some_and(|r| r.step < step) {
             self.log.pop_front();
@@ -437,7 +410,7 @@ impl ShardState {
             return;
         };
         for entry in self.keys.values_mut() {
-            entry.state.discard(peer.rank as usize);
+            entry.discard(peer.rank as usize);
         }
         self.pushed.remove(&peer.rank);
     }

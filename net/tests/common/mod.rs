@@ -140,12 +140,7 @@ pub fn batch(step: u64, rank: usize) -> (Vec<f32>, Vec<u32>) {
 }
 
 pub fn bits(clf: &Classifier) -> Vec<u32> {
-    clf.model
-        .parameters()
-        .iter()
-        .flat_map(|p| p.to_vec().unwrap())
-        .map(f32::to_bits)
-        .collect()
+    clf.parameter_bits().unwrap()
 }
 
 /// Trains one rank for rounds `dp.step..steps`.
