@@ -9,9 +9,16 @@ say() { printf 'ensure-gpu: %s\n' "$*" >&2; }
 [ "$(uname -s)" = Linux ] || exit 0
 
 has_vulkan() {
-    ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' || return 1
-    local d
-    for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d ${VK_DRIVER_FILES:+$(dirname "$VK_DRIVER_FILES")} ${VK_ICD_FILENAMES:+$(dirname "$VK_ICD_FILENAMES")}; do
+    # ldconfig lives in /sbin, which is not on an ordinary user's PATH on Debian.
+    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' || return 1
+    local d f dirs=(/usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d)
+    # The loader's override variables hold colon-separated lists of driver manifests.
+    local -a listed=()
+    IFS=: read -ra listed <<< "${VK_DRIVER_FILES:-}:${VK_ICD_FILENAMES:-}"
+    for f in "${listed[@]}"; do
+        [ -n "$f" ] && dirs+=("$(dirname "$f")")
+    done
+    for d in "${dirs[@]}"; do
         ls "$d"/*.json >/dev/null 2>&1 && return 0
     done
     return 1

@@ -22,7 +22,7 @@ while [[ $# -gt 0 ]]; do
         --rtt-ms) RTT_MS=$2; shift 2 ;;
         --loss) LOSS=$2; shift 2 ;;
         --codec) CODEC=$2; shift 2 ;;
-        --) shift; EXTRA=("$@"); break ;;
+        --) shift; EXTRA+=("$@"); break ;;
         -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -51,7 +51,8 @@ cleanup() {
     ip netns del "$NS_W" 2>/dev/null || true
     rm -rf "$WORK"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # Two namespaces joined by a veth pair; each end sends at most MBIT.
 ip netns add "$NS_S"
@@ -65,16 +66,18 @@ for ns in "$NS_S" "$NS_W"; do ip -n "$ns" link set lo up; done
 ip -n "$NS_S" link set "$TAG-s" up
 ip -n "$NS_W" link set "$TAG-w" up
 # Bucket of at least one packet burst; a queue of about one round trip, as a router's.
-BURST=$(( MBIT * 1000000 / 8 / 250 )); (( BURST < 16000 )) && BURST=16000
+BURST=$(awk -v m="$MBIT" 'BEGIN { b = int(m * 1e6 / 8 / 250); print (b < 16000 ? 16000 : b) }')
 for end in "$NS_S:$TAG-s" "$NS_W:$TAG-w"; do
     tc -n "${end%%:*}" qdisc add dev "${end#*:}" root tbf rate "${MBIT}mbit" burst "$BURST" latency "${RTT_MS}ms"
 done
 
-"$MURMUR" swarm init "$WORK/swarm" >/dev/null 2>&1
+"$MURMUR" swarm init "$WORK/swarm" >/dev/null 2>"$WORK/credentials.log" ||
+    { cat "$WORK/credentials.log" >&2; exit 1; }
 names=()
 for ((s = 0; s < SERVERS; s++)); do names+=("server-$s"); done
 for ((r = 0; r < WORKERS; r++)); do names+=("worker-$r"); done
-"$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" >/dev/null 2>&1
+"$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" >/dev/null 2>>"$WORK/credentials.log" ||
+    { cat "$WORK/credentials.log" >&2; exit 1; }
 
 LINK=(--link-mbit "$MBIT" --link-rtt-ms "$RTT_MS")
 HALF_RTT=$(awk -v r="$RTT_MS" 'BEGIN { print r / 2 }')
@@ -92,7 +95,15 @@ for ((s = 0; s < SERVERS; s++)); do
     PIDS+=($!)
     relays+=("127.0.0.1:$((7500 + s))")
 done
-sleep 1
+# Servers print a JSON line once they listen.
+for ((s = 0; s < SERVERS; s++)); do
+    for _ in $(seq 100); do
+        [[ -s "$WORK/server-$s.out" ]] && break
+        sleep 0.1
+    done
+    [[ -s "$WORK/server-$s.out" ]] || { echo "shaped-swarm: server $s did not start:" >&2; cat "$WORK/server-$s.log" >&2; exit 1; }
+done
+sleep 0.2  # the relays bind at once; give them a moment all the same
 CONNECT=$(IFS=,; echo "${relays[*]}")
 
 echo "shaped-swarm: $WORKERS workers, $SERVERS servers, ${MBIT} Mbit/s each way, ${RTT_MS} ms RTT, loss $LOSS, codec $CODEC"
@@ -102,6 +113,7 @@ for ((r = 0; r < WORKERS; r++)); do
         --node "worker-$r" --rank "$r" --world "$WORKERS" --codec "$CODEC" "${LINK[@]}" --json \
         "${EXTRA[@]}" >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
     workers+=($!)
+    PIDS+=($!)
 done
 status=0
 for p in "${workers[@]}"; do wait "$p" || status=1; done

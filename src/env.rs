@@ -8,11 +8,23 @@ use tracing_subscriber::EnvFilter;
 /// Runs first thing in `main`, before any thread exists.
 pub fn quiet_mesa_wsi() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("murmur-runtime-{}", std::process::id()));
+        // One folder per user, reused by every run (a folder per process would pile up).
+        let dir = std::env::temp_dir().join(format!("murmur-runtime-{}", user_id()));
         if std::fs::create_dir_all(&dir).is_ok() {
             std::env::set_var("XDG_RUNTIME_DIR", &dir);
         }
     }
+}
+
+#[cfg(unix)]
+fn user_id() -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or_else(|_| "user".into(), |m| m.uid().to_string())
+}
+
+#[cfg(not(unix))]
+fn user_id() -> String {
+    "user".into()
 }
 
 /// Logs to stderr at the level in `MURMUR_LOG`, else at the command's default.

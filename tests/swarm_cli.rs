@@ -11,7 +11,9 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     if !have_mnist() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("murmur-swarm-test-{}", std::process::id()));
+    let dir = RemovedOnDrop(
+        std::env::temp_dir().join(format!("murmur-swarm-test-{}", std::process::id())),
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(
@@ -19,7 +21,7 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
              --max-steps 40 --train-limit 12000 --hidden 64 --quiet --dir"
                 .split_whitespace(),
         )
-        .arg(&dir)
+        .arg(&dir.0)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -39,8 +41,16 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     );
     // Both shards took part: their logs name both workers by fingerprint.
     for shard in 0..2 {
-        let log = std::fs::read_to_string(dir.join(format!("logs/server-{shard}.log"))).unwrap();
+        let log = std::fs::read_to_string(dir.0.join(format!("logs/server-{shard}.log"))).unwrap();
         assert_eq!(log.matches("connected from").count(), 2, "{log}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The swarm folder (a CA key among its files) goes away however the test ends.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -15,7 +15,9 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "murmur",
     version,
-    about = "Train neural networks together over the internet on ordinary GPUs"
+    about = "Train neural networks together over the internet on ordinary GPUs",
+    // A flag given twice takes its last value, so scripts can put defaults before "$@".
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]

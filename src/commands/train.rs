@@ -1,13 +1,13 @@
 //! `murmur train`: single-machine training with progress, per-epoch evaluation and a final
 //! one-line JSON summary on stdout.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use murmur_engine::data::{default_root, epoch_batches, ImageDataset, Split};
-use murmur_engine::gpu::Gpu;
+use murmur_engine::data::{default_root, epoch_batches, ImageDataset, ImageSet, Split};
 use murmur_engine::nn::{Activation, Module};
 use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind};
 use murmur_engine::{Device, Tensor};
@@ -98,25 +98,64 @@ struct Summary {
     samples_per_second: f64,
 }
 
-fn open_device(kind: DeviceKind) -> anyhow::Result<Device> {
-    Ok(match kind {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Gpu => Device::Gpu(Gpu::new()?),
+impl DeviceKind {
+    pub fn open(self) -> anyhow::Result<Device> {
+        Ok(match self {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Gpu => Device::gpu()?,
+        })
+    }
+}
+
+/// A dataset's splits, and where they were read from.
+pub struct Sets {
+    pub train: ImageSet,
+    pub test: ImageSet,
+    pub dataset: ImageDataset,
+    pub root: PathBuf,
+}
+
+/// Checks the batch and epoch counts, then loads a dataset's training split (the first
+/// `train_limit` examples, if given) and its test split.
+pub fn load_sets(
+    dataset: &str,
+    data: Option<&Path>,
+    train_limit: Option<usize>,
+    batch: usize,
+    epochs: u32,
+) -> anyhow::Result<Sets> {
+    if batch == 0 || epochs == 0 {
+        bail!("--batch and --epochs must be at least 1");
+    }
+    let dataset: ImageDataset = dataset.parse()?;
+    let root = data.map_or_else(default_root, Path::to_path_buf);
+    let mut train = dataset.load(&root, Split::Train)?;
+    let test = dataset.load(&root, Split::Test)?;
+    if let Some(n) = train_limit {
+        train.truncate(n);
+    }
+    Ok(Sets {
+        train,
+        test,
+        dataset,
+        root,
     })
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    if a.batch == 0 || a.epochs == 0 {
-        bail!("--batch and --epochs must be at least 1");
-    }
-    let dataset: ImageDataset = a.dataset.parse()?;
-    let root = a.data.clone().unwrap_or_else(default_root);
-    let mut train = dataset.load(&root, Split::Train)?;
-    let test = dataset.load(&root, Split::Test)?;
-    if let Some(n) = a.train_limit {
-        train.truncate(n);
-    }
-    let device = open_device(a.device)?;
+    let Sets {
+        train,
+        test,
+        dataset,
+        root,
+    } = load_sets(
+        &a.dataset,
+        a.data.as_deref(),
+        a.train_limit,
+        a.batch,
+        a.epochs,
+    )?;
+    let device = a.device.open()?;
     let config = ClassifierConfig {
         hidden: a.hidden.clone(),
         activation: a.activation.parse::<Activation>()?,

@@ -11,8 +11,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use murmur_engine::comm::Collective;
-use murmur_engine::data::{default_root, epoch_batches, ImageDataset, ImageSet, Split};
-use murmur_engine::gpu::Gpu;
+use murmur_engine::data::{epoch_batches, ImageSet};
 use murmur_engine::nn::Module;
 use murmur_engine::train::{rank_slice, Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
@@ -20,7 +19,7 @@ use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, ClientOptions, QuicCollective};
 
 use super::swarm::args::{CompressionArgs, JobArgs, LinkArgs, WorkerEvent};
-use super::train::DeviceKind;
+use super::train::{load_sets, Sets};
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -79,20 +78,14 @@ struct Job {
 impl Job {
     fn load(a: &WorkerArgs) -> anyhow::Result<Job> {
         let job = &a.job;
-        if job.batch == 0 || job.epochs == 0 {
-            bail!("--batch and --epochs must be at least 1");
-        }
-        let dataset: ImageDataset = job.dataset.parse()?;
-        let root = job.data.clone().unwrap_or_else(default_root);
-        let mut train = dataset.load(&root, Split::Train)?;
-        let test = dataset.load(&root, Split::Test)?;
-        if let Some(n) = job.train_limit {
-            train.truncate(n);
-        }
-        let device = match job.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Gpu => Device::Gpu(Gpu::new()?),
-        };
+        let Sets { train, test, .. } = load_sets(
+            &job.dataset,
+            job.data.as_deref(),
+            job.train_limit,
+            job.batch,
+            job.epochs,
+        )?;
+        let device = job.device.open()?;
         let global = job.batch * a.world as usize;
         let steps_per_epoch = (train.len() / global).max(1) as u64;
         let total_steps =
@@ -138,15 +131,28 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         ) {
             Ok(()) => break,
             Err(e) if attempts < a.rejoin_attempts => {
-                attempts += 1;
                 let reason = format!("{e:#}");
                 eprintln!(
                     "murmur worker {}: lost the swarm ({reason}); rejoining",
                     a.rank
                 );
-                std::thread::sleep(Duration::from_secs(1));
                 drop(dp);
-                dp = join(&a, &creds, &job)?;
+                // Every try counts, failed connections included: a server that is down for
+                // a while costs attempts, not the worker.
+                dp = loop {
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_secs(1));
+                    match join(&a, &creds, &job) {
+                        Ok(dp) => break dp,
+                        Err(e) if attempts < a.rejoin_attempts => eprintln!(
+                            "murmur worker {}: rejoining failed ({e:#}); trying again",
+                            a.rank
+                        ),
+                        Err(e) => {
+                            return Err(e.context(format!("rejoining failed {attempts} times")))
+                        }
+                    }
+                };
                 reporter.emit(&WorkerEvent::Rejoined {
                     rank: a.rank,
                     step: dp.step,

@@ -3,7 +3,8 @@
 /// Whether MNIST is in `data/`; a test that needs it skips with a visible notice, or fails
 /// under CI, where a missing dataset is a set-up error.
 pub fn have_mnist() -> bool {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    // Where the binary looks: tests run from the package root, and MURMUR_DATA overrides it.
+    let root = murmur::engine::data::default_root().join("mnist");
     let ok = root.join("train-images-idx3-ubyte").exists()
         || root.join("train-images-idx3-ubyte.gz").exists();
     if !ok {

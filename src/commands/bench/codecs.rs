@@ -2,8 +2,6 @@
 //! CPU thread, on all threads and on the GPU, beside memcpy bandwidth measured in the same run,
 //! with each codec's compression ratio against f32 and f16.
 
-use std::time::Instant;
-
 use clap::Args;
 use murmur_engine::compress::{parse, Codec, CodecContext, DecodeMode};
 use murmur_engine::gpu::Gpu;
@@ -60,28 +58,9 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// Median seconds per call over five trials of about `seconds / 5` each.
-fn time(seconds: f64, mut sync: impl FnMut(), mut f: impl FnMut()) -> f64 {
-    f();
-    sync();
-    let mut reps = 1usize;
-    let mut trials = vec![];
-    while trials.len() < 5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        sync();
-        let dt = t.elapsed().as_secs_f64();
-        if dt < seconds / 5.0 && reps < 1 << 20 {
-            reps = (reps * 2).max((reps as f64 * seconds / 5.0 / dt.max(1e-7)).ceil() as usize);
-            trials.clear();
-            continue;
-        }
-        trials.push(dt / reps as f64);
-    }
-    trials.sort_by(f64::total_cmp);
-    trials[2]
+/// Seconds per codec call (codec calls on small inputs are quick: allow many per trial).
+fn time(seconds: f64, sync: impl FnMut(), f: impl FnMut()) -> f64 {
+    super::seconds_per_call(seconds, 1 << 20, sync, f)
 }
 
 fn gbps(n: usize, seconds: f64) -> f64 {

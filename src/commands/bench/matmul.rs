@@ -2,8 +2,6 @@
 //! variants, beside a native CPU sgemm (the `matrixmultiply` crate, all cores) measured in the
 //! same run.
 
-use std::time::Instant;
-
 use clap::{Args, ValueEnum};
 use murmur_engine::gpu::Gpu;
 use murmur_engine::kernels::matmul::{matmul_gpu, MatmulDims, MatmulKernel};
@@ -61,33 +59,8 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// Seconds per call of `f`: five trials of about `min_seconds / 5` each after a warm-up, and
-/// the median trial, so that one disturbed trial on a shared machine does not move the result.
-fn time_until<F: FnMut()>(min_seconds: f64, mut sync: impl FnMut(), mut f: F) -> f64 {
-    f();
-    sync();
-    let trial_seconds = min_seconds / 5.0;
-    let mut reps = 1usize;
-    let mut trials = vec![];
-    while trials.len() < 5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        sync();
-        let dt = t.elapsed().as_secs_f64();
-        if dt < trial_seconds && reps < 1 << 16 {
-            // Too short to time well: grow the trial and start over.
-            reps = (reps * 2)
-                .max((reps as f64 * trial_seconds / dt.max(1e-6)).ceil() as usize)
-                .min(1 << 16);
-            trials.clear();
-            continue;
-        }
-        trials.push(dt / reps as f64);
-    }
-    trials.sort_by(f64::total_cmp);
-    trials[2]
+fn time_until(min_seconds: f64, sync: impl FnMut(), f: impl FnMut()) -> f64 {
+    super::seconds_per_call(min_seconds, 1 << 16, sync, f)
 }
 
 fn gpu_gflops(

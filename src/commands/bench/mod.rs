@@ -25,6 +25,46 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The middle value (the upper one of an even count); `NaN` for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Seconds per call of `f`: after a warm-up, five trials of about `min_seconds / 5` each (at
+/// most `max_reps` calls per trial), and the median trial, so that one disturbed trial on a
+/// shared machine does not move the result. `sync` waits for queued work (a GPU's) to finish.
+pub fn seconds_per_call(
+    min_seconds: f64,
+    max_reps: usize,
+    mut sync: impl FnMut(),
+    mut f: impl FnMut(),
+) -> f64 {
+    f();
+    sync();
+    let trial_seconds = min_seconds / 5.0;
+    let mut reps = 1usize;
+    let mut trials = vec![];
+    while trials.len() < 5 {
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        sync();
+        let dt = t.elapsed().as_secs_f64();
+        if dt < trial_seconds && reps < max_reps {
+            // Too short to time well: grow the trial and start over.
+            reps = (reps * 2)
+                .max((reps as f64 * trial_seconds / dt.max(1e-7)).ceil() as usize)
+                .min(max_reps);
+            trials.clear();
+            continue;
+        }
+        trials.push(dt / reps as f64);
+    }
+    median(trials)
+}
+
 /// Today's date (UTC) as YYYY-MM-DD, for reports.
 pub fn today() -> String {
     let days = std::time::SystemTime::now()

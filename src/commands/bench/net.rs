@@ -20,6 +20,7 @@ use murmur_net::transport::Link;
 use serde::Serialize;
 
 use super::super::machine::Machine;
+use super::median;
 
 #[derive(Args)]
 pub struct NetArgs {
@@ -93,11 +94,6 @@ struct Report {
     shaped_link: Option<String>,
     adapter: Option<String>,
     steps: Vec<StepRow>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn run(a: NetArgs) -> anyhow::Result<()> {

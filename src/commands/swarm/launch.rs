@@ -106,14 +106,19 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
     let logs = dir.join("logs");
     let started = Instant::now();
     eprintln!(
-        "murmur swarm: {} workers, {} servers, codec {} (pull {}), worker memory {}, server memory {}; logs in {}",
+        "murmur swarm: {} workers, {} servers, codec {} (pull {}), worker memory {}, server memory {}; logs in {}{}",
         a.workers,
         a.servers,
         a.compression.codec,
         a.compression.pull_codec.as_deref().unwrap_or(&a.compression.codec),
         a.compression.memory,
         a.compression.server_memory,
-        logs.display()
+        logs.display(),
+        if a.dir.is_none() {
+            " (kept only if the run fails; --dir keeps them)"
+        } else {
+            ""
+        }
     );
 
     let mut children = Children(Vec::new());
@@ -180,19 +185,13 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
 
     let mut dashboard = Dashboard::new(a.workers as usize, a.quiet);
     let mut finished = 0;
-    let mut done = vec![false; a.workers as usize];
     while finished < a.workers {
         let (rank, event) = rx.recv().context("worker output")?;
         match event {
-            Some(e) => {
-                if matches!(e, WorkerEvent::Done { .. }) {
-                    done[rank] = true;
-                }
-                dashboard.handle(e);
-            }
+            Some(e) => dashboard.handle(e),
             None => {
                 finished += 1;
-                if !done[rank] {
+                if !dashboard.is_done(rank) {
                     let log = logs.join(format!("worker-{rank}.log"));
                     dashboard.failed(rank, "exited early");
                     dashboard.clear();
@@ -233,5 +232,10 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
         outcome.total_f32_bytes as f64 / 1e6,
     );
     println!("{}", serde_json::to_string(&outcome)?);
+    // A folder of our own making (fresh CA key, logs) goes once the run has succeeded; after
+    // a failure it stays, for its logs.
+    if a.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }

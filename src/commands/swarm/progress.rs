@@ -14,10 +14,6 @@ struct WorkerTotals {
     bytes_pushed: u64,
     bytes_pulled: u64,
     f32_bytes_each_way: u64,
-    seconds: f64,
-    last_pushed: usize,
-    last_pulled: usize,
-    last_f32: usize,
     done: bool,
 }
 
@@ -123,9 +119,6 @@ impl Dashboard {
                 f32_each_way,
                 samples_per_second,
             } => {
-                let t = &mut self.totals[rank as usize];
-                (t.steps, t.last_pushed, t.last_pulled, t.last_f32) =
-                    (step, pushed, pulled, f32_each_way);
                 let bar = &self.bars[rank as usize];
                 bar.set_position(step);
                 bar.set_message(format!(
@@ -178,7 +171,6 @@ impl Dashboard {
                 t.bytes_pushed = bytes_pushed;
                 t.bytes_pulled = bytes_pulled;
                 t.f32_bytes_each_way = f32_bytes_each_way;
-                t.seconds = seconds;
                 t.done = true;
                 if final_accuracy.is_some() {
                     self.final_accuracy = final_accuracy;
@@ -189,6 +181,11 @@ impl Dashboard {
     }
 
     /// A worker's process ended before it reported `Done`.
+    /// Whether `rank` has reported that it finished.
+    pub fn is_done(&self, rank: usize) -> bool {
+        self.totals[rank].done
+    }
+
     pub fn failed(&self, rank: usize, why: &str) {
         self.bars[rank].abandon_with_message(format!("failed: {why}"));
     }
