@@ -5,7 +5,6 @@ mod common;
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::{epoch_batches, ImageSet};
-use murmur_engine::nn::Module;
 use murmur_engine::train::{rank_slice, Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
 

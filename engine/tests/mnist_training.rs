@@ -4,7 +4,6 @@
 mod common;
 
 use murmur_engine::data::epoch_batches;
-use murmur_engine::nn::Module;
 use murmur_engine::train::{Classifier, ClassifierConfig};
 use murmur_engine::Device;
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::comm::Collective;
-use murmur_engine::nn::Module;
 use murmur_engine::train::{Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
 use murmur_net::identity::{Credentials, Swarm};
