@@ -9,11 +9,14 @@
 // xent_backward: dx[r,j] = (probs[r,j] - [j == label[r]]) * dloss[r].
 // softmax_forward / softmax_backward: y = softmax(x); dx = y * (dy - sum_j dy_j y_j).
 // A label >= cols contributes no target term (the host validates labels before upload).
+// causal (softmax_forward only): rows are the query rows of square [.., T, T] score
+// matrices; row r attends to columns j <= r % T, the rest get probability 0 (the causal mask
+// of self-attention). softmax_backward needs no mask: y = 0 there gives dx = 0.
 
 struct Params {
     rows: u32,
     cols: u32,
-    _pad0: u32,
+    causal: u32,
     _pad1: u32,
 }
 
@@ -24,15 +27,15 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(4) var<storage, read_write> probs: array<f32>;
 
-// The row's maximum m and sum of exp(x - m).
-fn max_and_sum(lid: u32, base: u32) -> vec2<f32> {
+// The maximum m and sum of exp(x - m) of a row's first `len` columns.
+fn max_and_sum(lid: u32, base: u32, len: u32) -> vec2<f32> {
     var m = bitcast<f32>(0xff800000u);
-    for (var j = lid; j < p.cols; j += ROW_LANES) {
+    for (var j = lid; j < len; j += ROW_LANES) {
         m = max(m, x[base + j]);
     }
     m = tree_max(lid, m);
     var s = 0.0;
-    for (var j = lid; j < p.cols; j += ROW_LANES) {
+    for (var j = lid; j < len; j += ROW_LANES) {
         s += det_exp(x[base + j] - m);
     }
     return vec2<f32>(m, tree_sum(lid, s));
@@ -45,7 +48,7 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let base = r * p.cols;
-    let ms = max_and_sum(lid, base);
+    let ms = max_and_sum(lid, base, p.cols);
     let m = ms.x;
     let s = ms.y;
     let inv = 1.0 / s;
@@ -87,12 +90,20 @@ fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let base = r * p.cols;
-    let ms = max_and_sum(lid, base);
+    var len = p.cols;
+    if (p.causal != 0u) {
+        len = r % p.cols + 1u;
+    }
+    let ms = max_and_sum(lid, base, len);
     let m = ms.x;
     let s = ms.y;
     let inv = 1.0 / s;
     for (var j = lid; j < p.cols; j += ROW_LANES) {
-        y[base + j] = det_exp(x[base + j] - m) * inv;
+        var v = 0.0;
+        if (j < len) {
+            v = det_exp(x[base + j] - m) * inv;
+        }
+        y[base + j] = v;
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use murmur_engine::autograd::gradcheck::{gradcheck, GradcheckOptions};
 use murmur_engine::kernels::unary::Unary;
 use murmur_engine::rng::Rng;
-use murmur_engine::{Device, Graph, Result, Tensor, Var};
+use murmur_engine::{Device, Graph, Tensor, Var};
 
 fn t(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
     let mut rng = Rng::new(seed, 0);
@@ -30,17 +30,7 @@ fn away_from_zero(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(&Device::Cpu, shape, v).unwrap()
 }
 
-#[track_caller]
-fn check(name: &str, inputs: &[Tensor], f: impl Fn(&Graph, &[Var]) -> Result<Var>) {
-    let report = gradcheck(inputs, f, GradcheckOptions::default()).unwrap();
-    assert!(report.checked > 0);
-    assert!(
-        report.passed(),
-        "{name}: {} (ratio {})",
-        report.worst,
-        report.worst_ratio
-    );
-}
+use common::assert_gradcheck as check;
 
 #[test]
 fn matmul_all_transposes_and_batch_broadcasts() {

@@ -7,6 +7,7 @@ mod relay;
 mod server;
 mod swarm;
 mod train;
+mod train_lm;
 mod worker;
 
 use clap::{Parser, Subcommand};

@@ -8,8 +8,8 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use murmur_engine::data::{default_root, epoch_batches, ImageDataset, ImageSet, Split};
-use murmur_engine::nn::{Activation, Module};
-use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind};
+use murmur_engine::nn::{Activation, CnnConfig, Module};
+use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind, WarmupCosine};
 use murmur_engine::{Device, Tensor};
 use serde::Serialize;
 
@@ -17,7 +17,12 @@ use super::machine::Machine;
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
 pub enum ModelKind {
+    /// A multi-layer perceptron on images (`--hidden`).
     Mlp,
+    /// A small convolutional network on 28x28 images.
+    Cnn,
+    /// A byte-level decoder-only transformer on text (`--dataset shakespeare`).
+    Gpt,
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
@@ -31,16 +36,19 @@ pub enum DeviceKind {
 #[derive(Args, Debug)]
 pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "mlp")]
-    model: ModelKind,
-    /// mnist or fashion-mnist.
-    #[arg(long, default_value = "mnist")]
-    dataset: String,
+    pub(super) model: ModelKind,
+    /// mnist or fashion-mnist for mlp and cnn; shakespeare for gpt [default: mnist, or
+    /// shakespeare for gpt].
+    #[arg(long)]
+    pub(super) dataset: Option<String>,
     #[arg(long, default_value_t = 5)]
     epochs: u32,
-    #[arg(long, default_value_t = 128)]
-    batch: usize,
-    #[arg(long, default_value_t = 1e-3)]
-    lr: f32,
+    /// Samples (sequences for gpt) per step [default: 128, or 32 for gpt].
+    #[arg(long)]
+    pub(super) batch: Option<usize>,
+    /// Learning rate (the peak of the schedule for gpt) [default: 1e-3, or 3e-3 for gpt].
+    #[arg(long)]
+    pub(super) lr: Option<f32>,
     /// adamw or sgd.
     #[arg(long = "optim", default_value = "adamw")]
     optim: String,
@@ -50,30 +58,53 @@ pub struct TrainArgs {
     /// relu or gelu.
     #[arg(long, default_value = "relu")]
     activation: String,
-    #[arg(long, default_value_t = 0.0)]
-    weight_decay: f32,
+    /// AdamW's decoupled weight decay [default: 0, or 0.1 for gpt].
+    #[arg(long)]
+    pub(super) weight_decay: Option<f32>,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9)]
     momentum: f32,
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(super) seed: u64,
     #[arg(long, value_enum, default_value = "gpu")]
-    device: DeviceKind,
-    /// Stop after this many steps in total (for quick checks).
+    pub(super) device: DeviceKind,
+    /// Stop after this many steps in total (for quick checks; for gpt the schedule still
+    /// spans --steps).
     #[arg(long)]
-    max_steps: Option<u64>,
+    pub(super) max_steps: Option<u64>,
+    /// Dropout rate of the cnn's hidden layer or the gpt's blocks [default: 0.25 cnn, 0 gpt].
+    #[arg(long)]
+    pub(super) dropout: Option<f32>,
+    /// Write a checkpoint (safetensors: parameters, optimizer state, step) here after every
+    /// epoch (every --eval-every steps for gpt) and at the end.
+    #[arg(long)]
+    pub(super) save: Option<PathBuf>,
+    /// Continue from a checkpoint written by --save with the same model and flags; the run
+    /// then matches an uninterrupted one bit for bit.
+    #[arg(long)]
+    pub(super) resume: Option<PathBuf>,
+    /// Linear warm-up over this many steps, then cosine decay of the learning rate to a
+    /// tenth at the last step [default: none for mlp and cnn (constant rate), min(100,
+    /// steps / 10) for gpt].
+    #[arg(long)]
+    pub(super) warmup: Option<u64>,
+    /// Clip gradients to this global L2 norm [default: none for mlp and cnn, 1 for gpt].
+    #[arg(long)]
+    pub(super) clip: Option<f32>,
+    #[command(flatten)]
+    pub(super) lm: super::train_lm::LmArgs,
     /// Use only the first N training samples.
     #[arg(long)]
     train_limit: Option<usize>,
-    /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
+    /// Folder holding mnist/, fashion-mnist/ and text/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]
-    data: Option<std::path::PathBuf>,
+    pub(super) data: Option<std::path::PathBuf>,
     /// Read the loss back every this many steps (each read waits for the GPU).
     #[arg(long, default_value_t = 25)]
-    log_every: u64,
+    pub(super) log_every: u64,
     /// No progress bar (for logs and CI).
     #[arg(long)]
-    quiet: bool,
+    pub(super) quiet: bool,
 }
 
 #[derive(Serialize)]
@@ -143,30 +174,49 @@ pub fn load_sets(
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    if a.model == ModelKind::Gpt {
+        return super::train_lm::run(a);
+    }
+    let dataset_name = a.dataset.clone().unwrap_or_else(|| "mnist".into());
+    let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(1e-3));
     let Sets {
         train,
         test,
         dataset,
         root,
     } = load_sets(
-        &a.dataset,
+        &dataset_name,
         a.data.as_deref(),
         a.train_limit,
-        a.batch,
+        batch,
         a.epochs,
     )?;
     let device = a.device.open()?;
+    let cnn = (a.model == ModelKind::Cnn).then(|| CnnConfig {
+        dropout: a.dropout.unwrap_or(0.25),
+        ..CnnConfig::default()
+    });
     let config = ClassifierConfig {
         hidden: a.hidden.clone(),
         activation: a.activation.parse::<Activation>()?,
         optimizer: a.optim.parse::<OptimizerKind>()?,
-        lr: a.lr,
-        weight_decay: a.weight_decay,
+        lr,
+        weight_decay: a.weight_decay.unwrap_or(0.0),
         momentum: a.momentum,
         nesterov: false,
         seed: a.seed,
+        cnn,
+        // Set once the step count is known, below.
+        schedule: None,
+        clip: a.clip,
     };
     let mut clf = Classifier::new(&device, train.features(), train.classes, &config)?;
+    if let Some(path) = &a.resume {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        clf.load_state(&bytes)
+            .with_context(|| format!("resuming from {}", path.display()))?;
+        eprintln!("resumed from {} at step {}", path.display(), clf.steps);
+    }
     eprintln!(
         "murmur train: {:?} {:?} on {} ({} train / {} test samples), {} parameters, device {}",
         a.model,
@@ -178,25 +228,37 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         device
     );
 
-    let steps_per_epoch = train.len().div_ceil(a.batch) as u64;
+    let steps_per_epoch = train.len().div_ceil(batch) as u64;
     let total_steps = (steps_per_epoch * a.epochs as u64).min(a.max_steps.unwrap_or(u64::MAX));
+    let first_epoch = (clf.steps / steps_per_epoch) as u32;
+    clf.schedule = a.warmup.map(|warmup| WarmupCosine {
+        peak: lr,
+        warmup,
+        total: total_steps,
+        min_ratio: 0.1,
+    });
     let (mut epoch_seconds, mut accuracies) = (vec![], vec![]);
     let mut last_loss = f32::NAN;
     let mut samples = 0usize;
     let started = Instant::now();
     let mut train_seconds = 0.0;
-    'epochs: for epoch in 0..a.epochs {
+    'epochs: for epoch in first_epoch..a.epochs {
         let bar = progress_bar(
             a.quiet,
-            steps_per_epoch.min(total_steps - clf.steps),
+            steps_per_epoch.min(total_steps.saturating_sub(clf.steps)),
             epoch,
             a.epochs,
         );
+        // A resumed run skips the batches its checkpoint had already taken this epoch.
+        let done_in_epoch = (clf.steps - epoch as u64 * steps_per_epoch) as usize;
         let epoch_start = Instant::now();
         let mut epoch_samples = 0usize;
         // The newest loss, read back only every --log-every steps: a read waits for the GPU.
         let mut latest: Option<Tensor> = None;
-        for batch in epoch_batches(train.len(), a.batch, a.seed, epoch) {
+        for batch in epoch_batches(train.len(), batch, a.seed, epoch)
+            .into_iter()
+            .skip(done_in_epoch)
+        {
             if clf.steps >= total_steps {
                 break;
             }
@@ -236,20 +298,23 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         );
         epoch_seconds.push(seconds);
         accuracies.push(accuracy);
+        if let Some(path) = &a.save {
+            write_checkpoint(path, &clf.save_state()?)?;
+        }
         if clf.steps >= total_steps {
             break 'epochs;
         }
     }
     let summary = Summary {
-        model: format!("{:?}", a.model).to_lowercase(),
-        dataset: a.dataset.clone(),
+        model: clf.model.name().to_string(),
+        dataset: dataset_name,
         device: device.to_string(),
         machine: Machine::detect().to_string(),
         epochs: epoch_seconds.len() as u32,
         steps: clf.steps,
-        batch: a.batch,
+        batch,
         optimizer: a.optim.clone(),
-        lr: a.lr,
+        lr,
         hidden: a.hidden.clone(),
         parameters: clf.model.parameter_count(),
         seed: a.seed,
@@ -262,6 +327,15 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     };
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
     println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}
+
+/// Writes a checkpoint through a temporary file, so that a crash mid-write never leaves a
+/// truncated checkpoint where a good one was.
+pub(super) fn write_checkpoint(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use crate::kernels::binary::{broadcast_to, Binary};
 use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{unary, unary_backward, Unary};
-use crate::kernels::{embedding, layernorm, softmax};
+use crate::kernels::{conv, dropout, embedding, layernorm, permute, pool, softmax};
 use crate::tensor::Tensor;
 
 pub(super) fn run(graph: Graph, loss: Var) -> Result<Grads> {
@@ -136,6 +136,20 @@ pub(super) fn run(graph: Graph, loss: Var) -> Result<Grads> {
             }
             Op::Transpose { x } => vec![(*x, dy.t()?)],
             Op::Reshape { x } => vec![(*x, dy.reshape(value(*x).shape())?)],
+            Op::Im2col { x, geometry } => vec![(*x, conv::col2im(&dy, geometry)?)],
+            Op::Pool {
+                x,
+                geometry,
+                kind,
+                argmax,
+            } => vec![(
+                *x,
+                pool::pool_backward(&dy, argmax.as_ref(), geometry, *kind)?,
+            )],
+            Op::Dropout { x, mask } => vec![(*x, dropout::dropout(&dy, mask)?)],
+            Op::Permute { x, perm } => {
+                vec![(*x, permute::permute(&dy, &permute::inverse(perm))?)]
+            }
         };
         for (v, g) in contributions {
             if !needs(v) {

@@ -17,6 +17,10 @@ use std::collections::HashMap;
 
 use crate::error::{shape_err, Result};
 use crate::kernels::binary::{binary, Binary};
+use crate::kernels::conv::{self, ConvGeometry};
+use crate::kernels::dropout::{self, DropoutMask};
+use crate::kernels::permute;
+use crate::kernels::pool::{self, Pool, PoolGeometry};
 use crate::kernels::unary::{unary, Unary};
 use crate::kernels::{copy, embedding, layernorm, matmul, reduce, softmax};
 use crate::tensor::{DType, Device, Tensor};
@@ -86,6 +90,27 @@ pub(crate) enum Op {
     },
     Reshape {
         x: Var,
+    },
+    /// Convolution lowering; the backward pass is col2im.
+    Im2col {
+        x: Var,
+        geometry: ConvGeometry,
+    },
+    Pool {
+        x: Var,
+        geometry: PoolGeometry,
+        kind: Pool,
+        /// Max pooling's winners, for the backward pass.
+        argmax: Option<Tensor>,
+    },
+    /// The backward pass recomputes the mask from its counter.
+    Dropout {
+        x: Var,
+        mask: DropoutMask,
+    },
+    Permute {
+        x: Var,
+        perm: Vec<usize>,
     },
 }
 
@@ -345,6 +370,115 @@ impl Graph {
     pub fn reshape(&self, x: Var, shape: &[usize]) -> Result<Var> {
         let y = self.value(x).reshape(shape)?;
         Ok(self.record(y, Op::Reshape { x }, &[x]))
+    }
+
+    /// The im2col matrix `[n, oh, ow, kh*kw*c]` of NHWC images `x`.
+    pub fn im2col(&self, x: Var, geometry: ConvGeometry) -> Result<Var> {
+        let y = conv::im2col(&self.value(x), &geometry)?;
+        Ok(self.record(y, Op::Im2col { x, geometry }, &[x]))
+    }
+
+    /// 2-D convolution of NHWC images `x [n, h, w, c]` with `weight [kh*kw*c, oc]` (rows in
+    /// (kh, kw, c) order) and an optional `bias [oc]`: output `[n, oh, ow, oc]`.
+    pub fn conv2d(
+        &self,
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        kernel: (usize, usize),
+        stride: usize,
+        pad: usize,
+    ) -> Result<Var> {
+        let geometry = ConvGeometry::of(&self.shape(x), kernel.0, kernel.1, stride, pad)?;
+        let oc = match self.shape(weight)[..] {
+            [rows, oc] if rows == geometry.patch() => oc,
+            ref other => {
+                return shape_err(
+                    "conv2d",
+                    format!(
+                        "weight must be [{}, out_channels] for a {}x{} window over {} channels, is {other:?}",
+                        geometry.patch(),
+                        kernel.0,
+                        kernel.1,
+                        geometry.c
+                    ),
+                )
+            }
+        };
+        let [n, oh, ow, patch] = geometry.cols_shape();
+        let cols = self.im2col(x, geometry)?;
+        let cols = self.reshape(cols, &[n * oh * ow, patch])?;
+        let mut y = self.matmul(cols, weight)?;
+        if let Some(b) = bias {
+            y = self.add(y, b)?;
+        }
+        self.reshape(y, &[n, oh, ow, oc])
+    }
+
+    fn pool(&self, x: Var, k: usize, stride: usize, kind: Pool) -> Result<Var> {
+        let geometry = PoolGeometry::of(&self.shape(x), k, stride)?;
+        let (y, argmax) = pool::pool(&self.value(x), &geometry, kind)?;
+        let op = Op::Pool {
+            x,
+            geometry,
+            kind,
+            argmax,
+        };
+        Ok(self.record(y, op, &[x]))
+    }
+
+    /// Max pooling of NHWC images over `k x k` windows every `stride` pixels.
+    pub fn max_pool2d(&self, x: Var, k: usize, stride: usize) -> Result<Var> {
+        self.pool(x, k, stride, Pool::Max)
+    }
+
+    /// Average pooling of NHWC images over `k x k` windows every `stride` pixels.
+    pub fn avg_pool2d(&self, x: Var, k: usize, stride: usize) -> Result<Var> {
+        self.pool(x, k, stride, Pool::Avg)
+    }
+
+    /// Inverted dropout with a counter-based mask; rate 0 records nothing.
+    pub fn dropout(&self, x: Var, mask: DropoutMask) -> Result<Var> {
+        if mask.rate == 0.0 {
+            return Ok(x);
+        }
+        let y = dropout::dropout(&self.value(x), &mask)?;
+        Ok(self.record(y, Op::Dropout { x, mask }, &[x]))
+    }
+
+    /// Reorders axes (at most four): output axis `a` is input axis `perm[a]`.
+    pub fn permute(&self, x: Var, perm: &[usize]) -> Result<Var> {
+        let y = permute::permute(&self.value(x), perm)?;
+        let perm = perm.to_vec();
+        Ok(self.record(y, Op::Permute { x, perm }, &[x]))
+    }
+
+    /// Softmax of square `[..., T, T]` attention scores under the causal mask.
+    pub fn causal_softmax(&self, x: Var) -> Result<Var> {
+        let y = softmax::causal_softmax(&self.value(x))?;
+        // The softmax backward rule holds as is: masked probabilities are 0, so are their
+        // gradients.
+        Ok(self.record(y, Op::Softmax { x }, &[x]))
+    }
+
+    /// Normalization of NHWC images over each sample's (h, w, c) together, with a per-channel
+    /// scale and shift: GroupNorm with one group (PyTorch's `GroupNorm(1, C)`), the layer norm
+    /// of images.
+    pub fn image_norm(&self, x: Var, gamma: Var, beta: Var, eps: f32) -> Result<Var> {
+        let shape = self.shape(x);
+        let &[n, h, w, c] = shape.as_slice() else {
+            return shape_err(
+                "image_norm",
+                format!("needs NHWC input, shape is {shape:?}"),
+            );
+        };
+        let flat = self.reshape(x, &[n, h * w * c])?;
+        let ones = self.input(&Tensor::full(&self.device, &[h * w * c], 1.0)?);
+        let zeros = self.input(&Tensor::zeros(&self.device, &[h * w * c])?);
+        let normed = self.layer_norm(flat, ones, zeros, eps)?;
+        let normed = self.reshape(normed, &shape)?;
+        let scaled = self.mul(normed, gamma)?;
+        self.add(scaled, beta)
     }
 
     /// Gradients of the one-element `loss` with respect to every parameter. Consumes the

@@ -1,13 +1,16 @@
-//! Datasets from files: IDX images and labels (MNIST, Fashion-MNIST), with seeded shuffling.
+//! Datasets from files: IDX images and labels (MNIST, Fashion-MNIST) with seeded shuffling,
+//! and byte-level text (Shakespeare).
 //!
 //! File contents are untrusted: every decoder returns an error on bad input, never panics,
 //! and caps what it will allocate.
 
 mod idx;
 mod images;
+mod text;
 
 pub use idx::{decode_idx, decode_idx_file_bytes, read_idx_file, IdxArray, MAX_IDX_BYTES};
 pub use images::{ImageDataset, ImageSet, Split};
+pub use text::{lm_batch, lm_windows, TextCorpus, HELD_OUT_PLAYS};
 
 use std::path::PathBuf;
 

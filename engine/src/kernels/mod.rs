@@ -5,13 +5,17 @@
 //! Tolerances between the two paths are documented in `engine/tests/kernels_gpu_vs_cpu.rs`.
 
 pub mod binary;
+pub mod conv;
 pub mod copy;
+pub mod dropout;
 pub mod embedding;
 pub mod fill;
 pub mod layernorm;
 pub mod math;
 pub mod matmul;
 pub mod optim;
+pub mod permute;
+pub mod pool;
 pub mod reduce;
 pub mod softmax;
 pub mod unary;
@@ -33,6 +37,11 @@ pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID, MATH,
 pub(crate) static LAYERNORM: Shader = wgsl!("layernorm.wgsl", includes: [GRID, ROWS]);
 pub(crate) static EMBEDDING: Shader = wgsl!("embedding.wgsl", includes: [GRID]);
 pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
+pub(crate) static CONV: Shader = wgsl!("conv.wgsl", includes: [GRID]);
+pub(crate) static POOL: Shader = wgsl!("pool.wgsl", includes: [GRID]);
+pub(crate) static PERMUTE: Shader = wgsl!("permute.wgsl", includes: [GRID]);
+pub(crate) static DROPOUT: Shader =
+    wgsl!("dropout.wgsl", includes: [GRID, crate::compress::gpu::COMMON]);
 
 /// Every shader the engine compiles, for validation tests.
 pub fn all_shaders() -> Vec<&'static Shader> {
@@ -53,6 +62,10 @@ pub fn all_shaders() -> Vec<&'static Shader> {
         &LAYERNORM,
         &EMBEDDING,
         &OPTIM,
+        &CONV,
+        &POOL,
+        &PERMUTE,
+        &DROPOUT,
     ]);
     all
 }

@@ -12,7 +12,19 @@ use crate::tensor::{DType, Device, Tensor};
 struct Params {
     rows: u32,
     cols: u32,
-    _pad: [u32; 2],
+    causal: u32,
+    _pad: u32,
+}
+
+impl Params {
+    fn new(rows: usize, cols: usize, causal: bool) -> Self {
+        Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            causal: causal as u32,
+            _pad: 0,
+        }
+    }
 }
 
 fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
@@ -59,24 +71,38 @@ pub fn cross_entropy_ref(logits: &[f32], labels: &[u32], cols: usize) -> (Vec<f3
 
 /// Softmax over the last axis.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    softmax_masked(x, false)
+}
+
+/// Softmax over the last axis of square `[..., T, T]` attention scores under the causal
+/// mask: query row `i` attends to keys `0..=i`; the other probabilities are exactly 0.
+pub fn causal_softmax(x: &Tensor) -> Result<Tensor> {
+    let s = x.shape();
+    if s.len() < 2 || s[s.len() - 1] != s[s.len() - 2] {
+        return shape_err(
+            "causal_softmax",
+            format!("needs square [..., T, T] scores, shape is {s:?}"),
+        );
+    }
+    softmax_masked(x, true)
+}
+
+fn softmax_masked(x: &Tensor, causal: bool) -> Result<Tensor> {
     let (rows, cols) = rows_cols("softmax", x)?;
     match x.device() {
         Device::Cpu => {
             let xs = x.cpu_f32().expect("cpu");
             let mut y = vec![0.0; xs.len()];
             for r in 0..rows {
-                softmax_row_ref(&xs[r * cols..][..cols], &mut y[r * cols..][..cols]);
+                let len = if causal { r % cols + 1 } else { cols };
+                softmax_row_ref(&xs[r * cols..][..len], &mut y[r * cols..][..len]);
             }
             Tensor::from_vec(x.device(), x.shape(), y)
         }
         Device::Gpu(gpu) => {
             let y = gpu.alloc(4 * x.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "softmax_forward", &[]);
-            let params = Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                _pad: [0; 2],
-            };
+            let params = Params::new(rows, cols, causal);
             gpu.launch(
                 &pipeline,
                 &params,
@@ -114,11 +140,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
         Device::Gpu(gpu) => {
             let dx = gpu.alloc(4 * y.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "softmax_backward", &[]);
-            let params = Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                _pad: [0; 2],
-            };
+            let params = Params::new(rows, cols, false);
             let bufs = [y.gpu_buf().expect("gpu"), dy.gpu_buf().expect("gpu"), &dx];
             gpu.launch(&pipeline, &params, &bufs, grid_groups(rows));
             Ok(Tensor::from_gpu(gpu, y.shape(), DType::F32, dx))
@@ -163,11 +185,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor
             let losses = gpu.alloc(4 * rows as u64)?;
             let probs = gpu.alloc(4 * logits.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "xent_forward", &[]);
-            let params = Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                _pad: [0; 2],
-            };
+            let params = Params::new(rows, cols, false);
             let bufs = [
                 logits.gpu_buf().expect("gpu"),
                 labels.gpu_buf().expect("gpu"),
@@ -213,11 +231,7 @@ pub fn cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss: &Tensor) -
         Device::Gpu(gpu) => {
             let dx = gpu.alloc(4 * probs.numel() as u64)?;
             let pipeline = gpu.pipeline(&SOFTMAX, "xent_backward", &[]);
-            let params = Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                _pad: [0; 2],
-            };
+            let params = Params::new(rows, cols, false);
             let bufs = [
                 probs.gpu_buf().expect("gpu"),
                 labels.gpu_buf().expect("gpu"),

@@ -2,13 +2,23 @@
 //! forward pass on a [`Graph`](crate::Graph); initialisation is seeded and done on the CPU,
 //! so the same seed gives the same bits on every device.
 
+mod attention;
+mod cnn;
+mod conv;
+mod gpt;
 mod init;
 mod linear;
 mod mlp;
+mod norm;
 
-pub use init::uniform;
+pub use attention::{Block, CausalSelfAttention, DropoutPlan};
+pub use cnn::{Cnn, CnnConfig};
+pub use conv::Conv2d;
+pub use gpt::{Gpt, GptConfig};
+pub use init::{normal, uniform};
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp};
+pub use norm::LayerNorm;
 
 use crate::tensor::Tensor;
 

@@ -58,6 +58,10 @@ impl Tensor {
         unary(self, Unary::Sigmoid)
     }
 
+    pub fn sqrt(&self) -> Result<Tensor> {
+        unary(self, Unary::Sqrt)
+    }
+
     pub fn exp(&self) -> Result<Tensor> {
         unary(self, Unary::Exp)
     }

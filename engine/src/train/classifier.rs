@@ -1,11 +1,13 @@
-//! An MLP classifier trained with minibatch cross-entropy: the spine's main job.
+//! An image classifier (an MLP or a small CNN) trained with minibatch cross-entropy.
 
 use std::str::FromStr;
 
+use super::schedule::{clip_global_norm, WarmupCosine};
 use crate::autograd::Graph;
+use crate::autograd::Var;
 use crate::data::ImageSet;
 use crate::error::{Error, Result};
-use crate::nn::{Activation, Mlp, Module};
+use crate::nn::{Activation, Cnn, CnnConfig, Mlp, Module};
 use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use crate::tensor::{Device, Tensor};
 
@@ -43,6 +45,13 @@ pub struct ClassifierConfig {
     pub momentum: f32,
     pub nesterov: bool,
     pub seed: u64,
+    /// A CNN instead of the MLP (`hidden` and `activation` then do not apply); its image
+    /// side and class count are taken from the data.
+    pub cnn: Option<CnnConfig>,
+    /// Learning rate per step (otherwise `lr` throughout).
+    pub schedule: Option<WarmupCosine>,
+    /// Largest global gradient norm (otherwise no clipping).
+    pub clip: Option<f32>,
 }
 
 impl Default for ClassifierConfig {
@@ -56,13 +65,73 @@ impl Default for ClassifierConfig {
             momentum: 0.9,
             nesterov: false,
             seed: 0,
+            cnn: None,
+            schedule: None,
+            clip: None,
+        }
+    }
+}
+
+/// The classifier's network.
+pub enum ClassifierModel {
+    Mlp(Mlp),
+    Cnn(Box<Cnn>),
+}
+
+impl ClassifierModel {
+    /// Logits for `x [batch, features]`; `dropout` is `(seed, step)` in training.
+    fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32)>) -> Result<Var> {
+        match self {
+            ClassifierModel::Mlp(m) => m.forward(g, x),
+            ClassifierModel::Cnn(m) => m.forward(g, x, dropout),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClassifierModel::Mlp(_) => "mlp",
+            ClassifierModel::Cnn(_) => "cnn",
+        }
+    }
+
+    /// FLOPs of one sample's forward pass in matmuls and convolutions.
+    pub fn forward_flops(&self) -> f64 {
+        match self {
+            ClassifierModel::Mlp(m) => m
+                .layers
+                .iter()
+                .map(|l| 2.0 * (l.inputs() * l.outputs()) as f64)
+                .sum(),
+            ClassifierModel::Cnn(m) => m.forward_flops(),
+        }
+    }
+}
+
+impl Module for ClassifierModel {
+    fn parameters(&self) -> Vec<&Tensor> {
+        match self {
+            ClassifierModel::Mlp(m) => m.parameters(),
+            ClassifierModel::Cnn(m) => m.parameters(),
+        }
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            ClassifierModel::Mlp(m) => m.parameters_mut(),
+            ClassifierModel::Cnn(m) => m.parameters_mut(),
         }
     }
 }
 
 /// A model, its optimizer and the device they live on.
 pub struct Classifier {
-    pub model: Mlp,
+    pub model: ClassifierModel,
+    /// Features per sample.
+    pub inputs: usize,
+    /// Seed of the dropout masks.
+    pub seed: u64,
+    pub schedule: Option<WarmupCosine>,
+    pub clip: Option<f32>,
     pub optimizer: Box<dyn Optimizer>,
     pub device: Device,
     pub steps: u64,
@@ -75,10 +144,29 @@ impl Classifier {
         classes: usize,
         config: &ClassifierConfig,
     ) -> Result<Self> {
-        let mut sizes = vec![inputs];
-        sizes.extend(&config.hidden);
-        sizes.push(classes);
-        let model = Mlp::new(device, &sizes, config.activation, config.seed)?;
+        let model = match &config.cnn {
+            None => {
+                let mut sizes = vec![inputs];
+                sizes.extend(&config.hidden);
+                sizes.push(classes);
+                ClassifierModel::Mlp(Mlp::new(device, &sizes, config.activation, config.seed)?)
+            }
+            Some(cnn) => {
+                let side = (inputs as f64).sqrt() as usize;
+                if side * side != inputs {
+                    return Err(Error::Config(format!(
+                        "the CNN takes square one-channel images; {inputs} features are not"
+                    )));
+                }
+                let cnn = CnnConfig {
+                    side,
+                    channels: 1,
+                    classes,
+                    ..cnn.clone()
+                };
+                ClassifierModel::Cnn(Box::new(Cnn::new(device, &cnn, config.seed)?))
+            }
+        };
         let optimizer: Box<dyn Optimizer> = match config.optimizer {
             OptimizerKind::AdamW => Box::new(AdamW::new(AdamWConfig {
                 lr: config.lr,
@@ -95,6 +183,10 @@ impl Classifier {
         };
         Ok(Classifier {
             model,
+            inputs,
+            seed: config.seed,
+            schedule: config.schedule,
+            clip: config.clip,
             optimizer,
             device: device.clone(),
             steps: 0,
@@ -104,12 +196,13 @@ impl Classifier {
     /// Mean loss and parameter gradients of one batch (`x [batch, features]`, labels).
     pub fn loss_and_grads(&self, x: &[f32], labels: &[u32]) -> Result<(Tensor, Vec<Tensor>)> {
         let batch = labels.len();
-        let features = self.model.sizes()[0];
-        let xt = Tensor::from_vec(&self.device, &[batch, features], x.to_vec())?;
+        let xt = Tensor::from_vec(&self.device, &[batch, self.inputs], x.to_vec())?;
         let yt = Tensor::from_u32(&self.device, &[batch], labels.to_vec())?;
         let g = Graph::new(&self.device);
         let input = g.input(&xt);
-        let logits = self.model.forward(&g, input)?;
+        let logits = self
+            .model
+            .forward(&g, input, Some((self.seed, self.steps as u32)))?;
         let loss = g.cross_entropy_mean(logits, &yt)?;
         let loss_value = g.value(loss);
         // Consuming the graph releases its handles on the parameters before the update.
@@ -117,10 +210,18 @@ impl Classifier {
         Ok((loss_value, grads))
     }
 
-    /// Applies gradients with the optimizer.
+    /// Applies gradients with the optimizer, after clipping them and setting the step's
+    /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
+        let mut grads = grads.to_vec();
+        if let Some(max_norm) = self.clip {
+            clip_global_norm(&mut grads, max_norm)?;
+        }
+        if let Some(schedule) = &self.schedule {
+            self.optimizer.set_lr(schedule.lr(self.steps));
+        }
         self.optimizer
-            .step(&mut self.model.parameters_mut(), grads)?;
+            .step(&mut self.model.parameters_mut(), &grads)?;
         self.steps += 1;
         Ok(())
     }
@@ -135,10 +236,10 @@ impl Classifier {
 
     /// Predicted classes of `x [n, features]`.
     pub fn predict(&self, x: &[f32], n: usize) -> Result<Vec<u32>> {
-        let xt = Tensor::from_vec(&self.device, &[n, self.model.sizes()[0]], x.to_vec())?;
+        let xt = Tensor::from_vec(&self.device, &[n, self.inputs], x.to_vec())?;
         let g = Graph::new(&self.device);
         let input = g.input(&xt);
-        let logits = self.model.forward(&g, input)?;
+        let logits = self.model.forward(&g, input, None)?;
         g.value(logits).argmax()?.to_vec_u32()
     }
 
@@ -167,65 +268,31 @@ impl Classifier {
 
     /// Parameters and optimizer state as checkpoint bytes (safetensors).
     pub fn save_state(&self) -> Result<Vec<u8>> {
-        let opt = self.optimizer.export();
-        let mut tensors: Vec<(String, Tensor)> = self
-            .model
-            .parameters()
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (format!("param.{i}"), (*p).clone()))
-            .collect();
-        tensors.extend(
-            opt.tensors
-                .into_iter()
-                .map(|(n, t)| (format!("optim.{n}"), t)),
-        );
-        let meta = std::collections::BTreeMap::from([
-            ("format".to_string(), "murmur-classifier-1".to_string()),
-            ("steps".to_string(), self.steps.to_string()),
-            ("optimizer_steps".to_string(), opt.steps.to_string()),
-        ]);
-        crate::checkpoint::to_bytes(&tensors, &meta)
+        super::state::save(
+            &self.model.parameters(),
+            self.optimizer.as_ref(),
+            self.steps,
+            self.format(),
+        )
     }
 
     /// Restores what [`Classifier::save_state`] wrote, for a classifier of the same shape.
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
-        let (tensors, meta) = crate::checkpoint::from_bytes(bytes, &self.device)?;
-        if meta.get("format").map(String::as_str) != Some("murmur-classifier-1") {
-            return Err(Error::Data(
-                "checkpoint is not a murmur classifier state".into(),
-            ));
-        }
-        let number = |k: &str| {
-            meta.get(k)
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| Error::Data(format!("checkpoint metadata lacks {k}")))
-        };
-        let (steps, optimizer_steps) = (number("steps")?, number("optimizer_steps")?);
-        let loaded: Vec<Tensor> = (0..self.model.parameters().len())
-            .map(|i| crate::checkpoint::take(&tensors, &format!("param.{i}")))
-            .collect::<Result<_>>()?;
-        for (p, t) in self.model.parameters().iter().zip(&loaded) {
-            if p.shape() != t.shape() {
-                return Err(Error::Data(format!(
-                    "checkpoint parameter of shape {:?} for a model parameter of shape {:?}",
-                    t.shape(),
-                    p.shape()
-                )));
-            }
-        }
-        let optim = tensors
-            .iter()
-            .filter_map(|(n, t)| n.strip_prefix("optim.").map(|n| (n.to_string(), t.clone())))
-            .collect();
-        self.optimizer.import(crate::optim::OptimizerState {
-            steps: optimizer_steps,
-            tensors: optim,
-        })?;
-        for (p, t) in self.model.parameters_mut().into_iter().zip(loaded) {
-            *p = t;
-        }
-        self.steps = steps;
+        let format = self.format();
+        self.steps = super::state::load(
+            bytes,
+            &self.device,
+            format,
+            self.model.parameters_mut(),
+            self.optimizer.as_mut(),
+        )?;
         Ok(())
+    }
+
+    fn format(&self) -> &'static str {
+        match self.model {
+            ClassifierModel::Mlp(_) => "murmur-classifier-1",
+            ClassifierModel::Cnn(_) => "murmur-cnn-1",
+        }
     }
 }

@@ -2,6 +2,11 @@
 
 mod classifier;
 mod data_parallel;
+mod language_model;
+mod schedule;
+mod state;
 
-pub use classifier::{Classifier, ClassifierConfig, OptimizerKind};
+pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
 pub use data_parallel::{rank_slice, DataParallel, RoundBytes};
+pub use language_model::{LanguageModel, LmConfig};
+pub use schedule::{clip_global_norm, WarmupCosine};

@@ -92,3 +92,24 @@ pub fn mnist_or_skip(
 ) -> Option<(murmur_engine::data::ImageSet, murmur_engine::data::ImageSet)> {
     dataset_or_skip(murmur_engine::data::ImageDataset::Mnist, test)
 }
+
+/// Fails unless every element of every input of `f` passes the finite-difference check.
+#[track_caller]
+pub fn assert_gradcheck(
+    name: &str,
+    inputs: &[murmur_engine::Tensor],
+    f: impl Fn(
+        &murmur_engine::Graph,
+        &[murmur_engine::Var],
+    ) -> murmur_engine::Result<murmur_engine::Var>,
+) {
+    use murmur_engine::autograd::gradcheck::{gradcheck, GradcheckOptions};
+    let report = gradcheck(inputs, f, GradcheckOptions::default()).unwrap();
+    assert!(report.checked > 0);
+    assert!(
+        report.passed(),
+        "{name}: {} (ratio {})",
+        report.worst,
+        report.worst_ratio
+    );
+}

@@ -63,7 +63,7 @@ fn time_until(min_seconds: f64, sync: impl FnMut(), f: impl FnMut()) -> f64 {
     super::seconds_per_call(min_seconds, 1 << 16, sync, f)
 }
 
-fn gpu_gflops(
+pub(super) fn gpu_gflops(
     gpu: &Gpu,
     n: usize,
     ta: bool,

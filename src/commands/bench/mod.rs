@@ -3,6 +3,7 @@
 mod codecs;
 mod matmul;
 mod net;
+mod train;
 
 use clap::Subcommand;
 
@@ -15,6 +16,9 @@ pub enum BenchCommand {
     /// Push/pull throughput of QUIC beside TLS over TCP and TCP on loopback, and time per
     /// training step for f32 and compressed codecs on a shaped link.
     Net(net::NetArgs),
+    /// Training samples (tokens) per second and achieved GFLOPS per model, beside the
+    /// adapter's matmul GFLOPS.
+    Train(train::TrainBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -22,6 +26,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Matmul(a) => matmul::run(a),
         BenchCommand::Codecs(a) => codecs::run(a),
         BenchCommand::Net(a) => net::run(a),
+        BenchCommand::Train(a) => train::run(a),
     }
 }
 

@@ -1,0 +1,307 @@
+//! Convolution lowering (conv.wgsl): im2col and its adjoint col2im for NHWC images. A conv2d
+//! is `im2col(x) [N, OH, OW, KH*KW*C] x W [KH*KW*C, OC]`, so the heavy lifting is the matmul
+//! kernel, and both backward passes come from the matmul's (dW = cols^T dY) and col2im's
+//! (dX = col2im(dY W^T)).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, CONV};
+use crate::error::{shape_err, Result};
+use crate::tensor::{DType, Device, Tensor};
+
+/// The shape of one convolution: input `[n, h, w, c]`, a `kh x kw` window, stride and zero
+/// padding on every side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+impl ConvGeometry {
+    /// The geometry of `x [n, h, w, c]` under a `kh x kw` window; an error if the window does
+    /// not fit the padded image or the stride is zero.
+    pub fn of(x: &[usize], kh: usize, kw: usize, stride: usize, pad: usize) -> Result<Self> {
+        let &[n, h, w, c] = x else {
+            return shape_err(
+                "conv2d",
+                format!("input must be [batch, height, width, channels], is {x:?}"),
+            );
+        };
+        if stride == 0 || kh == 0 || kw == 0 || kh > h + 2 * pad || kw > w + 2 * pad || c == 0 {
+            return shape_err(
+                "conv2d",
+                format!("a {kh}x{kw} window with stride {stride} and padding {pad} does not fit input {x:?}"),
+            );
+        }
+        Ok(ConvGeometry {
+            n,
+            h,
+            w,
+            c,
+            kh,
+            kw,
+            stride,
+            pad,
+        })
+    }
+
+    pub fn out_h(&self) -> usize {
+        (self.h + 2 * self.pad - self.kh) / self.stride + 1
+    }
+
+    pub fn out_w(&self) -> usize {
+        (self.w + 2 * self.pad - self.kw) / self.stride + 1
+    }
+
+    /// Columns of the im2col matrix: one (kh, kw, c) triple each.
+    pub fn patch(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+
+    /// `[n, out_h, out_w, patch]`.
+    pub fn cols_shape(&self) -> [usize; 4] {
+        [self.n, self.out_h(), self.out_w(), self.patch()]
+    }
+
+    fn params(&self) -> Params {
+        Params {
+            n: self.n as u32,
+            h: self.h as u32,
+            w: self.w as u32,
+            c: self.c as u32,
+            kh: self.kh as u32,
+            kw: self.kw as u32,
+            stride: self.stride as u32,
+            pad: self.pad as u32,
+            oh: self.out_h() as u32,
+            ow: self.out_w() as u32,
+            _pad: [0; 2],
+        }
+    }
+
+    /// The input position `(ih, iw)` that output `(oh, ow)` reads at window offset `(kh, kw)`,
+    /// or `None` in the padding.
+    fn source(&self, oh: usize, ow: usize, kh: usize, kw: usize) -> Option<(usize, usize)> {
+        let ih = (oh * self.stride + kh).checked_sub(self.pad)?;
+        let iw = (ow * self.stride + kw).checked_sub(self.pad)?;
+        (ih < self.h && iw < self.w).then_some((ih, iw))
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n: u32,
+    h: u32,
+    w: u32,
+    c: u32,
+    kh: u32,
+    kw: u32,
+    stride: u32,
+    pad: u32,
+    oh: u32,
+    ow: u32,
+    _pad: [u32; 2],
+}
+
+/// CPU reference of im2col.
+pub fn im2col_ref(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let mut cols = Vec::with_capacity(g.cols_shape().iter().product());
+    for n in 0..g.n {
+        for oh in 0..g.out_h() {
+            for ow in 0..g.out_w() {
+                for kh in 0..g.kh {
+                    for kw in 0..g.kw {
+                        match g.source(oh, ow, kh, kw) {
+                            Some((ih, iw)) => {
+                                let at = ((n * g.h + ih) * g.w + iw) * g.c;
+                                cols.extend_from_slice(&x[at..at + g.c]);
+                            }
+                            None => cols.extend(std::iter::repeat_n(0.0, g.c)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cols
+}
+
+/// CPU reference of col2im, summing in the kernel's order: for each input element, over
+/// (kh, kw) ascending.
+pub fn col2im_ref(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (oh_n, ow_n) = (g.out_h(), g.out_w());
+    let mut dx = vec![0.0; g.n * g.h * g.w * g.c];
+    for n in 0..g.n {
+        for ih in 0..g.h {
+            for iw in 0..g.w {
+                for c in 0..g.c {
+                    let mut acc = 0.0f32;
+                    for kh in 0..g.kh {
+                        let Some(yh) = (ih + g.pad).checked_sub(kh) else {
+                            continue;
+                        };
+                        if yh % g.stride != 0 || yh / g.stride >= oh_n {
+                            continue;
+                        }
+                        for kw in 0..g.kw {
+                            let Some(yw) = (iw + g.pad).checked_sub(kw) else {
+                                continue;
+                            };
+                            if yw % g.stride != 0 || yw / g.stride >= ow_n {
+                                continue;
+                            }
+                            let row = (n * oh_n + yh / g.stride) * ow_n + yw / g.stride;
+                            acc += cols[(row * g.kh + kh) * g.kw * g.c + kw * g.c + c];
+                        }
+                    }
+                    dx[((n * g.h + ih) * g.w + iw) * g.c + c] = acc;
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// A direct convolution (no lowering) in f64, to check the lowered path against:
+/// `x [n, h, w, c]`, `weight [kh*kw*c, oc]` in im2col's (kh, kw, c) order, output
+/// `[n, oh, ow, oc]`.
+pub fn conv2d_direct_ref(x: &[f32], weight: &[f32], g: &ConvGeometry, oc: usize) -> Vec<f64> {
+    let mut y = vec![0.0f64; g.n * g.out_h() * g.out_w() * oc];
+    for n in 0..g.n {
+        for oh in 0..g.out_h() {
+            for ow in 0..g.out_w() {
+                let out = ((n * g.out_h() + oh) * g.out_w() + ow) * oc;
+                for kh in 0..g.kh {
+                    for kw in 0..g.kw {
+                        let Some((ih, iw)) = g.source(oh, ow, kh, kw) else {
+                            continue;
+                        };
+                        for c in 0..g.c {
+                            let xv = x[((n * g.h + ih) * g.w + iw) * g.c + c] as f64;
+                            let wrow = ((kh * g.kw + kw) * g.c + c) * oc;
+                            for o in 0..oc {
+                                y[out + o] += xv * weight[wrow + o] as f64;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The im2col matrix of `x [n, h, w, c]`: `[n, oh, ow, kh*kw*c]`.
+pub fn im2col(x: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
+    x.expect_dtype("im2col", DType::F32)?;
+    if x.shape() != [g.n, g.h, g.w, g.c] {
+        return shape_err(
+            "im2col",
+            format!("input {:?} does not match {g:?}", x.shape()),
+        );
+    }
+    let shape = g.cols_shape();
+    match x.device() {
+        Device::Cpu => {
+            Tensor::from_vec(x.device(), &shape, im2col_ref(x.cpu_f32().expect("cpu"), g))
+        }
+        Device::Gpu(gpu) => {
+            let n: usize = shape.iter().product();
+            let out = gpu.alloc(4 * n as u64)?;
+            let pipeline = gpu.pipeline(&CONV, "im2col", &[]);
+            gpu.launch(
+                &pipeline,
+                &g.params(),
+                &[x.gpu_buf().expect("gpu"), &out],
+                grid_1d(n),
+            );
+            Ok(Tensor::from_gpu(gpu, &shape, DType::F32, out))
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: gradient columns `[n, oh, ow, kh*kw*c]` summed back onto the
+/// image `[n, h, w, c]`.
+pub fn col2im(cols: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
+    cols.expect_dtype("col2im", DType::F32)?;
+    if cols.shape() != g.cols_shape() {
+        return shape_err(
+            "col2im",
+            format!("columns {:?} do not match {g:?}", cols.shape()),
+        );
+    }
+    let shape = [g.n, g.h, g.w, g.c];
+    match cols.device() {
+        Device::Cpu => Tensor::from_vec(
+            cols.device(),
+            &shape,
+            col2im_ref(cols.cpu_f32().expect("cpu"), g),
+        ),
+        Device::Gpu(gpu) => {
+            let n: usize = shape.iter().product();
+            let out = gpu.alloc(4 * n as u64)?;
+            let pipeline = gpu.pipeline(&CONV, "col2im", &[]);
+            gpu.launch(
+                &pipeline,
+                &g.params(),
+                &[cols.gpu_buf().expect("gpu"), &out],
+                grid_1d(n),
+            );
+            Ok(Tensor::from_gpu(gpu, &shape, DType::F32, out))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        // <im2col(x), y> == <x, col2im(y)> for every geometry: the defining property of the
+        // backward pass.
+        for (h, w, c, k, stride, pad) in [
+            (5, 4, 2, 3, 1, 1),
+            (7, 7, 1, 3, 2, 0),
+            (6, 5, 3, 2, 2, 1),
+            (1, 1, 1, 1, 1, 0),
+        ] {
+            let g = ConvGeometry::of(&[2, h, w, c], k, k, stride, pad).unwrap();
+            let x: Vec<f32> = (0..2 * h * w * c)
+                .map(|i| ((i * 7 % 11) as f32) - 5.0)
+                .collect();
+            let y: Vec<f32> = (0..g.cols_shape().iter().product::<usize>())
+                .map(|i| ((i * 5 % 13) as f32) - 6.0)
+                .collect();
+            let lhs: f64 = im2col_ref(&x, &g)
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum();
+            let rhs: f64 = x
+                .iter()
+                .zip(col2im_ref(&y, &g))
+                .map(|(a, b)| (*a as f64) * (b as f64))
+                .sum();
+            assert_eq!(lhs, rhs, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn geometry_refuses_windows_that_do_not_fit() {
+        assert!(ConvGeometry::of(&[1, 2, 2, 1], 3, 3, 1, 0).is_err());
+        assert!(ConvGeometry::of(&[1, 2, 2, 1], 3, 3, 0, 1).is_err());
+        assert!(ConvGeometry::of(&[2, 2, 1], 1, 1, 1, 0).is_err());
+        let g = ConvGeometry::of(&[1, 28, 28, 1], 3, 3, 1, 1).unwrap();
+        assert_eq!((g.out_h(), g.out_w(), g.patch()), (28, 28, 9));
+        let g = ConvGeometry::of(&[1, 7, 6, 2], 3, 2, 2, 0).unwrap();
+        assert_eq!((g.out_h(), g.out_w()), (3, 3));
+    }
+}

@@ -1,0 +1,101 @@
+//! Inverted dropout with a counter-based mask (dropout.wgsl).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, DROPOUT};
+use crate::error::{Error, Result};
+use crate::rng::{element_u32, unit_f32};
+use crate::tensor::{DType, Device, Tensor};
+
+/// Where a dropout mask comes from: element `i` of the mask is a function of
+/// `(seed, step, key, i)` alone, so the backward pass and every peer recompute it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutMask {
+    pub rate: f32,
+    pub seed: u64,
+    pub step: u32,
+    /// Distinguishes the dropout sites of one forward pass.
+    pub key: u32,
+}
+
+impl DropoutMask {
+    fn check(&self) -> Result<()> {
+        if !(0.0..1.0).contains(&self.rate) {
+            return Err(Error::Config(format!(
+                "dropout rate {} must be in [0, 1)",
+                self.rate
+            )));
+        }
+        Ok(())
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (1.0 - self.rate)
+    }
+
+    /// Whether element `i` is kept.
+    pub fn keeps(&self, i: usize) -> bool {
+        unit_f32(element_u32(self.seed, self.step, self.key, i as u32)) >= self.rate
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n: u32,
+    step: u32,
+    key: u32,
+    rate: f32,
+    scale: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    _pad: u32,
+}
+
+/// CPU reference: `x * mask / (1 - rate)`.
+pub fn dropout_ref(x: &[f32], mask: &DropoutMask) -> Vec<f32> {
+    let scale = mask.scale();
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| if mask.keeps(i) { v * scale } else { 0.0 })
+        .collect()
+}
+
+/// Applies the mask to `x`: the forward pass on activations and, with the same mask, the
+/// backward pass on their gradients.
+pub fn dropout(x: &Tensor, mask: &DropoutMask) -> Result<Tensor> {
+    x.expect_dtype("dropout", DType::F32)?;
+    mask.check()?;
+    if x.numel() > u32::MAX as usize {
+        return Err(Error::Config("dropout over more than 2^32 elements".into()));
+    }
+    match x.device() {
+        Device::Cpu => Tensor::from_vec(
+            x.device(),
+            x.shape(),
+            dropout_ref(x.cpu_f32().expect("cpu"), mask),
+        ),
+        Device::Gpu(gpu) => {
+            let n = x.numel();
+            let out = gpu.alloc(4 * n as u64)?;
+            let params = Params {
+                n: n as u32,
+                step: mask.step,
+                key: mask.key,
+                rate: mask.rate,
+                scale: mask.scale(),
+                seed_lo: mask.seed as u32,
+                seed_hi: (mask.seed >> 32) as u32,
+                _pad: 0,
+            };
+            let pipeline = gpu.pipeline(&DROPOUT, "apply_mask", &[]);
+            gpu.launch(
+                &pipeline,
+                &params,
+                &[x.gpu_buf().expect("gpu"), &out],
+                grid_1d(n),
+            );
+            Ok(Tensor::from_gpu(gpu, x.shape(), DType::F32, out))
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Max and average pooling over square windows, NHWC, no padding (pool.wgsl).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{grid_1d, POOL};
+use crate::error::{shape_err, Result};
+use crate::tensor::{DType, Device, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    Max,
+    Avg,
+}
+
+/// Input `[n, h, w, c]` pooled over `k x k` windows every `stride` pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolGeometry {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub k: usize,
+    pub stride: usize,
+}
+
+impl PoolGeometry {
+    pub fn of(x: &[usize], k: usize, stride: usize) -> Result<Self> {
+        match *x {
+            [n, h, w, c] if k > 0 && stride > 0 && k <= h && k <= w => Ok(PoolGeometry {
+                n,
+                h,
+                w,
+                c,
+                k,
+                stride,
+            }),
+            _ => shape_err(
+                "pool",
+                format!("a {k}x{k} window with stride {stride} does not fit input {x:?} (NHWC)"),
+            ),
+        }
+    }
+
+    pub fn out_h(&self) -> usize {
+        (self.h - self.k) / self.stride + 1
+    }
+
+    pub fn out_w(&self) -> usize {
+        (self.w - self.k) / self.stride + 1
+    }
+
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.n, self.out_h(), self.out_w(), self.c]
+    }
+
+    fn params(&self) -> Params {
+        Params {
+            n: self.n as u32,
+            h: self.h as u32,
+            w: self.w as u32,
+            c: self.c as u32,
+            k: self.k as u32,
+            stride: self.stride as u32,
+            oh: self.out_h() as u32,
+            ow: self.out_w() as u32,
+        }
+    }
+
+    /// Flat input index of the corner of output `o`'s window.
+    fn window_base(&self, o: usize) -> usize {
+        let c = o % self.c;
+        let t = o / self.c;
+        let (ow, t) = (t % self.out_w(), t / self.out_w());
+        let (oh, n) = (t % self.out_h(), t / self.out_h());
+        ((n * self.h + oh * self.stride) * self.w + ow * self.stride) * self.c + c
+    }
+
+    /// The flat input indices of output `o`'s window, in (kh, kw) order.
+    fn window(&self, o: usize) -> impl Iterator<Item = usize> + '_ {
+        let base = self.window_base(o);
+        (0..self.k)
+            .flat_map(move |kh| (0..self.k).map(move |kw| base + (kh * self.w + kw) * self.c))
+    }
+
+    /// The output elements whose windows cover input `i`, in (kh, kw) order.
+    fn covering(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        let c = i % self.c;
+        let t = i / self.c;
+        let (iw, t) = (t % self.w, t / self.w);
+        let (ih, n) = (t % self.h, t / self.h);
+        let axis = move |x: usize, k: usize, len: usize| {
+            let y = x.checked_sub(k)?;
+            (y % self.stride == 0 && y / self.stride < len).then_some(y / self.stride)
+        };
+        (0..self.k).flat_map(move |kh| {
+            (0..self.k).filter_map(move |kw| {
+                let oh = axis(ih, kh, self.out_h())?;
+                let ow = axis(iw, kw, self.out_w())?;
+                Some(((n * self.out_h() + oh) * self.out_w() + ow) * self.c + c)
+            })
+        })
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n: u32,
+    h: u32,
+    w: u32,
+    c: u32,
+    k: u32,
+    stride: u32,
+    oh: u32,
+    ow: u32,
+}
+
+/// CPU reference forward: the pooled values and, for max pooling, the flat input index of
+/// each maximum (the first in window order on ties; empty for average pooling).
+pub fn pool_ref(x: &[f32], g: &PoolGeometry, kind: Pool) -> (Vec<f32>, Vec<u32>) {
+    let outs = g.out_shape().iter().product();
+    let mut y = Vec::with_capacity(outs);
+    let mut argmax = vec![];
+    for o in 0..outs {
+        let mut window = g.window(o);
+        match kind {
+            Pool::Max => {
+                let first = window.next().expect("k >= 1");
+                let (mut best, mut at) = (x[first], first);
+                for j in window {
+                    if x[j] > best {
+                        (best, at) = (x[j], j);
+                    }
+                }
+                y.push(best);
+                argmax.push(at as u32);
+            }
+            Pool::Avg => {
+                let sum = window.fold(0.0f32, |acc, j| acc + x[j]);
+                y.push(sum / (g.k * g.k) as f32);
+            }
+        }
+    }
+    (y, argmax)
+}
+
+/// CPU reference backward.
+pub fn pool_backward_ref(dy: &[f32], argmax: &[u32], g: &PoolGeometry, kind: Pool) -> Vec<f32> {
+    (0..g.n * g.h * g.w * g.c)
+        .map(|i| {
+            let covering = g.covering(i);
+            match kind {
+                Pool::Max => covering
+                    .filter(|&o| argmax[o] as usize == i)
+                    .fold(0.0f32, |acc, o| acc + dy[o]),
+                Pool::Avg => covering.fold(0.0f32, |acc, o| acc + dy[o]) / (g.k * g.k) as f32,
+            }
+        })
+        .collect()
+}
+
+/// Pools `x [n, h, w, c]`; returns the output and, for max pooling, the argmax indices (u32,
+/// same shape) the backward pass needs.
+pub fn pool(x: &Tensor, g: &PoolGeometry, kind: Pool) -> Result<(Tensor, Option<Tensor>)> {
+    x.expect_dtype("pool", DType::F32)?;
+    if x.shape() != [g.n, g.h, g.w, g.c] {
+        return shape_err(
+            "pool",
+            format!("input {:?} does not match {g:?}", x.shape()),
+        );
+    }
+    let shape = g.out_shape();
+    let outs: usize = shape.iter().product();
+    match x.device() {
+        Device::Cpu => {
+            let (y, argmax) = pool_ref(x.cpu_f32().expect("cpu"), g, kind);
+            let argmax = match kind {
+                Pool::Max => Some(Tensor::from_u32(x.device(), &shape, argmax)?),
+                Pool::Avg => None,
+            };
+            Ok((Tensor::from_vec(x.device(), &shape, y)?, argmax))
+        }
+        Device::Gpu(gpu) => {
+            let y = gpu.alloc(4 * outs as u64)?;
+            let src = x.gpu_buf().expect("gpu");
+            let argmax = match kind {
+                Pool::Max => {
+                    let argmax = gpu.alloc(4 * outs as u64)?;
+                    let pipeline = gpu.pipeline(&POOL, "max_forward", &[]);
+                    gpu.launch(&pipeline, &g.params(), &[src, &y, &argmax], grid_1d(outs));
+                    Some(Tensor::from_gpu(gpu, &shape, DType::U32, argmax))
+                }
+                Pool::Avg => {
+                    let pipeline = gpu.pipeline(&POOL, "avg_forward", &[]);
+                    gpu.launch(&pipeline, &g.params(), &[src, &y], grid_1d(outs));
+                    None
+                }
+            };
+            Ok((Tensor::from_gpu(gpu, &shape, DType::F32, y), argmax))
+        }
+    }
+}
+
+/// The gradient with respect to the pooled input, from `dy` (and the forward's argmax for
+/// max pooling).
+pub fn pool_backward(
+    dy: &Tensor,
+    argmax: Option<&Tensor>,
+    g: &PoolGeometry,
+    kind: Pool,
+) -> Result<Tensor> {
+    dy.expect_dtype("pool_backward", DType::F32)?;
+    if dy.shape() != g.out_shape()
+        || argmax.is_some_and(|a| a.shape() != g.out_shape())
+        || (kind == Pool::Max) != argmax.is_some()
+    {
+        return shape_err(
+            "pool_backward",
+            format!("dy {:?} does not match {g:?}", dy.shape()),
+        );
+    }
+    let shape = [g.n, g.h, g.w, g.c];
+    let n: usize = shape.iter().product();
+    match dy.device() {
+        Device::Cpu => {
+            let argmax = argmax.map(|a| a.cpu_u32().expect("cpu")).unwrap_or(&[]);
+            Tensor::from_vec(
+                dy.device(),
+                &shape,
+                pool_backward_ref(dy.cpu_f32().expect("cpu"), argmax, g, kind),
+            )
+        }
+        Device::Gpu(gpu) => {
+            let dx = gpu.alloc(4 * n as u64)?;
+            let src = dy.gpu_buf().expect("gpu");
+            match argmax {
+                Some(a) => {
+                    let pipeline = gpu.pipeline(&POOL, "max_backward", &[]);
+                    gpu.launch(
+                        &pipeline,
+                        &g.params(),
+                        &[src, &dx, a.gpu_buf().expect("gpu")],
+                        grid_1d(n),
+                    );
+                }
+                None => {
+                    let pipeline = gpu.pipeline(&POOL, "avg_backward", &[]);
+                    gpu.launch(&pipeline, &g.params(), &[src, &dx], grid_1d(n));
+                }
+            }
+            Ok(Tensor::from_gpu(gpu, &shape, DType::F32, dx))
+        }
+    }
+}

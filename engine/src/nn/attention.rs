@@ -1,0 +1,191 @@
+//! Causal multi-head self-attention and the pre-norm transformer block of GPT-2.
+
+use super::{init, LayerNorm, Linear, Module};
+use crate::autograd::{Graph, Var};
+use crate::error::{shape_err, Result};
+use crate::kernels::dropout::DropoutMask;
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+/// A linear layer with GPT-2's initialisation: weights normal(0, std), bias zero.
+fn gpt_linear(
+    device: &Device,
+    inputs: usize,
+    outputs: usize,
+    std: f32,
+    rng: &mut Rng,
+) -> Result<Linear> {
+    Ok(Linear {
+        weight: init::normal(device, &[inputs, outputs], std, rng)?,
+        bias: Some(Tensor::zeros(device, &[outputs])?),
+    })
+}
+
+/// Dropout for one step of training: the mask of site `key` is drawn from (seed, step, key).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutPlan {
+    pub rate: f32,
+    pub seed: u64,
+    pub step: u32,
+}
+
+impl DropoutPlan {
+    pub fn mask(&self, key: u32) -> DropoutMask {
+        DropoutMask {
+            rate: self.rate,
+            seed: self.seed,
+            step: self.step,
+            key,
+        }
+    }
+}
+
+/// `softmax(q k^T / sqrt(d) + causal mask) v` over `heads` heads of width `dim / heads`.
+pub struct CausalSelfAttention {
+    pub query: Linear,
+    pub key: Linear,
+    pub value: Linear,
+    pub proj: Linear,
+    pub heads: usize,
+}
+
+impl CausalSelfAttention {
+    /// `proj_std` initialises the output projection (GPT-2 scales it by 1/sqrt(2 layers)).
+    pub fn new(
+        device: &Device,
+        dim: usize,
+        heads: usize,
+        proj_std: f32,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        if heads == 0 || !dim.is_multiple_of(heads) {
+            return shape_err(
+                "attention",
+                format!("width {dim} is not a multiple of {heads} heads"),
+            );
+        }
+        Ok(CausalSelfAttention {
+            query: gpt_linear(device, dim, dim, 0.02, rng)?,
+            key: gpt_linear(device, dim, dim, 0.02, rng)?,
+            value: gpt_linear(device, dim, dim, 0.02, rng)?,
+            proj: gpt_linear(device, dim, dim, proj_std, rng)?,
+            heads,
+        })
+    }
+
+    /// `x [batch, time, dim]` to `[batch, time, dim]`; `dropout` (sites `key_base` and
+    /// `key_base + 1`) drops attention weights and the output.
+    pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
+        let shape = g.shape(x);
+        let &[b, t, c] = shape.as_slice() else {
+            return shape_err(
+                "attention",
+                format!("needs [batch, time, dim], is {shape:?}"),
+            );
+        };
+        let (h, d) = (self.heads, c / self.heads);
+        // [b, t, c] -> [b, h, t, d]
+        let split = |v: Var| -> Result<Var> {
+            let v = g.reshape(v, &[b, t, h, d])?;
+            g.permute(v, &[0, 2, 1, 3])
+        };
+        let q = g.scale(self.query.forward(g, x)?, 1.0 / (d as f32).sqrt())?;
+        let q = split(q)?;
+        let k = split(self.key.forward(g, x)?)?;
+        let v = split(self.value.forward(g, x)?)?;
+        let scores = g.matmul_t(q, k, false, true)?; // [b, h, t, t]
+        let mut att = g.causal_softmax(scores)?;
+        if let Some((plan, key)) = dropout {
+            att = g.dropout(att, plan.mask(key))?;
+        }
+        let y = g.matmul(att, v)?; // [b, h, t, d]
+        let y = g.permute(y, &[0, 2, 1, 3])?;
+        let y = g.reshape(y, &[b, t, c])?;
+        let mut y = self.proj.forward(g, y)?;
+        if let Some((plan, key)) = dropout {
+            y = g.dropout(y, plan.mask(key + 1))?;
+        }
+        Ok(y)
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn parameters(&self) -> Vec<&Tensor> {
+        [&self.query, &self.key, &self.value, &self.proj]
+            .into_iter()
+            .flat_map(|l| l.parameters())
+            .collect()
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        [
+            &mut self.query,
+            &mut self.key,
+            &mut self.value,
+            &mut self.proj,
+        ]
+        .into_iter()
+        .flat_map(|l| l.parameters_mut())
+        .collect()
+    }
+}
+
+/// `x + attn(ln1(x))`, then `x + mlp(ln2(x))` with a GELU MLP four times as wide.
+pub struct Block {
+    pub ln1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln2: LayerNorm,
+    pub fc: Linear,
+    pub fc_proj: Linear,
+}
+
+impl Block {
+    pub fn new(
+        device: &Device,
+        dim: usize,
+        heads: usize,
+        layers: usize,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let proj_std = 0.02 / ((2 * layers.max(1)) as f32).sqrt();
+        Ok(Block {
+            ln1: LayerNorm::new(device, dim)?,
+            attn: CausalSelfAttention::new(device, dim, heads, proj_std, rng)?,
+            ln2: LayerNorm::new(device, dim)?,
+            fc: gpt_linear(device, dim, 4 * dim, 0.02, rng)?,
+            fc_proj: gpt_linear(device, 4 * dim, dim, proj_std, rng)?,
+        })
+    }
+
+    /// Dropout sites `key_base .. key_base + 3`.
+    pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
+        let a = self.attn.forward(g, self.ln1.forward(g, x)?, dropout)?;
+        let x = g.add(x, a)?;
+        let m = g.gelu(self.fc.forward(g, self.ln2.forward(g, x)?)?)?;
+        let mut m = self.fc_proj.forward(g, m)?;
+        if let Some((plan, key)) = dropout {
+            m = g.dropout(m, plan.mask(key + 2))?;
+        }
+        g.add(x, m)
+    }
+}
+
+impl Module for Block {
+    fn parameters(&self) -> Vec<&Tensor> {
+        let mut p = self.ln1.parameters();
+        p.extend(self.attn.parameters());
+        p.extend(self.ln2.parameters());
+        p.extend(self.fc.parameters());
+        p.extend(self.fc_proj.parameters());
+        p
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut p = self.ln1.parameters_mut();
+        p.extend(self.attn.parameters_mut());
+        p.extend(self.ln2.parameters_mut());
+        p.extend(self.fc.parameters_mut());
+        p.extend(self.fc_proj.parameters_mut());
+        p
+    }
+}

@@ -1,0 +1,123 @@
+//! A small convolutional network for 28x28 grey images (MNIST, Fashion-MNIST):
+//! conv 3x3 (c1) - relu - maxpool 2 - conv 3x3 (c2) - image norm - relu - maxpool 2 -
+//! linear (hidden) - relu - dropout - linear (classes).
+
+use super::{Conv2d, LayerNorm, Linear, Module};
+use crate::autograd::{Graph, Var};
+use crate::error::{Error, Result};
+use crate::kernels::dropout::DropoutMask;
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CnnConfig {
+    pub side: usize,
+    pub channels: usize,
+    pub conv1: usize,
+    pub conv2: usize,
+    pub hidden: usize,
+    pub classes: usize,
+    pub dropout: f32,
+}
+
+impl Default for CnnConfig {
+    fn default() -> Self {
+        CnnConfig {
+            side: 28,
+            channels: 1,
+            conv1: 16,
+            conv2: 32,
+            hidden: 128,
+            classes: 10,
+            dropout: 0.25,
+        }
+    }
+}
+
+pub struct Cnn {
+    pub config: CnnConfig,
+    pub conv1: Conv2d,
+    pub conv2: Conv2d,
+    pub norm: LayerNorm,
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl Cnn {
+    /// Layer `i` draws its initial values from stream `i` of `seed`.
+    pub fn new(device: &Device, config: &CnnConfig, seed: u64) -> Result<Self> {
+        if !config.side.is_multiple_of(4) || config.side == 0 {
+            return Err(Error::Config(format!(
+                "the CNN pools twice by 2: image side {} must be a multiple of 4",
+                config.side
+            )));
+        }
+        let rng = |i| Rng::new(seed, i);
+        let flat = (config.side / 4) * (config.side / 4) * config.conv2;
+        Ok(Cnn {
+            conv1: Conv2d::new(device, config.channels, config.conv1, 3, 1, 1, &mut rng(0))?,
+            conv2: Conv2d::new(device, config.conv1, config.conv2, 3, 1, 1, &mut rng(1))?,
+            norm: LayerNorm::new(device, config.conv2)?,
+            fc1: Linear::new(device, flat, config.hidden, true, &mut rng(2))?,
+            fc2: Linear::new(device, config.hidden, config.classes, true, &mut rng(3))?,
+            config: config.clone(),
+        })
+    }
+
+    /// Logits for `x [batch, side*side*channels]` (rows of pixels, channels last). `dropout`
+    /// names the step's mask; `None` evaluates without dropout.
+    pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32)>) -> Result<Var> {
+        let c = &self.config;
+        let batch = g.shape(x)[0];
+        let h = g.reshape(x, &[batch, c.side, c.side, c.channels])?;
+        let h = self.conv1.forward(g, h)?;
+        let h = g.max_pool2d(g.relu(h)?, 2, 2)?;
+        let h = self.conv2.forward(g, h)?;
+        let h = self.norm.forward_image(g, h)?;
+        let h = g.max_pool2d(g.relu(h)?, 2, 2)?;
+        let flat = g.shape(h)[1..].iter().product();
+        let h = g.reshape(h, &[batch, flat])?;
+        let mut h = g.relu(self.fc1.forward(g, h)?)?;
+        if let Some((seed, step)) = dropout {
+            let mask = DropoutMask {
+                rate: c.dropout,
+                seed,
+                step,
+                key: 0,
+            };
+            h = g.dropout(h, mask)?;
+        }
+        self.fc2.forward(g, h)
+    }
+
+    /// Multiply-adds of one forward pass per sample, times two: the FLOPs the benchmark
+    /// reports (convolutions and linear layers; elementwise work is not counted).
+    pub fn forward_flops(&self) -> f64 {
+        let c = &self.config;
+        let s = c.side as f64;
+        let conv1 = s * s * (9 * c.channels * c.conv1) as f64;
+        let conv2 = (s / 2.0) * (s / 2.0) * (9 * c.conv1 * c.conv2) as f64;
+        let fc = (self.fc1.inputs() * c.hidden + c.hidden * c.classes) as f64;
+        2.0 * (conv1 + conv2 + fc)
+    }
+}
+
+impl Module for Cnn {
+    fn parameters(&self) -> Vec<&Tensor> {
+        let mut p = self.conv1.parameters();
+        p.extend(self.conv2.parameters());
+        p.extend(self.norm.parameters());
+        p.extend(self.fc1.parameters());
+        p.extend(self.fc2.parameters());
+        p
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut p = self.conv1.parameters_mut();
+        p.extend(self.conv2.parameters_mut());
+        p.extend(self.norm.parameters_mut());
+        p.extend(self.fc1.parameters_mut());
+        p.extend(self.fc2.parameters_mut());
+        p
+    }
+}

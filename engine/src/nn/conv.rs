@@ -1,0 +1,66 @@
+//! 2-D convolution layer over NHWC images.
+
+use super::{init, Module};
+use crate::autograd::{Graph, Var};
+use crate::error::Result;
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+pub struct Conv2d {
+    /// `[kernel*kernel*in_channels, out_channels]`, rows in (kh, kw, c) order: the im2col
+    /// matrix times this is the convolution.
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub kernel: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+impl Conv2d {
+    /// PyTorch's default initialisation: uniform in ±1/sqrt(fan_in).
+    pub fn new(
+        device: &Device,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let fan_in = kernel * kernel * in_channels;
+        let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+        Ok(Conv2d {
+            weight: init::uniform(device, &[fan_in, out_channels], bound, rng)?,
+            bias: init::uniform(device, &[out_channels], bound, rng)?,
+            kernel,
+            stride,
+            pad,
+        })
+    }
+
+    /// `x [n, h, w, in_channels]` to `[n, oh, ow, out_channels]`.
+    pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
+        g.conv2d(
+            x,
+            g.param(&self.weight),
+            Some(g.param(&self.bias)),
+            (self.kernel, self.kernel),
+            self.stride,
+            self.pad,
+        )
+    }
+
+    pub fn out_channels(&self) -> usize {
+        self.weight.shape()[1]
+    }
+}
+
+impl Module for Conv2d {
+    fn parameters(&self) -> Vec<&Tensor> {
+        vec![&self.weight, &self.bias]
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight, &mut self.bias]
+    }
+}

@@ -1,0 +1,44 @@
+//! Normalization layers: layer norm over features, and its one-group form for images.
+
+use super::Module;
+use crate::autograd::{Graph, Var};
+use crate::error::Result;
+use crate::tensor::{Device, Tensor};
+
+/// Learned scale (ones) and shift (zeros) over `dim` features or channels.
+pub struct LayerNorm {
+    pub gamma: Tensor,
+    pub beta: Tensor,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(device: &Device, dim: usize) -> Result<Self> {
+        Ok(LayerNorm {
+            gamma: Tensor::full(device, &[dim], 1.0)?,
+            beta: Tensor::zeros(device, &[dim])?,
+            eps: 1e-5,
+        })
+    }
+
+    /// Normalizes over the last axis.
+    pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
+        g.layer_norm(x, g.param(&self.gamma), g.param(&self.beta), self.eps)
+    }
+
+    /// Normalizes NHWC images over each sample's (h, w, c), scale and shift per channel
+    /// (GroupNorm with one group).
+    pub fn forward_image(&self, g: &Graph, x: Var) -> Result<Var> {
+        g.image_norm(x, g.param(&self.gamma), g.param(&self.beta), self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn parameters(&self) -> Vec<&Tensor> {
+        vec![&self.gamma, &self.beta]
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.gamma, &mut self.beta]
+    }
+}

@@ -1,0 +1,241 @@
+//! A byte-level GPT trained on next-byte prediction: AdamW with warm-up and cosine decay,
+//! gradient clipping by global norm, evaluation in nats per byte, sampling, and resumable
+//! checkpoints.
+
+use crate::autograd::Graph;
+use crate::data::{lm_batch, lm_windows};
+use crate::error::{Error, Result};
+use crate::nn::{DropoutPlan, Gpt, GptConfig, Module};
+use crate::optim::{AdamW, AdamWConfig, Optimizer};
+use crate::rng::Rng;
+use crate::tensor::{Device, Tensor};
+
+use super::schedule::{clip_global_norm, WarmupCosine};
+
+const FORMAT: &str = "murmur-gpt-1";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmConfig {
+    pub model: GptConfig,
+    /// Sequences per step, each `model.context` bytes long.
+    pub batch: usize,
+    pub schedule: WarmupCosine,
+    pub weight_decay: f32,
+    /// Largest global gradient norm; larger gradients are scaled down to it.
+    pub clip: f32,
+    pub seed: u64,
+}
+
+impl LmConfig {
+    /// Defaults for `steps` steps of training: peak learning rate 3e-3 after 100 steps of
+    /// warm-up, decaying to a tenth.
+    pub fn new(steps: u64) -> Self {
+        LmConfig {
+            model: GptConfig::default(),
+            batch: 32,
+            schedule: WarmupCosine {
+                peak: 3e-3,
+                warmup: 100.min(steps / 10),
+                total: steps,
+                min_ratio: 0.1,
+            },
+            weight_decay: 0.1,
+            clip: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// One training step's readings, still on the device (reading them waits for the GPU).
+pub struct LmStep {
+    pub loss: Tensor,
+    /// Global gradient norm before clipping.
+    pub grad_norm: Tensor,
+    pub lr: f32,
+}
+
+pub struct LanguageModel {
+    pub model: Gpt,
+    pub optimizer: AdamW,
+    pub config: LmConfig,
+    pub device: Device,
+    pub steps: u64,
+}
+
+impl LanguageModel {
+    pub fn new(device: &Device, config: &LmConfig) -> Result<Self> {
+        if config.batch == 0 {
+            return Err(Error::Config(
+                "the batch must hold at least one sequence".into(),
+            ));
+        }
+        Ok(LanguageModel {
+            model: Gpt::new(device, &config.model, config.seed)?,
+            optimizer: AdamW::new(AdamWConfig {
+                lr: config.schedule.peak,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: config.weight_decay,
+            }),
+            config: config.clone(),
+            device: device.clone(),
+            steps: 0,
+        })
+    }
+
+    fn context(&self) -> usize {
+        self.model.config.context
+    }
+
+    /// Mean next-byte cross-entropy of `rows` sequences, and the graph to differentiate it.
+    fn loss(
+        &self,
+        ids: Vec<u32>,
+        targets: Vec<u32>,
+        rows: usize,
+        dropout: Option<DropoutPlan>,
+    ) -> Result<(Graph, crate::autograd::Var)> {
+        let t = ids.len() / rows;
+        let ids = Tensor::from_u32(&self.device, &[rows, t], ids)?;
+        let targets = Tensor::from_u32(&self.device, &[rows * t], targets)?;
+        let g = Graph::new(&self.device);
+        let logits = self.model.forward(&g, &ids, dropout)?;
+        let logits = g.reshape(logits, &[rows * t, self.model.config.vocab])?;
+        let loss = g.cross_entropy_mean(logits, &targets)?;
+        Ok((g, loss))
+    }
+
+    /// One optimizer step on the batch that (seed, step) picks from `text`.
+    pub fn step(&mut self, text: &[u8]) -> Result<LmStep> {
+        let (ids, targets) = lm_batch(
+            text,
+            self.config.batch,
+            self.context(),
+            self.config.seed,
+            self.steps,
+        )?;
+        let dropout = (self.model.config.dropout > 0.0).then_some(DropoutPlan {
+            rate: self.model.config.dropout,
+            seed: self.config.seed,
+            step: self.steps as u32,
+        });
+        let (g, loss) = self.loss(ids, targets, self.config.batch, dropout)?;
+        let loss_value = g.value(loss);
+        let mut grads = g.backward(loss)?.for_params(&self.model.parameters())?;
+        let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
+        let lr = self.config.schedule.lr(self.steps);
+        self.optimizer.set_lr(lr);
+        self.optimizer
+            .step(&mut self.model.parameters_mut(), &grads)?;
+        self.steps += 1;
+        Ok(LmStep {
+            loss: loss_value,
+            grad_norm,
+            lr,
+        })
+    }
+
+    /// Mean loss in nats per byte over consecutive full-context windows of `text` (at most
+    /// `max_windows` of them, evenly spread when there are more), `batch` windows at a time.
+    pub fn evaluate(&self, text: &[u8], max_windows: usize, batch: usize) -> Result<f64> {
+        let all: Vec<_> = lm_windows(text, self.context()).collect();
+        if all.is_empty() {
+            return Err(Error::Data("no full window of validation text".into()));
+        }
+        let stride = all.len().div_ceil(max_windows.max(1));
+        let picked: Vec<_> = all.into_iter().step_by(stride).collect();
+        let mut sums = vec![];
+        for chunk in picked.chunks(batch.max(1)) {
+            let ids = chunk.iter().flat_map(|(i, _)| i.iter().copied()).collect();
+            let targets = chunk.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+            let (g, loss) = self.loss(ids, targets, chunk.len(), None)?;
+            sums.push((g.value(loss), chunk.len()));
+        }
+        let values = Tensor::read_many(&sums.iter().map(|(t, _)| t).collect::<Vec<_>>())?;
+        let total: f64 = values
+            .iter()
+            .zip(&sums)
+            .map(|(v, (_, n))| v[0] as f64 * *n as f64)
+            .sum();
+        Ok(total / picked.len() as f64)
+    }
+
+    /// `length` bytes continuing `prompt`, drawn from the softmax at `temperature` with a
+    /// seeded generator (the same seed gives the same text).
+    pub fn sample(
+        &self,
+        prompt: &[u8],
+        length: usize,
+        temperature: f32,
+        seed: u64,
+    ) -> Result<Vec<u8>> {
+        let mut text: Vec<u8> = if prompt.is_empty() {
+            b"\n".to_vec()
+        } else {
+            prompt.to_vec()
+        };
+        let start = text.len();
+        let mut rng = Rng::new(seed, 0x5A3B);
+        for _ in 0..length {
+            let window = &text[text.len().saturating_sub(self.context())..];
+            let ids = Tensor::from_u32(
+                &self.device,
+                &[1, window.len()],
+                window.iter().map(|&b| b as u32).collect(),
+            )?;
+            let g = Graph::new(&self.device);
+            let logits = g.value(self.model.forward(&g, &ids, None)?).to_vec()?;
+            let vocab = self.model.config.vocab;
+            let last = &logits[logits.len() - vocab..];
+            text.push(sample_logits(last, temperature, &mut rng) as u8);
+        }
+        Ok(text[start..].to_vec())
+    }
+
+    /// Parameters, optimizer state and step count as checkpoint bytes (safetensors).
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        super::state::save(
+            &self.model.parameters(),
+            &self.optimizer,
+            self.steps,
+            FORMAT,
+        )
+    }
+
+    /// Restores what [`LanguageModel::save_state`] wrote, for a model of the same shape.
+    pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
+        self.steps = super::state::load(
+            bytes,
+            &self.device,
+            FORMAT,
+            self.model.parameters_mut(),
+            &mut self.optimizer,
+        )?;
+        Ok(())
+    }
+}
+
+/// An index drawn from `softmax(logits / temperature)`; the argmax when temperature is 0.
+fn sample_logits(logits: &[f32], temperature: f32, rng: &mut Rng) -> usize {
+    let argmax = logits
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, &v)| if v > logits[best] { i } else { best });
+    if temperature <= 0.0 {
+        return argmax;
+    }
+    let m = logits[argmax];
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&v| (((v - m) / temperature) as f64).exp())
+        .collect();
+    let mut u = rng.uniform() as f64 * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i;
+        }
+        u -= w;
+    }
+    argmax
+}

@@ -1,0 +1,337 @@
+//! The ops the CNN and the transformer add (convolution lowering, pooling, dropout, axis
+//! permutation, causal softmax, image normalization, attention): each WGSL kernel against its
+//! CPU reference on awkward shapes, each op's gradient against finite differences, and the
+//! lowered convolution against a direct one.
+//!
+//! Gathers, copies and masks are exact everywhere; sums (col2im, pooling backward, average
+//! pooling) run in the same order on both sides, so on lavapipe everything is bit-exact and
+//! elsewhere within 1e-5 relative.
+
+mod common;
+
+use common::{assert_close, gpu, random};
+use murmur_engine::kernels::conv::{col2im, conv2d_direct_ref, im2col, ConvGeometry};
+use murmur_engine::kernels::dropout::{dropout, DropoutMask};
+use murmur_engine::kernels::permute::permute;
+use murmur_engine::kernels::pool::{pool, pool_backward, Pool, PoolGeometry};
+use murmur_engine::kernels::softmax::causal_softmax;
+use murmur_engine::nn::{CausalSelfAttention, Module};
+use murmur_engine::rng::Rng;
+use murmur_engine::{Device, Graph, Tensor};
+
+fn both(shape: &[usize], data: &[f32]) -> (Tensor, Tensor) {
+    (
+        Tensor::from_vec(&Device::Cpu, shape, data.to_vec()).unwrap(),
+        Tensor::from_vec(&gpu(), shape, data.to_vec()).unwrap(),
+    )
+}
+
+fn cpu_tensor(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    let mut rng = Rng::new(seed, 3);
+    let n = shape.iter().product();
+    Tensor::from_vec(&Device::Cpu, shape, random(&mut rng, n, scale)).unwrap()
+}
+
+use common::assert_gradcheck as check_grad;
+
+// (n, h, w, c, k, stride, pad): 1x1, odd sizes, stride 2 with and without padding, a
+// window as large as the padded image.
+const CONV_CASES: [(usize, usize, usize, usize, usize, usize, usize); 6] = [
+    (1, 1, 1, 1, 1, 1, 0),
+    (2, 5, 7, 3, 3, 1, 1),
+    (3, 9, 6, 2, 3, 2, 0),
+    (1, 8, 8, 5, 5, 2, 2),
+    (2, 4, 3, 1, 2, 1, 0),
+    (1, 3, 3, 2, 5, 1, 1),
+];
+
+#[test]
+fn im2col_and_col2im_gpu_match_cpu() {
+    let mut rng = Rng::new(31, 0);
+    for (n, h, w, c, k, stride, pad) in CONV_CASES {
+        let g = ConvGeometry::of(&[n, h, w, c], k, k, stride, pad).unwrap();
+        let x = random(&mut rng, n * h * w * c, 1.0);
+        let (cx, gx) = both(&[n, h, w, c], &x);
+        let (ccols, gcols) = (im2col(&cx, &g).unwrap(), im2col(&gx, &g).unwrap());
+        assert_eq!(
+            gcols.to_vec().unwrap(),
+            ccols.to_vec().unwrap(),
+            "im2col {g:?}"
+        );
+        let dcols = random(&mut rng, ccols.numel(), 1.0);
+        let (cd, gd) = both(ccols.shape(), &dcols);
+        assert_close(
+            &format!("col2im {g:?}"),
+            &col2im(&gd, &g).unwrap().to_vec().unwrap(),
+            &col2im(&cd, &g).unwrap().to_vec().unwrap(),
+            1e-6,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn lowered_convolution_equals_a_direct_convolution() {
+    let mut rng = Rng::new(32, 0);
+    for (n, h, w, c, k, stride, pad) in CONV_CASES {
+        let oc = 4;
+        let geometry = ConvGeometry::of(&[n, h, w, c], k, k, stride, pad).unwrap();
+        let x = random(&mut rng, n * h * w * c, 1.0);
+        let weight = random(&mut rng, k * k * c * oc, 1.0);
+        let want = conv2d_direct_ref(&x, &weight, &geometry, oc);
+        for device in [Device::Cpu, gpu()] {
+            let g = Graph::new(&device);
+            let xv = g.input(&Tensor::from_vec(&device, &[n, h, w, c], x.clone()).unwrap());
+            let wv = g.input(&Tensor::from_vec(&device, &[k * k * c, oc], weight.clone()).unwrap());
+            let y = g.conv2d(xv, wv, None, (k, k), stride, pad).unwrap();
+            assert_eq!(g.shape(y), [n, geometry.out_h(), geometry.out_w(), oc]);
+            let got = g.value(y).to_vec().unwrap();
+            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{device} {geometry:?} element {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pooling_gpu_matches_cpu_forward_and_backward() {
+    let mut rng = Rng::new(33, 0);
+    // (n, h, w, c, k, stride): overlapping windows (k > stride), gaps (k < stride), edges
+    // that do not divide, and ties (rounded inputs).
+    for (n, h, w, c, k, stride) in [
+        (1, 1, 1, 1, 1, 1),
+        (2, 4, 4, 3, 2, 2),
+        (1, 7, 5, 2, 3, 2),
+        (3, 6, 6, 1, 2, 3),
+        (1, 28, 28, 16, 2, 2),
+    ] {
+        let g = PoolGeometry::of(&[n, h, w, c], k, stride).unwrap();
+        let x: Vec<f32> = random(&mut rng, n * h * w * c, 2.0)
+            .iter()
+            .map(|v| (v * 2.0).round())
+            .collect();
+        let (cx, gx) = both(&[n, h, w, c], &x);
+        for kind in [Pool::Max, Pool::Avg] {
+            let what = format!("{kind:?} {g:?}");
+            let ((cy, ca), (gy, ga)) = (pool(&cx, &g, kind).unwrap(), pool(&gx, &g, kind).unwrap());
+            assert_close(
+                &what,
+                &gy.to_vec().unwrap(),
+                &cy.to_vec().unwrap(),
+                1e-6,
+                1e-6,
+            );
+            if let (Some(ca), Some(ga)) = (&ca, &ga) {
+                assert_eq!(
+                    ga.to_vec_u32().unwrap(),
+                    ca.to_vec_u32().unwrap(),
+                    "{what} argmax"
+                );
+            }
+            let dy = random(&mut rng, cy.numel(), 1.0);
+            let (cd, gd) = both(cy.shape(), &dy);
+            let (cdx, gdx) = (
+                pool_backward(&cd, ca.as_ref(), &g, kind).unwrap(),
+                pool_backward(&gd, ga.as_ref(), &g, kind).unwrap(),
+            );
+            assert_close(
+                &format!("{what} backward"),
+                &gdx.to_vec().unwrap(),
+                &cdx.to_vec().unwrap(),
+                1e-6,
+                1e-5,
+            );
+            // Max pooling routes each output's gradient to exactly one input.
+            if kind == Pool::Max {
+                let total: f32 = cdx.to_vec().unwrap().iter().sum();
+                assert!((total - dy.iter().sum::<f32>()).abs() < 1e-3, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn dropout_mask_is_the_same_on_every_device_and_has_the_right_rate() {
+    let mut rng = Rng::new(34, 0);
+    for (n, rate) in [(1, 0.5), (1000, 0.1), (4097, 0.5), (100_003, 0.25)] {
+        let x: Vec<f32> = random(&mut rng, n, 1.0).iter().map(|v| v + 2.0).collect();
+        let (cx, gx) = both(&[n], &x);
+        let mask = DropoutMask {
+            rate,
+            seed: 9,
+            step: 3,
+            key: 1,
+        };
+        let (c, g) = (
+            dropout(&cx, &mask).unwrap().to_vec().unwrap(),
+            dropout(&gx, &mask).unwrap().to_vec().unwrap(),
+        );
+        assert_eq!(g, c, "n {n} rate {rate}");
+        let kept = c.iter().filter(|v| **v != 0.0).count();
+        if n >= 1000 {
+            let want = (1.0 - rate as f64) * n as f64;
+            assert!(
+                (kept as f64 - want).abs() < 5.0 * (n as f64 * 0.25).sqrt(),
+                "kept {kept} of {n}"
+            );
+        }
+        for (i, (&y, &v)) in c.iter().zip(&x).enumerate() {
+            assert!(y == 0.0 || y == v * (1.0 / (1.0 - rate)), "element {i}");
+        }
+        // Another step draws another mask.
+        let other = dropout(&cx, &DropoutMask { step: 4, ..mask })
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert!(n < 100 || other != c);
+    }
+    assert!(dropout(
+        &Tensor::zeros(&Device::Cpu, &[3]).unwrap(),
+        &DropoutMask {
+            rate: 1.0,
+            seed: 0,
+            step: 0,
+            key: 0
+        }
+    )
+    .is_err());
+}
+
+#[test]
+fn permute_and_causal_softmax_gpu_match_cpu() {
+    let mut rng = Rng::new(35, 0);
+    for (shape, perm) in [
+        (&[1usize][..], &[0usize][..]),
+        (&[3, 5], &[1, 0]),
+        (&[2, 7, 3, 5], &[0, 2, 1, 3]),
+        (&[2, 3, 4, 5], &[3, 1, 0, 2]),
+        (&[4, 1, 6], &[2, 0, 1]),
+    ] {
+        let x = random(&mut rng, shape.iter().product(), 1.0);
+        let (cx, gx) = both(shape, &x);
+        let (c, g) = (permute(&cx, perm).unwrap(), permute(&gx, perm).unwrap());
+        assert_eq!(g.shape(), c.shape());
+        assert_eq!(
+            g.to_vec().unwrap(),
+            c.to_vec().unwrap(),
+            "{shape:?} {perm:?}"
+        );
+    }
+    for (batch, t) in [(1, 1), (3, 5), (2, 64), (1, 130)] {
+        let x = random(&mut rng, batch * t * t, 4.0);
+        let (cx, gx) = both(&[batch, t, t], &x);
+        let (c, g) = (
+            causal_softmax(&cx).unwrap().to_vec().unwrap(),
+            causal_softmax(&gx).unwrap().to_vec().unwrap(),
+        );
+        assert_close(&format!("causal softmax {batch}x{t}"), &g, &c, 1e-6, 1e-5);
+        for b in 0..batch {
+            for i in 0..t {
+                let row = &c[(b * t + i) * t..][..t];
+                assert!(
+                    row[i + 1..].iter().all(|&p| p == 0.0),
+                    "row {i} sees the future"
+                );
+                assert!((row[..=i].iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            }
+        }
+    }
+    assert!(causal_softmax(&Tensor::zeros(&Device::Cpu, &[2, 3]).unwrap()).is_err());
+}
+
+#[test]
+fn gradients_of_convolution_pooling_and_image_norm() {
+    for (n, h, w, c, k, stride, pad) in [(2, 5, 4, 2, 3, 1, 1), (1, 6, 5, 3, 3, 2, 0)] {
+        let x = cpu_tensor(&[n, h, w, c], 40, 1.0);
+        let weight = cpu_tensor(&[k * k * c, 3], 41, 0.5);
+        let bias = cpu_tensor(&[3], 42, 0.1);
+        check_grad("conv2d", &[x, weight, bias], |g, v| {
+            g.conv2d(v[0], v[1], Some(v[2]), (k, k), stride, pad)
+        });
+    }
+    // Distinct values keep max pooling away from ties, where it is not differentiable.
+    let distinct: Vec<f32> = (0..2 * 6 * 5 * 3)
+        .map(|i| ((i * 37 % 90) as f32) / 30.0 - 1.5)
+        .collect();
+    let x = Tensor::from_vec(&Device::Cpu, &[2, 6, 5, 3], distinct).unwrap();
+    check_grad("max pool", std::slice::from_ref(&x), |g, v| {
+        g.max_pool2d(v[0], 2, 2)
+    });
+    check_grad("max pool overlapping", std::slice::from_ref(&x), |g, v| {
+        g.max_pool2d(v[0], 3, 1)
+    });
+    check_grad("avg pool", std::slice::from_ref(&x), |g, v| {
+        g.avg_pool2d(v[0], 2, 1)
+    });
+    let gamma = cpu_tensor(&[3], 43, 1.0);
+    let beta = cpu_tensor(&[3], 44, 1.0);
+    check_grad("image norm", &[x, gamma, beta], |g, v| {
+        g.image_norm(v[0], v[1], v[2], 1e-5)
+    });
+}
+
+#[test]
+fn gradients_of_dropout_permute_and_causal_attention() {
+    let x = cpu_tensor(&[4, 9], 50, 1.0);
+    let mask = DropoutMask {
+        rate: 0.3,
+        seed: 5,
+        step: 2,
+        key: 7,
+    };
+    check_grad("dropout", std::slice::from_ref(&x), |g, v| {
+        g.dropout(v[0], mask)
+    });
+    let x = cpu_tensor(&[2, 3, 4, 2], 51, 1.0);
+    check_grad("permute", std::slice::from_ref(&x), |g, v| {
+        g.permute(v[0], &[0, 2, 1, 3])
+    });
+    let scores = cpu_tensor(&[2, 5, 5], 52, 2.0);
+    check_grad("causal softmax", std::slice::from_ref(&scores), |g, v| {
+        g.causal_softmax(v[0])
+    });
+    // A whole attention layer: 2 heads of width 3 over 5 positions, weights as inputs.
+    let attn = CausalSelfAttention::new(&Device::Cpu, 6, 2, 0.3, &mut Rng::new(53, 0)).unwrap();
+    let mut inputs = vec![cpu_tensor(&[2, 5, 6], 54, 1.0)];
+    // Larger weights than GPT's initialisation, so that attention is far from uniform.
+    inputs.extend(
+        attn.parameters()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| cpu_tensor(p.shape(), 60 + i as u64, 0.8)),
+    );
+    check_grad("causal self-attention", &inputs, |g, v| {
+        let mut layer = CausalSelfAttention::new(&Device::Cpu, 6, 2, 0.3, &mut Rng::new(53, 0))?;
+        for (p, value) in layer.parameters_mut().into_iter().zip(&v[1..]) {
+            *p = g.value(*value);
+        }
+        // The layer reads its parameters through g.param, which finds the input nodes by
+        // storage, so the check differentiates with respect to v[1..].
+        layer.forward(g, v[0], None)
+    });
+}
+
+#[test]
+fn attention_never_looks_ahead() {
+    // Changing the last position's input must not change any earlier output.
+    let d = Device::Cpu;
+    let attn = CausalSelfAttention::new(&d, 8, 2, 0.5, &mut Rng::new(70, 0)).unwrap();
+    let mut x = random(&mut Rng::new(71, 0), 6 * 8, 1.0);
+    let run = |x: &[f32]| {
+        let g = Graph::new(&d);
+        let xv = g.input(&Tensor::from_vec(&d, &[1, 6, 8], x.to_vec()).unwrap());
+        g.value(attn.forward(&g, xv, None).unwrap())
+            .to_vec()
+            .unwrap()
+    };
+    let before = run(&x);
+    for v in &mut x[5 * 8..] {
+        *v += 1.0;
+    }
+    let after = run(&x);
+    assert_eq!(before[..5 * 8], after[..5 * 8]);
+    assert_ne!(before[5 * 8..], after[5 * 8..]);
+}

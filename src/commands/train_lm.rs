@@ -1,0 +1,198 @@
+//! `murmur train --model gpt`: a byte-level transformer on the Shakespeare plays, with
+//! periodic validation on held-out plays, checkpoints, and a text sample at the end.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use murmur_engine::data::{default_root, TextCorpus, HELD_OUT_PLAYS};
+use murmur_engine::nn::{GptConfig, Module};
+use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
+use serde::Serialize;
+
+use super::machine::Machine;
+use super::train::{write_checkpoint, TrainArgs};
+
+/// Flags of `murmur train` that only the language model reads.
+#[derive(Args, Debug)]
+pub struct LmArgs {
+    /// gpt: optimizer steps in the schedule.
+    #[arg(long, default_value_t = 3000)]
+    steps: u64,
+    /// gpt: bytes of context.
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+    /// gpt: transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// gpt: model width.
+    #[arg(long, default_value_t = 64)]
+    dim: usize,
+    /// gpt: attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// gpt: validate (and checkpoint, with --save) every this many steps.
+    #[arg(long, default_value_t = 250)]
+    eval_every: u64,
+    /// gpt: validation windows of --context bytes, spread over the held-out plays.
+    #[arg(long, default_value_t = 256)]
+    eval_windows: usize,
+    /// gpt: bytes of text to sample at the end.
+    #[arg(long, default_value_t = 400)]
+    sample_bytes: usize,
+    /// gpt: sampling temperature (0 = always the likeliest byte).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    model: &'static str,
+    dataset: &'static str,
+    device: String,
+    machine: String,
+    parameters: usize,
+    config: String,
+    steps: u64,
+    batch: usize,
+    tokens_per_step: usize,
+    valid_loss: Vec<(u64, f64)>,
+    final_valid_loss: f64,
+    final_train_loss: f32,
+    seconds: f64,
+    tokens_per_second: f64,
+    sample: String,
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let dataset = a.dataset.as_deref().unwrap_or("shakespeare");
+    if dataset != "shakespeare" {
+        bail!("--model gpt trains on --dataset shakespeare, not {dataset:?}");
+    }
+    let root = a.data.clone().unwrap_or_else(default_root);
+    let corpus = TextCorpus::load_shakespeare(&root)?;
+    let l = &a.lm;
+    let mut config = LmConfig::new(l.steps);
+    config.model = GptConfig {
+        context: l.context,
+        layers: l.layers,
+        dim: l.dim,
+        heads: l.heads,
+        dropout: a.dropout.unwrap_or(0.0),
+        ..GptConfig::default()
+    };
+    config.batch = a.batch.unwrap_or(config.batch);
+    config.schedule = WarmupCosine {
+        peak: a.lr.unwrap_or(config.schedule.peak),
+        warmup: a.warmup.unwrap_or(config.schedule.warmup),
+        ..config.schedule
+    };
+    config.weight_decay = a.weight_decay.unwrap_or(config.weight_decay);
+    config.clip = a.clip.unwrap_or(config.clip);
+    config.seed = a.seed;
+    let device = a.device.open()?;
+    let mut lm = LanguageModel::new(&device, &config)?;
+    if let Some(path) = &a.resume {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        lm.load_state(&bytes)
+            .with_context(|| format!("resuming from {}", path.display()))?;
+        eprintln!("resumed from {} at step {}", path.display(), lm.steps);
+    }
+    let total = l.steps.min(a.max_steps.unwrap_or(u64::MAX));
+    eprintln!(
+        "murmur train: gpt ({} layers, width {}, {} heads, context {}) on Shakespeare: {} bytes from {} works, validation {} bytes ({HELD_OUT_PLAYS:?}); {} parameters, device {device}",
+        l.layers,
+        l.dim,
+        l.heads,
+        l.context,
+        corpus.train.len(),
+        corpus.train_files,
+        corpus.valid.len(),
+        lm.model.parameter_count(),
+    );
+
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template("step [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_position(lm.steps);
+        bar
+    };
+    let started = Instant::now();
+    let first_step = lm.steps;
+    let (mut valid_loss, mut last_loss) = (vec![], f32::NAN);
+    while lm.steps < total {
+        // Readings stay on the device unless logged: a read waits for the GPU.
+        let s = lm.step(&corpus.train)?;
+        bar.inc(1);
+        let step = lm.steps;
+        if step % a.log_every.max(1) == 0 || step == total {
+            last_loss = s.loss.item()?;
+            let rate = ((step - first_step) * (config.batch * l.context) as u64) as f64
+                / started.elapsed().as_secs_f64();
+            bar.set_message(format!(
+                "loss {last_loss:.3}  |g| {:.2}  lr {:.2e}  {rate:.0} tok/s",
+                s.grad_norm.item()?,
+                s.lr
+            ));
+        }
+        if step % l.eval_every.max(1) == 0 || step == total {
+            let v = lm.evaluate(&corpus.valid, l.eval_windows, 32)?;
+            let line =
+                format!("step {step}: train loss {last_loss:.4}, validation {v:.4} nats/byte");
+            // A hidden bar (--quiet) drops what it is asked to print.
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+            valid_loss.push((step, v));
+            if let Some(path) = &a.save {
+                write_checkpoint(path, &lm.save_state()?)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let prompt = b"ROMEO:\n";
+    let sample = lm.sample(prompt, l.sample_bytes, l.temperature, a.seed)?;
+    let sample = format!(
+        "{}{}",
+        String::from_utf8_lossy(prompt),
+        String::from_utf8_lossy(&sample)
+    );
+    eprintln!(
+        "--- sample (temperature {}) ---\n{sample}\n---",
+        l.temperature
+    );
+    let final_valid_loss = match valid_loss.last() {
+        Some(&(_, v)) => v,
+        None => lm.evaluate(&corpus.valid, l.eval_windows, 32)?,
+    };
+    let summary = Summary {
+        model: "gpt",
+        dataset: "shakespeare",
+        device: device.to_string(),
+        machine: Machine::detect().to_string(),
+        parameters: lm.model.parameter_count(),
+        config: format!("{:?}", config.model),
+        steps: lm.steps,
+        batch: config.batch,
+        tokens_per_step: config.batch * l.context,
+        valid_loss,
+        final_valid_loss,
+        final_train_loss: last_loss,
+        seconds,
+        tokens_per_second: ((lm.steps - first_step) * (config.batch * l.context) as u64) as f64
+            / seconds.max(1e-9),
+        sample,
+    };
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}
