@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::have_mnist;
+use common::{have_mnist, RemovedOnDrop};
 use std::process::Command;
 
 #[test]
@@ -43,14 +43,5 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     for shard in 0..2 {
         let log = std::fs::read_to_string(dir.0.join(format!("logs/server-{shard}.log"))).unwrap();
         assert_eq!(log.matches("connected from").count(), 2, "{log}");
-    }
-}
-
-/// The swarm folder (a CA key among its files) goes away however the test ends.
-struct RemovedOnDrop(std::path::PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -231,10 +231,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let steps_per_epoch = train.len().div_ceil(batch) as u64;
     let total_steps = (steps_per_epoch * a.epochs as u64).min(a.max_steps.unwrap_or(u64::MAX));
     let first_epoch = (clf.steps / steps_per_epoch) as u32;
+    // The schedule spans every epoch whatever --max-steps says, so that a run stopped early
+    // and resumed follows the same rates as an uninterrupted one.
     clf.schedule = a.warmup.map(|warmup| WarmupCosine {
         peak: lr,
         warmup,
-        total: total_steps,
+        total: steps_per_epoch * a.epochs as u64,
         min_ratio: 0.1,
     });
     let (mut epoch_seconds, mut accuracies) = (vec![], vec![]);

@@ -16,3 +16,19 @@ pub fn have_mnist() -> bool {
     }
     ok
 }
+
+/// A folder deleted when the test ends, pass or fail.
+pub struct RemovedOnDrop(pub std::path::PathBuf);
+
+impl RemovedOnDrop {
+    /// A fresh path under the temp folder, unique to this process and `name`.
+    pub fn temp(name: &str) -> Self {
+        RemovedOnDrop(std::env::temp_dir().join(format!("murmur-{name}-{}", std::process::id())))
+    }
+}
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
