@@ -112,21 +112,48 @@ fn gpt_resumed_from_a_checkpoint_matches_an_uninterrupted_run() {
         resumed.step(&text).unwrap();
     }
     assert_eq!(gpt_bits(&resumed), gpt_bits(&straight));
-    // A checkpoint of another model kind or shape is refused.
+    // A checkpoint of another model kind, shape or run is refused, and leaves the model
+    // as it was.
     let mut clf = Classifier::new(&gpu, 784, 10, &cnn_config()).unwrap();
     assert!(clf.load_state(&checkpoint).is_err());
-    let mut wider = LanguageModel::new(
-        &gpu,
-        &LmConfig {
-            model: GptConfig {
-                dim: 32,
-                ..config.model.clone()
-            },
-            ..config
+    let model = |m: GptConfig| LmConfig {
+        model: m,
+        ..config.clone()
+    };
+    let others = [
+        model(GptConfig {
+            dim: 32,
+            ..config.model.clone()
+        }),
+        model(GptConfig {
+            layers: 3,
+            ..config.model.clone()
+        }),
+        model(GptConfig {
+            layers: 1,
+            ..config.model.clone()
+        }),
+        model(GptConfig {
+            heads: 4,
+            ..config.model.clone()
+        }),
+        LmConfig {
+            seed: 1,
+            ..config.clone()
         },
-    )
-    .unwrap();
-    assert!(wider.load_state(&checkpoint).is_err());
+        LmConfig {
+            batch: 5,
+            ..config.clone()
+        },
+    ];
+    for other in others {
+        let mut lm = LanguageModel::new(&gpu, &other).unwrap();
+        let before = gpt_bits(&lm);
+        let refused = lm.load_state(&checkpoint);
+        assert!(refused.is_err(), "{other:?} accepted the checkpoint");
+        assert_eq!(gpt_bits(&lm), before);
+        assert_eq!(lm.steps, 0);
+    }
 }
 
 #[test]

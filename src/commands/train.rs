@@ -51,7 +51,7 @@ pub struct TrainArgs {
     pub(super) lr: Option<f32>,
     /// adamw or sgd.
     #[arg(long = "optim", default_value = "adamw")]
-    optim: String,
+    pub(super) optim: String,
     /// Hidden layer widths.
     #[arg(long, default_value = "512,256", value_delimiter = ',')]
     hidden: Vec<usize>,
@@ -95,7 +95,7 @@ pub struct TrainArgs {
     pub(super) lm: super::train_lm::LmArgs,
     /// Use only the first N training samples.
     #[arg(long)]
-    train_limit: Option<usize>,
+    pub(super) train_limit: Option<usize>,
     /// Folder holding mnist/, fashion-mnist/ and text/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]
     pub(super) data: Option<std::path::PathBuf>,
@@ -118,7 +118,9 @@ struct Summary {
     batch: usize,
     optimizer: String,
     lr: f32,
-    hidden: Vec<usize>,
+    /// The MLP's hidden widths (absent for the CNN).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hidden: Option<Vec<usize>>,
     parameters: usize,
     seed: u64,
     test_accuracy: Vec<f64>,
@@ -178,6 +180,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         return super::train_lm::run(a);
     }
     let dataset_name = a.dataset.clone().unwrap_or_else(|| "mnist".into());
+    if a.model == ModelKind::Mlp && a.dropout.is_some() {
+        bail!("--dropout applies to --model cnn and gpt; the MLP has no dropout");
+    }
     let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(1e-3));
     let Sets {
         train,
@@ -210,7 +215,25 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         schedule: None,
         clip: a.clip,
     };
+    if train.is_empty() {
+        bail!("no training samples (--train-limit 0?)");
+    }
+    let steps_per_epoch = train.len().div_ceil(batch) as u64;
     let mut clf = Classifier::new(&device, train.features(), train.classes, &config)?;
+    // The schedule spans every epoch whatever --max-steps says, so that a run stopped early
+    // and resumed follows the same rates as an uninterrupted one.
+    clf.schedule = a.warmup.map(|warmup| WarmupCosine {
+        peak: lr,
+        warmup,
+        total: steps_per_epoch * a.epochs as u64,
+        min_ratio: 0.1,
+    });
+    // A resumed run must see the batches the interrupted one would have.
+    clf.run_tag = format!(
+        "{dataset_name}, {} training samples, batch {batch}, {} epochs",
+        train.len(),
+        a.epochs
+    );
     if let Some(path) = &a.resume {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         clf.load_state(&bytes)
@@ -228,17 +251,15 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         device
     );
 
-    let steps_per_epoch = train.len().div_ceil(batch) as u64;
     let total_steps = (steps_per_epoch * a.epochs as u64).min(a.max_steps.unwrap_or(u64::MAX));
     let first_epoch = (clf.steps / steps_per_epoch) as u32;
-    // The schedule spans every epoch whatever --max-steps says, so that a run stopped early
-    // and resumed follows the same rates as an uninterrupted one.
-    clf.schedule = a.warmup.map(|warmup| WarmupCosine {
-        peak: lr,
-        warmup,
-        total: steps_per_epoch * a.epochs as u64,
-        min_ratio: 0.1,
-    });
+    if first_epoch >= a.epochs {
+        bail!(
+            "the checkpoint is at step {}, past the {} epochs asked for; raise --epochs",
+            clf.steps,
+            a.epochs
+        );
+    }
     let (mut epoch_seconds, mut accuracies) = (vec![], vec![]);
     let mut last_loss = f32::NAN;
     let mut samples = 0usize;
@@ -317,7 +338,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         batch,
         optimizer: a.optim.clone(),
         lr,
-        hidden: a.hidden.clone(),
+        hidden: (a.model == ModelKind::Mlp).then(|| a.hidden.clone()),
         parameters: clf.model.parameter_count(),
         seed: a.seed,
         final_test_accuracy: *accuracies.last().unwrap_or(&0.0),

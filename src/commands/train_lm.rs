@@ -70,6 +70,15 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if dataset != "shakespeare" {
         bail!("--model gpt trains on --dataset shakespeare, not {dataset:?}");
     }
+    if a.optim != "adamw" {
+        bail!(
+            "--model gpt trains with AdamW only, not --optim {}",
+            a.optim
+        );
+    }
+    if a.train_limit.is_some() {
+        bail!("--train-limit applies to image datasets; --model gpt trains on the whole corpus");
+    }
     let root = a.data.clone().unwrap_or_else(default_root);
     let corpus = TextCorpus::load_shakespeare(&root)?;
     let l = &a.lm;

@@ -3,6 +3,7 @@
 //! whole plays are held out for validation, so the validation loss measures text the model
 //! has never seen, not neighbouring lines of the same scene.
 
+use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -47,14 +48,18 @@ impl TextCorpus {
         };
         let mut total = 0u64;
         for path in files {
-            total += std::fs::metadata(&path)?.len();
+            // Read through a limit: a FIFO or device file reports no size to check first.
+            let mut bytes = vec![];
+            std::fs::File::open(&path)?
+                .take(MAX_CORPUS_BYTES - total + 1)
+                .read_to_end(&mut bytes)?;
+            total += bytes.len() as u64;
             if total > MAX_CORPUS_BYTES {
                 return Err(Error::Data(format!(
                     "{}: more than 1 GiB of text",
                     dir.display()
                 )));
             }
-            let bytes = std::fs::read(&path)?;
             let stem = path
                 .file_name()
                 .and_then(|n| n.to_str())

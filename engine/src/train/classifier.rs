@@ -132,6 +132,11 @@ pub struct Classifier {
     pub seed: u64,
     pub schedule: Option<WarmupCosine>,
     pub clip: Option<f32>,
+    /// The construction config, as text, for checkpoint identities.
+    config_tag: String,
+    /// What else a resumed run must share with this one (the CLI puts the batch size and
+    /// data limits here); part of the checkpoint identity.
+    pub run_tag: String,
     pub optimizer: Box<dyn Optimizer>,
     pub device: Device,
     pub steps: u64,
@@ -187,6 +192,8 @@ impl Classifier {
             seed: config.seed,
             schedule: config.schedule,
             clip: config.clip,
+            config_tag: format!("{config:?}"),
+            run_tag: String::new(),
             optimizer,
             device: device.clone(),
             steps: 0,
@@ -273,20 +280,31 @@ impl Classifier {
             self.optimizer.as_ref(),
             self.steps,
             self.format(),
+            &self.identity(),
         )
     }
 
     /// Restores what [`Classifier::save_state`] wrote, for a classifier of the same shape.
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
         let format = self.format();
+        let identity = self.identity();
         self.steps = super::state::load(
             bytes,
             &self.device,
             format,
+            &identity,
             self.model.parameters_mut(),
             self.optimizer.as_mut(),
         )?;
         Ok(())
+    }
+
+    /// What a checkpoint must share with this run to resume it bit for bit.
+    fn identity(&self) -> String {
+        format!(
+            "{}; schedule {:?}; clip {:?}; {}",
+            self.config_tag, self.schedule, self.clip, self.run_tag
+        )
     }
 
     fn format(&self) -> &'static str {

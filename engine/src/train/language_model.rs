@@ -193,6 +193,12 @@ impl LanguageModel {
         Ok(text[start..].to_vec())
     }
 
+    /// What a checkpoint must share with this run to resume it: the whole config (model,
+    /// batch, schedule, clipping, seed).
+    fn identity(&self) -> String {
+        format!("{:?}", self.config)
+    }
+
     /// Parameters, optimizer state and step count as checkpoint bytes (safetensors).
     pub fn save_state(&self) -> Result<Vec<u8>> {
         super::state::save(
@@ -200,15 +206,18 @@ impl LanguageModel {
             &self.optimizer,
             self.steps,
             FORMAT,
+            &self.identity(),
         )
     }
 
     /// Restores what [`LanguageModel::save_state`] wrote, for a model of the same shape.
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
+        let identity = self.identity();
         self.steps = super::state::load(
             bytes,
             &self.device,
             FORMAT,
+            &identity,
             self.model.parameters_mut(),
             &mut self.optimizer,
         )?;
