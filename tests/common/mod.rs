@@ -1,4 +1,5 @@
 //! Helpers shared by the binary's integration tests.
+#![allow(dead_code)] // each test binary uses a different part
 
 /// Whether MNIST is in `data/`; a test that needs it skips with a visible notice, or fails
 /// under CI, where a missing dataset is a set-up error.
