@@ -28,8 +28,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
 
 // Rows per workgroup (uniform across its lanes) and lanes per workgroup (8 columns each).
+// LANES shrinks for narrow outputs (a convolution's 16 or 32 channels, an attention head's
+// width): lanes past the last column would only compute clamped copies, and a software
+// rasteriser runs a workgroup as SIMD passes of its lanes, so fewer lanes is fewer passes.
 const TM: u32 = 32u;
-const LANES: u32 = 16u;
+override LANES: u32 = 16u;
 
 @compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

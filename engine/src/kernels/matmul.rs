@@ -222,9 +222,15 @@ fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
     Ok(c)
 }
 
-/// Rows per workgroup and columns per workgroup of matmul_rows.wgsl.
+/// Rows per workgroup of matmul_rows.wgsl, and its most lanes per workgroup (8 columns each).
 const ROWS_TM: usize = 32;
-const ROWS_TN: usize = 128;
+const ROWS_MAX_LANES: usize = 16;
+
+/// Lanes per workgroup for `np` (padded) output columns: enough to cover them, a power of two
+/// up to 16, so that narrow products do not pay for idle lanes.
+fn rows_lanes(np: usize) -> usize {
+    (np / 8).next_power_of_two().clamp(1, ROWS_MAX_LANES)
+}
 
 fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
     let kp = d.k.next_multiple_of(4).max(4);
@@ -249,7 +255,8 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         &b_packed
     };
     let c = gpu.alloc(4 * (d.batch * d.m * np) as u64)?;
-    let pipeline = gpu.pipeline(&MATMUL_ROWS, "main", &[]);
+    let lanes = rows_lanes(np);
+    let pipeline = gpu.pipeline(&MATMUL_ROWS, "main", &[("LANES", lanes as f64)]);
     let params = Params {
         m: d.m as u32,
         n: np as u32,
@@ -260,7 +267,7 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         c_batch_stride: (d.m * np) as u32,
         _pad: 0,
     };
-    let grid = [np.div_ceil(ROWS_TN) as u32, d.m.div_ceil(ROWS_TM) as u32];
+    let grid = [np.div_ceil(8 * lanes) as u32, d.m.div_ceil(ROWS_TM) as u32];
     launch_batched(gpu, &pipeline, params, [a_use, b_use, &c], grid, d.batch);
     if np == d.n {
         Ok(c)
@@ -317,6 +324,28 @@ pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Te
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_kernel_lanes_cover_the_columns_without_idle_lanes() {
+        for (np, lanes) in [
+            (8, 1),
+            (16, 2),
+            (24, 4),
+            (32, 4),
+            (64, 8),
+            (128, 16),
+            (1024, 16),
+        ] {
+            assert_eq!(rows_lanes(np), lanes, "{np} columns");
+        }
+        for np in (8..=512).step_by(8) {
+            let lanes = rows_lanes(np);
+            let groups = np.div_ceil(8 * lanes);
+            assert!(groups * 8 * lanes >= np);
+            // At most one partly idle workgroup column, and no lane idle when one suffices.
+            assert!(lanes == ROWS_MAX_LANES || groups == 1, "{np}");
+        }
+    }
 
     #[test]
     fn shapes_infer_with_transposes_and_broadcast_batches() {
