@@ -115,3 +115,26 @@ fn unknown_adapter_names_and_missing_data_are_clear_errors() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("scripts/fetch-data.sh"), "{stderr}");
 }
+
+#[test]
+fn flags_a_model_does_not_use_are_refused_not_ignored() {
+    for (args, named) in [
+        ("--model gpt --hidden 32 --epochs 2", "--epochs, --hidden"),
+        ("--model cnn --layers 2 --hidden 8", "--layers, --hidden"),
+        ("--model mlp --dropout 0.1", "--dropout"),
+        ("--model gpt --optim sgd", "--optim"),
+    ] {
+        let out = murmur()
+            .arg("train")
+            .args(args.split_whitespace())
+            .args(["--data", "/nonexistent", "--quiet"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args}: {stderr}");
+        assert!(
+            stderr.contains("does not use") && stderr.contains(named),
+            "{args}: {stderr}"
+        );
+    }
+}

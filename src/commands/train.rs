@@ -41,29 +41,30 @@ pub struct TrainArgs {
     /// shakespeare for gpt].
     #[arg(long)]
     pub(super) dataset: Option<String>,
-    #[arg(long, default_value_t = 5)]
-    epochs: u32,
+    /// mlp, cnn: passes over the training set [default: 5].
+    #[arg(long)]
+    epochs: Option<u32>,
     /// Samples (sequences for gpt) per step [default: 128, or 32 for gpt].
     #[arg(long)]
     pub(super) batch: Option<usize>,
     /// Learning rate (the peak of the schedule for gpt) [default: 1e-3, or 3e-3 for gpt].
     #[arg(long)]
     pub(super) lr: Option<f32>,
-    /// adamw or sgd.
-    #[arg(long = "optim", default_value = "adamw")]
-    pub(super) optim: String,
-    /// Hidden layer widths.
-    #[arg(long, default_value = "512,256", value_delimiter = ',')]
-    hidden: Vec<usize>,
-    /// relu or gelu.
-    #[arg(long, default_value = "relu")]
-    activation: String,
+    /// mlp, cnn: adamw or sgd [default: adamw; gpt always uses AdamW].
+    #[arg(long = "optim")]
+    optim: Option<String>,
+    /// mlp: hidden layer widths [default: 512,256].
+    #[arg(long, value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// mlp: relu or gelu [default: relu].
+    #[arg(long)]
+    activation: Option<String>,
     /// AdamW's decoupled weight decay [default: 0, or 0.1 for gpt].
     #[arg(long)]
     pub(super) weight_decay: Option<f32>,
-    /// SGD momentum.
-    #[arg(long, default_value_t = 0.9)]
-    momentum: f32,
+    /// mlp, cnn: SGD momentum [default: 0.9].
+    #[arg(long)]
+    momentum: Option<f32>,
     #[arg(long, default_value_t = 0)]
     pub(super) seed: u64,
     #[arg(long, value_enum, default_value = "gpu")]
@@ -95,7 +96,7 @@ pub struct TrainArgs {
     pub(super) lm: super::train_lm::LmArgs,
     /// Use only the first N training samples.
     #[arg(long)]
-    pub(super) train_limit: Option<usize>,
+    train_limit: Option<usize>,
     /// Folder holding mnist/, fashion-mnist/ and text/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]
     pub(super) data: Option<std::path::PathBuf>,
@@ -175,14 +176,46 @@ pub fn load_sets(
     })
 }
 
+impl TrainArgs {
+    /// Image-model flags that were given (for refusing them with the language model).
+    pub(super) fn image_flags_given(&self) -> Vec<&'static str> {
+        [
+            ("--epochs", self.epochs.is_some()),
+            ("--optim", self.optim.is_some()),
+            ("--hidden", self.hidden.is_some()),
+            ("--activation", self.activation.is_some()),
+            ("--momentum", self.momentum.is_some()),
+            ("--train-limit", self.train_limit.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+}
+
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if a.model == ModelKind::Gpt {
         return super::train_lm::run(a);
     }
     let dataset_name = a.dataset.clone().unwrap_or_else(|| "mnist".into());
+    let mut refused = a.lm.given();
     if a.model == ModelKind::Mlp && a.dropout.is_some() {
-        bail!("--dropout applies to --model cnn and gpt; the MLP has no dropout");
+        refused.push("--dropout");
     }
+    if a.model == ModelKind::Cnn {
+        refused.extend(a.hidden.as_ref().map(|_| "--hidden"));
+        refused.extend(a.activation.as_ref().map(|_| "--activation"));
+    }
+    if !refused.is_empty() {
+        bail!(
+            "--model {} does not use {}",
+            format!("{:?}", a.model).to_lowercase(),
+            refused.join(", ")
+        );
+    }
+    let epochs = a.epochs.unwrap_or(5);
+    let hidden = a.hidden.clone().unwrap_or_else(|| vec![512, 256]);
+    let optim = a.optim.clone().unwrap_or_else(|| "adamw".into());
     let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(1e-3));
     let Sets {
         train,
@@ -194,7 +227,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         a.data.as_deref(),
         a.train_limit,
         batch,
-        a.epochs,
+        epochs,
     )?;
     let device = a.device.open()?;
     let cnn = (a.model == ModelKind::Cnn).then(|| CnnConfig {
@@ -202,12 +235,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         ..CnnConfig::default()
     });
     let config = ClassifierConfig {
-        hidden: a.hidden.clone(),
-        activation: a.activation.parse::<Activation>()?,
-        optimizer: a.optim.parse::<OptimizerKind>()?,
+        hidden: hidden.clone(),
+        activation: a
+            .activation
+            .as_deref()
+            .unwrap_or("relu")
+            .parse::<Activation>()?,
+        optimizer: optim.parse::<OptimizerKind>()?,
         lr,
         weight_decay: a.weight_decay.unwrap_or(0.0),
-        momentum: a.momentum,
+        momentum: a.momentum.unwrap_or(0.9),
         nesterov: false,
         seed: a.seed,
         cnn,
@@ -225,14 +262,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     clf.schedule = a.warmup.map(|warmup| WarmupCosine {
         peak: lr,
         warmup,
-        total: steps_per_epoch * a.epochs as u64,
+        total: steps_per_epoch * epochs as u64,
         min_ratio: 0.1,
     });
     // A resumed run must see the batches the interrupted one would have.
     clf.run_tag = format!(
         "{dataset_name}, {} training samples, batch {batch}, {} epochs",
         train.len(),
-        a.epochs
+        epochs
     );
     if let Some(path) = &a.resume {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -251,13 +288,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         device
     );
 
-    let total_steps = (steps_per_epoch * a.epochs as u64).min(a.max_steps.unwrap_or(u64::MAX));
+    let total_steps = (steps_per_epoch * epochs as u64).min(a.max_steps.unwrap_or(u64::MAX));
     let first_epoch = (clf.steps / steps_per_epoch) as u32;
-    if first_epoch >= a.epochs {
+    if first_epoch >= epochs {
         bail!(
             "the checkpoint is at step {}, past the {} epochs asked for; raise --epochs",
             clf.steps,
-            a.epochs
+            epochs
         );
     }
     let (mut epoch_seconds, mut accuracies) = (vec![], vec![]);
@@ -265,12 +302,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut samples = 0usize;
     let started = Instant::now();
     let mut train_seconds = 0.0;
-    'epochs: for epoch in first_epoch..a.epochs {
+    'epochs: for epoch in first_epoch..epochs {
         let bar = progress_bar(
             a.quiet,
             steps_per_epoch.min(total_steps.saturating_sub(clf.steps)),
             epoch,
-            a.epochs,
+            epochs,
         );
         // A resumed run skips the batches its checkpoint had already taken this epoch.
         let done_in_epoch = (clf.steps - epoch as u64 * steps_per_epoch) as usize;
@@ -315,7 +352,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         eprintln!(
             "epoch {}/{}: train loss {last_loss:.4}, test accuracy {:.2}%, {seconds:.1} s ({:.0} samples/s)",
             epoch + 1,
-            a.epochs,
+            epochs,
             100.0 * accuracy,
             epoch_samples as f64 / seconds
         );
@@ -336,9 +373,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         epochs: epoch_seconds.len() as u32,
         steps: clf.steps,
         batch,
-        optimizer: a.optim.clone(),
+        optimizer: optim,
         lr,
-        hidden: (a.model == ModelKind::Mlp).then(|| a.hidden.clone()),
+        hidden: (a.model == ModelKind::Mlp).then_some(hidden),
         parameters: clf.model.parameter_count(),
         seed: a.seed,
         final_test_accuracy: *accuracies.last().unwrap_or(&0.0),

@@ -15,35 +15,86 @@ use super::machine::Machine;
 use super::train::{write_checkpoint, TrainArgs};
 
 /// Flags of `murmur train` that only the language model reads.
-#[derive(Args, Debug)]
+/// Flags of `murmur train` that only the language model reads. They are options, so that
+/// giving one to an image model is an error rather than silently ignored; defaults are
+/// applied in [`LmArgs::resolved`].
+#[derive(Args, Debug, Default)]
 pub struct LmArgs {
-    /// gpt: optimizer steps in the schedule.
-    #[arg(long, default_value_t = 3000)]
+    /// gpt: optimizer steps in the schedule [default: 3000].
+    #[arg(long)]
+    steps: Option<u64>,
+    /// gpt: bytes of context [default: 64].
+    #[arg(long)]
+    context: Option<usize>,
+    /// gpt: transformer blocks [default: 4].
+    #[arg(long)]
+    layers: Option<usize>,
+    /// gpt: model width [default: 64].
+    #[arg(long)]
+    dim: Option<usize>,
+    /// gpt: attention heads [default: 4].
+    #[arg(long)]
+    heads: Option<usize>,
+    /// gpt: validate (and checkpoint, with --save) every this many steps [default: 250].
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// gpt: validation windows of --context bytes, spread over the held-out plays
+    /// [default: 256].
+    #[arg(long)]
+    eval_windows: Option<usize>,
+    /// gpt: bytes of text to sample at the end [default: 400].
+    #[arg(long)]
+    sample_bytes: Option<usize>,
+    /// gpt: sampling temperature, 0 = always the likeliest byte [default: 0.8].
+    #[arg(long)]
+    temperature: Option<f32>,
+}
+
+/// [`LmArgs`] with the defaults filled in.
+struct Lm {
     steps: u64,
-    /// gpt: bytes of context.
-    #[arg(long, default_value_t = 64)]
     context: usize,
-    /// gpt: transformer blocks.
-    #[arg(long, default_value_t = 4)]
     layers: usize,
-    /// gpt: model width.
-    #[arg(long, default_value_t = 64)]
     dim: usize,
-    /// gpt: attention heads.
-    #[arg(long, default_value_t = 4)]
     heads: usize,
-    /// gpt: validate (and checkpoint, with --save) every this many steps.
-    #[arg(long, default_value_t = 250)]
     eval_every: u64,
-    /// gpt: validation windows of --context bytes, spread over the held-out plays.
-    #[arg(long, default_value_t = 256)]
     eval_windows: usize,
-    /// gpt: bytes of text to sample at the end.
-    #[arg(long, default_value_t = 400)]
     sample_bytes: usize,
-    /// gpt: sampling temperature (0 = always the likeliest byte).
-    #[arg(long, default_value_t = 0.8)]
     temperature: f32,
+}
+
+impl LmArgs {
+    /// The flags that were given, by name (for refusing them for image models).
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            ("--steps", self.steps.is_some()),
+            ("--context", self.context.is_some()),
+            ("--layers", self.layers.is_some()),
+            ("--dim", self.dim.is_some()),
+            ("--heads", self.heads.is_some()),
+            ("--eval-every", self.eval_every.is_some()),
+            ("--eval-windows", self.eval_windows.is_some()),
+            ("--sample-bytes", self.sample_bytes.is_some()),
+            ("--temperature", self.temperature.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+
+    fn resolved(&self) -> Lm {
+        Lm {
+            steps: self.steps.unwrap_or(3000),
+            context: self.context.unwrap_or(64),
+            layers: self.layers.unwrap_or(4),
+            dim: self.dim.unwrap_or(64),
+            heads: self.heads.unwrap_or(4),
+            eval_every: self.eval_every.unwrap_or(250),
+            eval_windows: self.eval_windows.unwrap_or(256),
+            sample_bytes: self.sample_bytes.unwrap_or(400),
+            temperature: self.temperature.unwrap_or(0.8),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -70,18 +121,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if dataset != "shakespeare" {
         bail!("--model gpt trains on --dataset shakespeare, not {dataset:?}");
     }
-    if a.optim != "adamw" {
+    let image_only = a.image_flags_given();
+    if !image_only.is_empty() {
         bail!(
-            "--model gpt trains with AdamW only, not --optim {}",
-            a.optim
+            "--model gpt does not use {} (it trains with AdamW on the whole corpus for --steps)",
+            image_only.join(", ")
         );
-    }
-    if a.train_limit.is_some() {
-        bail!("--train-limit applies to image datasets; --model gpt trains on the whole corpus");
     }
     let root = a.data.clone().unwrap_or_else(default_root);
     let corpus = TextCorpus::load_shakespeare(&root)?;
-    let l = &a.lm;
+    let l = &a.lm.resolved();
     let mut config = LmConfig::new(l.steps);
     config.model = GptConfig {
         context: l.context,
