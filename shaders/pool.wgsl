@@ -79,15 +79,15 @@ fn avg_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 // Two entry points with twin loops rather than one with a flag: a binding an entry point
 // mentions at all must be bound, and average pooling has no argmax buffer.
 
-// The output element whose window covers input (n, ih, iw, c) at offset (kh, kw), or -1.
-fn covering_output(n: u32, ih: u32, iw: u32, c: u32, kh: u32, kw: u32) -> i32 {
-    if (ih < kh || (ih - kh) % p.stride != 0u || (ih - kh) / p.stride >= p.oh) {
-        return -1;
+// The outputs along one axis whose windows cover input position x: [lo, hi], empty when
+// lo > hi. Two divisions per axis instead of a division per candidate window: llvmpipe has no
+// vector integer divide, so divisions dominated these kernels.
+fn covering_range(x: u32, len: u32) -> vec2<u32> {
+    var lo = 0u;
+    if (x >= p.k) {
+        lo = (x - p.k) / p.stride + 1u; // the first o with o * stride + k > x
     }
-    if (iw < kw || (iw - kw) % p.stride != 0u || (iw - kw) / p.stride >= p.ow) {
-        return -1;
-    }
-    return i32(((n * p.oh + (ih - kh) / p.stride) * p.ow + (iw - kw) / p.stride) * p.c + c);
+    return vec2<u32>(lo, min(x / p.stride, len - 1u));
 }
 
 // (n, ih, iw, c) of input element i.
@@ -99,23 +99,36 @@ fn input_coords(i: u32) -> vec4<u32> {
     return vec4<u32>(t / p.h, t % p.h, iw, c);
 }
 
+// Both backward passes sum dy over the windows covering input i, in the CPU reference's
+// (kh, kw) order: kh = ih - oh * stride grows as oh falls, so the loops run from the last
+// window down. Max pooling counts only the windows whose maximum was input i.
+fn max_gather(i: u32) -> f32 {
+    let q = input_coords(i);
+    let rh = covering_range(q.y, p.oh);
+    let rw = covering_range(q.z, p.ow);
+    var acc = 0.0;
+    if (rh.x > rh.y || rw.x > rw.y) {
+        return acc;
+    }
+    for (var dh = 0u; dh <= rh.y - rh.x; dh++) {
+        let row = (q.x * p.oh + rh.y - dh) * p.ow;
+        for (var dw = 0u; dw <= rw.y - rw.x; dw++) {
+            let o = (row + rw.y - dw) * p.c + q.w;
+            if (argmax[o] == i) {
+                acc += src[o];
+            }
+        }
+    }
+    return acc;
+}
+
 @compute @workgroup_size(256)
 fn max_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i >= p.n * p.h * p.w * p.c) {
         return;
     }
-    let q = input_coords(i);
-    var acc = 0.0;
-    for (var kh = 0u; kh < p.k; kh++) {
-        for (var kw = 0u; kw < p.k; kw++) {
-            let o = covering_output(q.x, q.y, q.z, q.w, kh, kw);
-            if (o >= 0 && argmax[u32(o)] == i) {
-                acc += src[u32(o)];
-            }
-        }
-    }
-    dst[i] = acc;
+    dst[i] = max_gather(i);
 }
 
 @compute @workgroup_size(256)
@@ -125,12 +138,14 @@ fn avg_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let q = input_coords(i);
+    let rh = covering_range(q.y, p.oh);
+    let rw = covering_range(q.z, p.ow);
     var acc = 0.0;
-    for (var kh = 0u; kh < p.k; kh++) {
-        for (var kw = 0u; kw < p.k; kw++) {
-            let o = covering_output(q.x, q.y, q.z, q.w, kh, kw);
-            if (o >= 0) {
-                acc += src[u32(o)];
+    if (rh.x <= rh.y && rw.x <= rw.y) {
+        for (var dh = 0u; dh <= rh.y - rh.x; dh++) {
+            let row = (q.x * p.oh + rh.y - dh) * p.ow;
+            for (var dw = 0u; dw <= rw.y - rw.x; dw++) {
+                acc += src[(row + rw.y - dw) * p.c + q.w];
             }
         }
     }
