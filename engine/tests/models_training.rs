@@ -5,9 +5,9 @@
 mod common;
 
 use murmur_engine::data::{epoch_batches, ImageDataset, TextCorpus};
-use murmur_engine::nn::{CnnConfig, GptConfig};
+use murmur_engine::nn::{CnnConfig, GptConfig, Module};
 use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig, WarmupCosine};
-use murmur_engine::{Device, Tensor};
+use murmur_engine::Device;
 
 fn tiny_gpt(steps: u64) -> LmConfig {
     LmConfig {
@@ -50,18 +50,8 @@ fn text() -> Vec<u8> {
         .repeat(4)
 }
 
-fn bits(ts: Vec<&Tensor>) -> Vec<u32> {
-    Tensor::read_many(&ts)
-        .unwrap()
-        .into_iter()
-        .flatten()
-        .map(f32::to_bits)
-        .collect()
-}
-
 fn gpt_bits(lm: &LanguageModel) -> Vec<u32> {
-    use murmur_engine::nn::Module;
-    bits(lm.model.parameters())
+    lm.model.parameter_bits().unwrap()
 }
 
 #[test]

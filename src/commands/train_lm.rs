@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use murmur_engine::data::{default_root, TextCorpus, HELD_OUT_PLAYS};
 use murmur_engine::nn::{GptConfig, Module};
 use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
+use murmur_engine::Tensor;
 use serde::Serialize;
 
 use super::machine::Machine;
@@ -191,12 +192,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         bar.inc(1);
         let step = lm.steps;
         if step % a.log_every.max(1) == 0 || step == total {
-            last_loss = s.loss.item()?;
+            // One wait on the GPU for both readings.
+            let read = Tensor::read_many(&[&s.loss, &s.grad_norm])?;
+            let grad_norm = read[1][0];
+            last_loss = read[0][0];
             let rate = ((step - first_step) * (config.batch * l.context) as u64) as f64
                 / started.elapsed().as_secs_f64();
             bar.set_message(format!(
-                "loss {last_loss:.3}  |g| {:.2}  lr {:.2e}  {rate:.0} tok/s",
-                s.grad_norm.item()?,
+                "loss {last_loss:.3}  |g| {grad_norm:.2}  lr {:.2e}  {rate:.0} tok/s",
                 s.lr
             ));
         }

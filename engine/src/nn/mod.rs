@@ -31,4 +31,13 @@ pub trait Module {
     fn parameter_count(&self) -> usize {
         self.parameters().iter().map(|p| p.numel()).sum()
     }
+
+    /// Every parameter's bits in order, read back at once: what determinism tests compare.
+    fn parameter_bits(&self) -> crate::Result<Vec<u32>> {
+        Ok(Tensor::read_many(&self.parameters())?
+            .into_iter()
+            .flatten()
+            .map(f32::to_bits)
+            .collect())
+    }
 }

@@ -264,13 +264,9 @@ impl Classifier {
 }
 
 impl Classifier {
-    /// Every parameter's bits in order, read back at once: what determinism tests compare.
+    /// Every parameter's bits in order ([`Module::parameter_bits`] of the model).
     pub fn parameter_bits(&self) -> Result<Vec<u32>> {
-        Ok(Tensor::read_many(&self.model.parameters())?
-            .into_iter()
-            .flatten()
-            .map(f32::to_bits)
-            .collect())
+        self.model.parameter_bits()
     }
 
     /// Parameters and optimizer state as checkpoint bytes (safetensors).
