@@ -16,7 +16,7 @@ use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::tls::{client_tls, server_tls};
 use crate::transport::{
-    client_endpoint, connect, send, send_bytes, server_endpoint, Incoming, Link, SOCKET_BUFFER,
+    client_endpoint, connect, send, send_bytes, server_endpoint, Incoming, Link,
 };
 use crate::wire::{Frame, Header, Kind, Limits, HEADER};
 
@@ -190,9 +190,7 @@ async fn run_client<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 fn tcp_socket_options(s: &TcpStream) -> Result<()> {
     s.set_nodelay(true)?;
-    let sock = socket2::SockRef::from(s);
-    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER.max(4 << 20));
-    let _ = sock.set_send_buffer_size(SOCKET_BUFFER.max(4 << 20));
+    crate::transport::request_socket_buffers(socket2::SockRef::from(s));
     Ok(())
 }
 

@@ -39,8 +39,16 @@ impl Default for Link {
 /// 4 GB model in one round.
 pub const MAX_STREAMS_IN_FLIGHT: u32 = 1024;
 
-/// Smallest UDP socket buffer murmur asks for.
+/// Smallest socket buffer murmur is content with (a warning below it).
 pub const SOCKET_BUFFER: usize = 2 << 20;
+/// Socket buffer murmur asks for (the kernel may grant less).
+pub const WANT_SOCKET_BUFFER: usize = 4 << 20;
+
+/// Asks for [`WANT_SOCKET_BUFFER`] each way; failures leave the kernel's default.
+pub(crate) fn request_socket_buffers(socket: socket2::SockRef<'_>) {
+    let _ = socket.set_recv_buffer_size(WANT_SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(WANT_SOCKET_BUFFER);
+}
 
 impl Link {
     pub fn bdp(&self) -> u64 {
@@ -76,8 +84,7 @@ fn conn_err(e: impl std::fmt::Display) -> NetError {
 fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER.max(4 << 20));
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER.max(4 << 20));
+    request_socket_buffers(socket2::SockRef::from(&socket));
     let (r, s) = (socket.recv_buffer_size()?, socket.send_buffer_size()?);
     if r < SOCKET_BUFFER || s < SOCKET_BUFFER {
         tracing::warn!("UDP buffers capped by the kernel at {r} / {s} bytes (want {SOCKET_BUFFER}); raise net.core.rmem_max and wmem_max for fast links");

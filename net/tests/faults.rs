@@ -214,11 +214,11 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
             joins.push(s.spawn(move || {
                 let c = worker(swarm, addrs, rank, world);
                 let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
-                while dp.step < steps {
-                    let (x, y) = batch(dp.step, rank as usize);
+                while dp.round() < steps {
+                    let (x, y) = batch(dp.round(), rank as usize);
                     let began = Instant::now();
                     dp.step(&x, &y).unwrap();
-                    if dp.step == stall_at + 1 {
+                    if dp.round() == stall_at + 1 {
                         assert!(
                             began.elapsed() >= deadline / 2,
                             "round {stall_at} closed before the deadline"
@@ -226,9 +226,9 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
                     }
                     // One snapshot, after the eviction: the rejoining worker loads it and replays
                     // the rounds since.
-                    if rank == 0 && dp.step == stall_at + 1 {
+                    if rank == 0 && dp.round() == stall_at + 1 {
                         let state = dp.clf.save_state().unwrap();
-                        let step = dp.step;
+                        let step = dp.round();
                         dp.collective.snapshot(step, state).unwrap();
                     }
                     // Pace the rounds so the rejoining worker finds the swarm still running.

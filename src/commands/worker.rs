@@ -120,7 +120,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let mut dp = join(&a, &creds, &job)?;
     let mut reporter = Reporter::new(&a, &job, &dp);
     let mut final_accuracy = None;
-    while dp.step < job.total_steps {
+    while dp.round() < job.total_steps {
         match train_until_done(
             &a,
             &job,
@@ -155,7 +155,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
                 };
                 reporter.emit(&WorkerEvent::Rejoined {
                     rank: a.rank,
-                    step: dp.step,
+                    step: dp.round(),
                     reason,
                 });
             }
@@ -165,7 +165,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     reporter.finish();
     reporter.emit(&WorkerEvent::Done {
         rank: a.rank,
-        steps: dp.step,
+        steps: dp.round(),
         final_accuracy,
         bytes_pushed: totals.pushed,
         bytes_pulled: totals.pulled,
@@ -224,13 +224,13 @@ fn train_until_done(
     let mut epoch_started = Instant::now();
     let mut batches = Vec::new();
     let mut batches_epoch = None;
-    while dp.step < job.total_steps {
-        let epoch = (dp.step / job.steps_per_epoch) as u32;
+    while dp.round() < job.total_steps {
+        let epoch = (dp.round() / job.steps_per_epoch) as u32;
         if batches_epoch != Some(epoch) {
             batches = epoch_batches(job.train.len(), a.job.batch * world, a.job.seed, epoch);
             batches_epoch = Some(epoch);
         }
-        let global = &batches[(dp.step % job.steps_per_epoch) as usize];
+        let global = &batches[(dp.round() % job.steps_per_epoch) as usize];
         let slice = rank_slice(global, rank, world);
         let (x, y) = job.train.batch(slice);
         let (loss, bytes) = dp.step(&x, &y)?;
@@ -238,15 +238,16 @@ fn train_until_done(
         totals.pulled += bytes.pulled as u64;
         totals.f32_each_way += bytes.f32_each_way as u64;
         totals.samples += slice.len();
-        if rank == 0 && dp.step.is_multiple_of(a.snapshot_every.max(1)) {
+        if rank == 0 && dp.round().is_multiple_of(a.snapshot_every.max(1)) {
             let state = dp.clf.save_state()?;
-            let step = dp.step;
+            let step = dp.round();
             dp.collective.snapshot(step, state)?;
         }
-        if dp.step.is_multiple_of(a.log_every.max(1)) || dp.step == job.total_steps {
-            reporter.progress(dp.step, loss.item()?, bytes, totals);
+        if dp.round().is_multiple_of(a.log_every.max(1)) || dp.round() == job.total_steps {
+            reporter.progress(dp.round(), loss.item()?, bytes, totals);
         }
-        let epoch_done = dp.step.is_multiple_of(job.steps_per_epoch) || dp.step == job.total_steps;
+        let epoch_done =
+            dp.round().is_multiple_of(job.steps_per_epoch) || dp.round() == job.total_steps;
         if epoch_done {
             let seconds = epoch_started.elapsed().as_secs_f64();
             epoch_started = Instant::now();
@@ -288,7 +289,7 @@ impl Reporter {
                 .progress_chars("=> "),
             );
             bar.set_prefix(a.rank.to_string());
-            bar.set_position(dp.step);
+            bar.set_position(dp.round());
             bar
         };
         let reporter = Reporter {
@@ -304,7 +305,7 @@ impl Reporter {
             steps_per_epoch: job.steps_per_epoch,
             parameters: dp.clf.model.parameter_count(),
             keys: dp.partitions().len(),
-            from_step: dp.step,
+            from_step: dp.round(),
         });
         reporter
     }

@@ -162,12 +162,17 @@ impl Collective for LocalCollective {
             .collect();
         let mut hub = self.shared.hub.lock().expect("hub lock");
         let decoded = self.fail_on_error(&mut hub, decoded)?;
-        for ((key, _), values) in pushes.iter().zip(decoded) {
-            hub.keys
-                .get_mut(key)
-                .expect("checked above")
-                .insert(rank, values);
-        }
+        // A key pushed twice in one round is refused, not overwritten.
+        let inserted: Result<()> = pushes
+            .iter()
+            .zip(decoded)
+            .try_for_each(|((key, _), values)| {
+                hub.keys
+                    .get_mut(key)
+                    .expect("checked above")
+                    .insert(rank, values)
+            });
+        self.fail_on_error(&mut hub, inserted)?;
         hub.arrived += 1;
         if hub.arrived == world {
             // Last to arrive: close every key's round; keys are independent.

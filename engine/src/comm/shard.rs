@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{codec_context, Key, KeySpec};
+use super::{codec_context, KeySpec};
 use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
@@ -19,7 +19,6 @@ use crate::tensor::Device;
 #[derive(Clone)]
 pub struct PushDecoder {
     codec: Arc<dyn Codec>,
-    pub key: Key,
     numel: usize,
     ctx: CodecContext,
 }
@@ -77,7 +76,6 @@ impl KeyState {
         }
         Ok(PushDecoder {
             codec: self.push.clone(),
-            key: self.spec.key,
             numel: self.spec.numel as usize,
             ctx: codec_context(self.spec.seed, step, self.spec.key),
         })
@@ -89,18 +87,20 @@ impl KeyState {
     }
 
     /// Keeps a decoded push of the open round (decoded with [`KeyState::push_decoder`]).
-    pub fn insert(&mut self, rank: usize, values: Vec<f32>) {
+    pub fn insert(&mut self, rank: usize, values: Vec<f32>) -> Result<()> {
+        if self.pending.contains_key(&rank) {
+            return Err(Error::Data(format!(
+                "key {:#x}: rank {rank} pushed twice in step {}",
+                self.spec.key, self.step
+            )));
+        }
         self.pending.insert(rank, values);
+        Ok(())
     }
 
     /// Forgets a rank's push of the open round (the rank left or missed the deadline).
     pub fn discard(&mut self, rank: usize) {
         self.pending.remove(&rank);
-    }
-
-    /// Ranks that have pushed in the open round.
-    pub fn pushed(&self) -> impl Iterator<Item = usize> + '_ {
-        self.pending.keys().copied()
     }
 
     pub fn count(&self) -> usize {
@@ -127,5 +127,37 @@ impl KeyState {
         let reply = self.pull.encode(&mean, &ctx)?;
         self.step += 1;
         Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_push_of_a_rank_in_one_round_is_refused_not_overwritten() {
+        let mut state = KeyState::new(KeySpec {
+            key: 7,
+            numel: 2,
+            push: "f32".into(),
+            pull: "f32".into(),
+            server_memory: "none".into(),
+            seed: 0,
+        })
+        .unwrap();
+        state.insert(0, vec![1.0, 2.0]).unwrap();
+        assert!(state.push_decoder(0, 0).is_err());
+        assert!(state.insert(0, vec![9.0, 9.0]).is_err());
+        state.insert(1, vec![3.0, 4.0]).unwrap();
+        let reply = state.close().unwrap();
+        let mean: Vec<f32> = reply
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            mean,
+            [2.0, 3.0],
+            "the first push counts, the second is dropped"
+        );
     }
 }

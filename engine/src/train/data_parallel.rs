@@ -28,8 +28,10 @@ pub struct DataParallel<C: Collective> {
     memories: Vec<Feedback>,
     pulls: Vec<Box<dyn Codec>>,
     seed: u64,
-    /// Rounds completed.
-    pub step: u64,
+    /// The partitions' keys, in push order.
+    keys: Vec<Key>,
+    /// Shapes of the model's parameters, for the averaged gradients.
+    shapes: Vec<Vec<usize>>,
 }
 
 /// This rank's share of a global batch: equal slices, the first ranks taking one more sample
@@ -70,6 +72,13 @@ impl<C: Collective> DataParallel<C> {
             .iter()
             .map(|s| parse(&s.pull))
             .collect::<Result<_>>()?;
+        let keys = parts.iter().map(|p| p.key).collect();
+        let shapes = clf
+            .model
+            .parameters()
+            .iter()
+            .map(|p| p.shape().to_vec())
+            .collect();
         Ok(DataParallel {
             clf,
             collective,
@@ -77,16 +86,35 @@ impl<C: Collective> DataParallel<C> {
             memories,
             pulls,
             seed: plan.seed,
-            step: 0,
+            keys,
+            shapes,
         })
+    }
+
+    /// Rounds completed: one optimizer step each, so the classifier's step count (which a
+    /// snapshot carries).
+    pub fn round(&self) -> u64 {
+        self.clf.steps
     }
 
     /// Replaces parameters and optimizer state with a snapshot taken after `step` rounds (what
     /// a rejoining rank starts from before replaying later rounds).
     pub fn restore(&mut self, snapshot: &[u8], step: u64) -> Result<()> {
         self.clf.load_state(snapshot)?;
-        self.step = step;
+        if self.round() != step {
+            return Err(Error::Data(format!(
+                "the snapshot of round {step} holds a model after {} steps",
+                self.round()
+            )));
+        }
         Ok(())
+    }
+
+    /// Pulls and applies the replies of the round this rank is at, without pushing: how a
+    /// rejoining rank replays logged rounds.
+    pub fn replay_round(&mut self) -> Result<()> {
+        let replies = self.collective.pull(self.round(), &self.keys)?;
+        self.apply_replies(&replies)
     }
 
     /// The keyed partitions this rank pushes each round.
@@ -99,11 +127,14 @@ impl<C: Collective> DataParallel<C> {
         let (loss, grads) = self.clf.loss_and_grads(x, labels)?;
         let host = Tensor::read_many(&grads.iter().collect::<Vec<_>>())?;
         let pushed = self.encode_and_push(&host)?;
-        let keys: Vec<Key> = self.parts.iter().map(|p| p.key).collect();
-        let replies = self.collective.pull(self.step, &keys)?;
+        let replies = self.collective.pull(self.round(), &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
-        let f32_each_way = 4 * self.parts.iter().map(|p| p.len).sum::<usize>();
+        let f32_each_way = 4 * self
+            .shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum::<usize>();
         Ok((
             loss,
             RoundBytes {
@@ -119,7 +150,7 @@ impl<C: Collective> DataParallel<C> {
     /// Returns the bytes pushed.
     fn encode_and_push(&mut self, host: &[Vec<f32>]) -> Result<usize> {
         use rayon::prelude::*;
-        let (seed, step) = (self.seed, self.step);
+        let (seed, step) = (self.seed, self.round());
         let (tx, rx) = std::sync::mpsc::channel::<Result<(Key, Vec<u8>)>>();
         let parts = &self.parts;
         let memories = &mut self.memories;
@@ -156,14 +187,8 @@ impl<C: Collective> DataParallel<C> {
                 self.parts.len()
             )));
         }
-        let shapes: Vec<Vec<usize>> = self
-            .clf
-            .model
-            .parameters()
-            .iter()
-            .map(|p| p.shape().to_vec())
-            .collect();
-        let mut avg: Vec<Vec<f32>> = shapes
+        let mut avg: Vec<Vec<f32>> = self
+            .shapes
             .iter()
             .map(|s| vec![0.0; s.iter().product()])
             .collect();
@@ -174,7 +199,7 @@ impl<C: Collective> DataParallel<C> {
                     p.key
                 )));
             }
-            let ctx = codec_context(self.seed, self.step, p.key);
+            let ctx = codec_context(self.seed, self.round(), p.key);
             pull.decode_into(
                 reply,
                 &mut avg[p.tensor][p.offset..p.offset + p.len],
@@ -185,11 +210,9 @@ impl<C: Collective> DataParallel<C> {
         let device = self.clf.device.clone();
         let grads = avg
             .into_iter()
-            .zip(&shapes)
+            .zip(&self.shapes)
             .map(|(v, s)| Tensor::from_vec(&device, s, v))
             .collect::<Result<Vec<_>>>()?;
-        self.clf.apply(&grads)?;
-        self.step += 1;
-        Ok(())
+        self.clf.apply(&grads)
     }
 }

@@ -99,15 +99,6 @@ pub fn load(
     let loaded: Vec<Tensor> = (0..params.len())
         .map(|i| checkpoint::take(&tensors, &format!("param.{i}")))
         .collect::<Result<_>>()?;
-    for (p, t) in params.iter().zip(&loaded) {
-        if p.shape() != t.shape() {
-            return Err(Error::Data(format!(
-                "checkpoint parameter of shape {:?} for a model parameter of shape {:?}",
-                t.shape(),
-                p.shape()
-            )));
-        }
-    }
     let optim = tensors
         .iter()
         .filter_map(|(n, t)| n.strip_prefix("optim.").map(|n| (n.to_string(), t.clone())))

@@ -14,7 +14,6 @@ pub mod state;
 pub use client::{CatchupPlan, ClientOptions, QuicCollective};
 pub use server::{Server, ServerOptions};
 
-use murmur_engine::comm::Collective;
 use murmur_engine::train::DataParallel;
 
 use crate::error::Result;
@@ -29,18 +28,16 @@ pub fn catch_up(dp: &mut DataParallel<QuicCollective>) -> Result<Option<CatchupP
     let plan = dp.collective.catch_up()?;
     match &plan.snapshot {
         Some((step, bytes)) => dp.restore(bytes, *step)?,
-        None if dp.step != 0 => {
+        None if dp.round() != 0 => {
             return Err(crate::NetError::Protocol(format!(
                 "no snapshot to rejoin from, and this trainer is at step {} rather than 0",
-                dp.step
+                dp.round()
             )))
         }
         None => {}
     }
-    let keys: Vec<_> = dp.partitions().iter().map(|p| p.key).collect();
-    while dp.step < plan.to {
-        let replies = dp.collective.pull(dp.step, &keys)?;
-        dp.apply_replies(&replies)?;
+    while dp.round() < plan.to {
+        dp.replay_round()?;
     }
     Ok(Some(plan))
 }

@@ -99,11 +99,6 @@ impl ShardState {
         }
     }
 
-    /// The step of the round now open.
-    pub fn open_step(&self) -> u64 {
-        self.open_step
-    }
-
     pub fn rank_of(&self, id: PeerId) -> Option<u16> {
         self.peers.get(&id).map(|p| p.rank)
     }
@@ -263,9 +258,7 @@ impl ShardState {
                 self.open_step
             ));
         }
-        if entry.has_pushed(peer.rank as usize) {
-            return protocol(format!("key {key:#x} pushed twice in step {step}"));
-        }
+        // push_decoder refuses a second push of the round.
         let decoder = entry
             .push_decoder(peer.rank as usize, step)
             .map_err(|e| NetError::Protocol(e.to_string()))?;
@@ -288,10 +281,9 @@ impl ShardState {
             return Ok(false);
         };
         let entry = self.keys.get_mut(&key).expect("checked before decoding");
-        if entry.has_pushed(peer.rank as usize) {
-            return protocol(format!("key {key:#x} pushed twice in step {step}"));
-        }
-        entry.insert(peer.rank as usize, values);
+        entry
+            .insert(peer.rank as usize, values)
+            .map_err(|e| NetError::Protocol(e.to_string()))?;
         if !peer.active {
             tracing::info!(
                 "shard {}: rank {} rejoins the rounds at step {step}",

@@ -142,10 +142,10 @@ pub fn bits(clf: &Classifier) -> Vec<u32> {
     clf.parameter_bits().unwrap()
 }
 
-/// Trains one rank for rounds `dp.step..steps`.
+/// Trains one rank for rounds `dp.round()..steps`.
 pub fn train<C: Collective>(dp: &mut DataParallel<C>, steps: u64) {
-    while dp.step < steps {
-        let (x, y) = batch(dp.step, dp.collective.rank());
+    while dp.round() < steps {
+        let (x, y) = batch(dp.round(), dp.collective.rank());
         dp.step(&x, &y).unwrap();
     }
 }
