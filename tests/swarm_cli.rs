@@ -11,9 +11,7 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     if !have_mnist() {
         return;
     }
-    let dir = RemovedOnDrop(
-        std::env::temp_dir().join(format!("murmur-swarm-test-{}", std::process::id())),
-    );
+    let dir = RemovedOnDrop::temp("swarm-test");
     let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(

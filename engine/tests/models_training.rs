@@ -219,15 +219,12 @@ fn cnn_learns_fashion_mnist_quickly() {
 #[test]
 fn gpt_learns_shakespeare_quickly() {
     let root = murmur_engine::data::default_root();
-    let corpus = match TextCorpus::load_shakespeare(&root) {
-        Ok(c) => c,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("NOTICE: skipping gpt_learns_shakespeare_quickly: {e}");
-            return;
-        }
-        Err(e) => {
-            panic!("gpt_learns_shakespeare_quickly needs the Shakespeare texts under CI: {e}")
-        }
+    let Some(corpus) = common::data_or_skip(
+        "gpt_learns_shakespeare_quickly",
+        "the Shakespeare texts",
+        || TextCorpus::load_shakespeare(&root),
+    ) else {
+        return;
     };
     let mut config = tiny_gpt(150);
     config.model = GptConfig {

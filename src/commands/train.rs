@@ -213,10 +213,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             refused.join(", ")
         );
     }
+    // Flags not given take the engine's defaults.
+    let defaults = ClassifierConfig::default();
     let epochs = a.epochs.unwrap_or(5);
-    let hidden = a.hidden.clone().unwrap_or_else(|| vec![512, 256]);
+    let hidden = a.hidden.clone().unwrap_or(defaults.hidden);
     let optim = a.optim.clone().unwrap_or_else(|| "adamw".into());
-    let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(1e-3));
+    let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(defaults.lr));
     let Sets {
         train,
         test,
@@ -229,42 +231,39 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         batch,
         epochs,
     )?;
-    let device = a.device.open()?;
-    let cnn = (a.model == ModelKind::Cnn).then(|| CnnConfig {
-        dropout: a.dropout.unwrap_or(0.25),
-        ..CnnConfig::default()
-    });
-    let config = ClassifierConfig {
-        hidden: hidden.clone(),
-        activation: a
-            .activation
-            .as_deref()
-            .unwrap_or("relu")
-            .parse::<Activation>()?,
-        optimizer: optim.parse::<OptimizerKind>()?,
-        lr,
-        weight_decay: a.weight_decay.unwrap_or(0.0),
-        momentum: a.momentum.unwrap_or(0.9),
-        nesterov: false,
-        seed: a.seed,
-        cnn,
-        // Set once the step count is known, below.
-        schedule: None,
-        clip: a.clip,
-    };
     if train.is_empty() {
         bail!("no training samples (--train-limit 0?)");
     }
     let steps_per_epoch = train.len().div_ceil(batch) as u64;
-    let mut clf = Classifier::new(&device, train.features(), train.classes, &config)?;
-    // The schedule spans every epoch whatever --max-steps says, so that a run stopped early
-    // and resumed follows the same rates as an uninterrupted one.
-    clf.schedule = a.warmup.map(|warmup| WarmupCosine {
-        peak: lr,
-        warmup,
-        total: steps_per_epoch * epochs as u64,
-        min_ratio: 0.1,
+    let device = a.device.open()?;
+    let cnn = (a.model == ModelKind::Cnn).then(|| CnnConfig {
+        dropout: a.dropout.unwrap_or(CnnConfig::default().dropout),
+        ..CnnConfig::default()
     });
+    let config = ClassifierConfig {
+        hidden: hidden.clone(),
+        activation: match &a.activation {
+            Some(name) => name.parse::<Activation>()?,
+            None => defaults.activation,
+        },
+        optimizer: optim.parse::<OptimizerKind>()?,
+        lr,
+        weight_decay: a.weight_decay.unwrap_or(defaults.weight_decay),
+        momentum: a.momentum.unwrap_or(defaults.momentum),
+        nesterov: defaults.nesterov,
+        seed: a.seed,
+        cnn,
+        // The schedule spans every epoch whatever --max-steps says, so that a run stopped
+        // early and resumed follows the same rates as an uninterrupted one.
+        schedule: a.warmup.map(|warmup| WarmupCosine {
+            peak: lr,
+            warmup,
+            total: steps_per_epoch * epochs as u64,
+            min_ratio: 0.1,
+        }),
+        clip: a.clip,
+    };
+    let mut clf = Classifier::new(&device, train.features(), train.classes, &config)?;
     // A resumed run must see the batches the interrupted one would have.
     clf.run_tag = format!(
         "{dataset_name}, {} training samples, batch {batch}, {} epochs",
@@ -306,8 +305,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         let bar = progress_bar(
             a.quiet,
             steps_per_epoch.min(total_steps.saturating_sub(clf.steps)),
-            epoch,
-            epochs,
+            format!("epoch {}/{epochs}", epoch + 1),
         );
         // A resumed run skips the batches its checkpoint had already taken this epoch.
         let done_in_epoch = (clf.steps - epoch as u64 * steps_per_epoch) as usize;
@@ -399,16 +397,17 @@ pub(super) fn write_checkpoint(path: &Path, bytes: &[u8]) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn progress_bar(quiet: bool, len: u64, epoch: u32, epochs: u32) -> ProgressBar {
+/// A progress bar of `len` steps labelled `label` (hidden with --quiet).
+pub(super) fn progress_bar(quiet: bool, len: u64, label: String) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len);
     bar.set_style(
-        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
+    bar.set_prefix(label);
     bar
 }

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use murmur_engine::data::{default_root, TextCorpus, HELD_OUT_PLAYS};
 use murmur_engine::nn::{GptConfig, Module};
 use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
@@ -13,7 +12,7 @@ use murmur_engine::Tensor;
 use serde::Serialize;
 
 use super::machine::Machine;
-use super::train::{write_checkpoint, TrainArgs};
+use super::train::{progress_bar, write_checkpoint, TrainArgs};
 
 /// Flags of `murmur train` that only the language model reads.
 /// Flags of `murmur train` that only the language model reads. They are options, so that
@@ -83,13 +82,15 @@ impl LmArgs {
         .collect()
     }
 
+    /// Model sizes not given take [`GptConfig::default`]'s.
     fn resolved(&self) -> Lm {
+        let model = GptConfig::default();
         Lm {
             steps: self.steps.unwrap_or(3000),
-            context: self.context.unwrap_or(64),
-            layers: self.layers.unwrap_or(4),
-            dim: self.dim.unwrap_or(64),
-            heads: self.heads.unwrap_or(4),
+            context: self.context.unwrap_or(model.context),
+            layers: self.layers.unwrap_or(model.layers),
+            dim: self.dim.unwrap_or(model.dim),
+            heads: self.heads.unwrap_or(model.heads),
             eval_every: self.eval_every.unwrap_or(250),
             eval_windows: self.eval_windows.unwrap_or(256),
             sample_bytes: self.sample_bytes.unwrap_or(400),
@@ -138,9 +139,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         layers: l.layers,
         dim: l.dim,
         heads: l.heads,
-        dropout: a.dropout.unwrap_or(0.0),
         ..GptConfig::default()
     };
+    config.model.dropout = a.dropout.unwrap_or(config.model.dropout);
     config.batch = a.batch.unwrap_or(config.batch);
     config.schedule = WarmupCosine {
         peak: a.lr.unwrap_or(config.schedule.peak),
@@ -171,18 +172,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         lm.model.parameter_count(),
     );
 
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template("step [{bar:30}] {pos}/{len} {msg} (eta {eta})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_position(lm.steps);
-        bar
-    };
+    let bar = progress_bar(a.quiet, total, "step".into());
+    bar.set_position(lm.steps);
     let started = Instant::now();
     let first_step = lm.steps;
     let (mut valid_loss, mut last_loss) = (vec![], f32::NAN);
@@ -204,6 +195,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             ));
         }
         if step % l.eval_every.max(1) == 0 || step == total {
+            if step % a.log_every.max(1) != 0 {
+                // This step's loss was not read for the progress line; the report needs it.
+                last_loss = s.loss.item()?;
+            }
             let v = lm.evaluate(&corpus.valid, l.eval_windows, 32)?;
             let line =
                 format!("step {step}: train loss {last_loss:.4}, validation {v:.4} nats/byte");

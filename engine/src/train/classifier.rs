@@ -128,12 +128,9 @@ pub struct Classifier {
     pub model: ClassifierModel,
     /// Features per sample.
     pub inputs: usize,
-    /// Seed of the dropout masks.
-    pub seed: u64,
-    pub schedule: Option<WarmupCosine>,
-    pub clip: Option<f32>,
-    /// The construction config, as text, for checkpoint identities.
-    config_tag: String,
+    /// What it was built from: the seed of the dropout masks, the schedule and clipping are
+    /// read from here, and a checkpoint must have been written under the same config.
+    pub config: ClassifierConfig,
     /// What else a resumed run must share with this one (the CLI puts the batch size and
     /// data limits here); part of the checkpoint identity.
     pub run_tag: String,
@@ -189,10 +186,7 @@ impl Classifier {
         Ok(Classifier {
             model,
             inputs,
-            seed: config.seed,
-            schedule: config.schedule,
-            clip: config.clip,
-            config_tag: format!("{config:?}"),
+            config: config.clone(),
             run_tag: String::new(),
             optimizer,
             device: device.clone(),
@@ -209,7 +203,7 @@ impl Classifier {
         let input = g.input(&xt);
         let logits = self
             .model
-            .forward(&g, input, Some((self.seed, self.steps as u32)))?;
+            .forward(&g, input, Some((self.config.seed, self.steps as u32)))?;
         let loss = g.cross_entropy_mean(logits, &yt)?;
         let loss_value = g.value(loss);
         // Consuming the graph releases its handles on the parameters before the update.
@@ -221,10 +215,10 @@ impl Classifier {
     /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         let mut grads = grads.to_vec();
-        if let Some(max_norm) = self.clip {
+        if let Some(max_norm) = self.config.clip {
             clip_global_norm(&mut grads, max_norm)?;
         }
-        if let Some(schedule) = &self.schedule {
+        if let Some(schedule) = &self.config.schedule {
             self.optimizer.set_lr(schedule.lr(self.steps));
         }
         self.optimizer
@@ -297,10 +291,7 @@ impl Classifier {
 
     /// What a checkpoint must share with this run to resume it bit for bit.
     fn identity(&self) -> String {
-        format!(
-            "{}; schedule {:?}; clip {:?}; {}",
-            self.config_tag, self.schedule, self.clip, self.run_tag
-        )
+        format!("{:?}; {}", self.config, self.run_tag)
     }
 
     fn format(&self) -> &'static str {

@@ -60,30 +60,36 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     }
 }
 
-/// A dataset's train and test splits, or `None` (with a visible notice) when the data has not
-/// been fetched. Under CI (`CI` set) missing data is a failure, not a skip.
+/// What `load` reads, or `None` (with a visible notice) when the data has not been fetched.
+/// Under CI (`CI` set) missing data is a failure, not a skip.
+pub fn data_or_skip<T>(
+    test: &str,
+    what: &str,
+    load: impl FnOnce() -> murmur_engine::Result<T>,
+) -> Option<T> {
+    match load() {
+        Ok(data) => Some(data),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("{test} needs {what} under CI: {e}"),
+        Err(e) => {
+            eprintln!("NOTICE: skipping {test}: {e}");
+            None
+        }
+    }
+}
+
+/// A dataset's train and test splits; see [`data_or_skip`].
 pub fn dataset_or_skip(
     dataset: murmur_engine::data::ImageDataset,
     test: &str,
 ) -> Option<(murmur_engine::data::ImageSet, murmur_engine::data::ImageSet)> {
     use murmur_engine::data::{default_root, Split};
     let root = default_root();
-    let load = || -> murmur_engine::Result<_> {
+    data_or_skip(test, dataset.name(), || {
         Ok((
             dataset.load(&root, Split::Train)?,
             dataset.load(&root, Split::Test)?,
         ))
-    };
-    match load() {
-        Ok(sets) => Some(sets),
-        Err(e) if std::env::var_os("CI").is_some() => {
-            panic!("{test} needs {} under CI: {e}", dataset.name())
-        }
-        Err(e) => {
-            eprintln!("NOTICE: skipping {test}: {e}");
-            None
-        }
-    }
+    })
 }
 
 /// MNIST's splits; see [`dataset_or_skip`].

@@ -5,7 +5,7 @@
 
 use clap::{Args, ValueEnum};
 use murmur_engine::kernels::matmul::MatmulKernel;
-use murmur_engine::nn::{CnnConfig, GptConfig, Module};
+use murmur_engine::nn::{CnnConfig, Module};
 use murmur_engine::rng::Rng;
 use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig};
 use murmur_engine::Device;
@@ -114,8 +114,8 @@ fn bench_gpt(device: &Device, sequences: usize, min_seconds: f64) -> anyhow::Res
         batch: sequences,
         ..LmConfig::new(1 << 20)
     };
-    let context = GptConfig::default().context;
     let mut lm = LanguageModel::new(device, &config)?;
+    let context = lm.model.config.context;
     let mut rng = Rng::new(2, 0);
     let text: Vec<u8> = (0..1 << 16).map(|_| rng.below(256) as u8).collect();
     let seconds = time_steps(device, min_seconds, || lm.step(&text).map(drop))?;
