@@ -4,6 +4,7 @@
 //! The engine knows nothing of sockets: distributed algorithms talk to the `Collective` and
 //! `StageLink` traits, which `murmur-net` implements over QUIC.
 
+pub mod algo;
 pub mod autograd;
 pub mod checkpoint;
 pub mod comm;

@@ -9,6 +9,7 @@ const ALL: &[&str] = &[
     "f16",
     "bf16",
     "sign",
+    "sign:rounds=2",
     "topk:0.1",
     "topk:7:f16",
     "randk:0.25",
@@ -52,6 +53,7 @@ fn payload_sizes_follow_the_formulas() {
         ("f16", |n| 2 * n),
         ("bf16", |n| 2 * n),
         ("sign", |n| 8 * n.div_ceil(64) + 4),
+        ("sign:rounds=3", |n| 3 * (8 * n.div_ceil(64) + 4)),
         ("topk:0.001", |n| {
             if n == 0 {
                 0
@@ -170,6 +172,56 @@ fn identity_is_exact_and_casts_round_to_nearest_even() {
             .unwrap(),
         [65504.0, -65504.0]
     );
+}
+
+#[test]
+fn recursive_sign_sends_each_round_what_the_previous_left() {
+    // Neolithic's FCC (liec-sgd.md §3): m_r = C(x - D(m_1) - ... - D(m_{r-1})), decoded as the
+    // sum of the rounds, so each extra round only shrinks the error.
+    let sign = parse("sign").unwrap();
+    for n in [1usize, 63, 65, 1000] {
+        let x = normal(n, 5 + n as u64);
+        let m1 = sign.decode(&sign.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
+        let left: Vec<f32> = x.iter().zip(&m1).map(|(a, b)| a - b).collect();
+        let m2 = sign
+            .decode(&sign.encode(&left, &ctx(0)), n, &ctx(0))
+            .unwrap();
+        let two = parse("sign:rounds=2").unwrap();
+        let payload = two.encode(&x, &ctx(0));
+        assert_eq!(
+            payload[payload.len() / 2..],
+            sign.encode(&left, &ctx(0))[..],
+            "n={n}: round 2 is the sign of what round 1 left"
+        );
+        let sum: Vec<f32> = m1.iter().zip(&m2).map(|(a, b)| a + b).collect();
+        assert_eq!(two.decode(&payload, n, &ctx(0)).unwrap(), sum, "n={n}");
+        let mut errors = Vec::new();
+        for rounds in 1..=4 {
+            let c = parse(&format!("sign:rounds={rounds}")).unwrap();
+            let y = c.decode(&c.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
+            let e: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a - b).collect();
+            errors.push(norm2(&e));
+        }
+        assert!(
+            errors.windows(2).all(|w| w[1] <= w[0] * (1.0 + 1e-6)),
+            "n={n}: more rounds, no larger error: {errors:?}"
+        );
+    }
+    // A bad second round is refused before the first is applied.
+    let two = parse("sign:rounds=2").unwrap();
+    let mut payload = two.encode(&normal(65, 1), &ctx(0));
+    let last = payload.len() - 1;
+    payload[last] = 0xff; // the second round's scale becomes NaN
+    let mut out = vec![1.0f32; 65];
+    assert!(two
+        .decode_into(
+            &payload,
+            &mut out,
+            &ctx(0),
+            murmur_engine::compress::DecodeMode::Add
+        )
+        .is_err());
+    assert!(out.iter().all(|v| *v == 1.0), "untouched on error");
 }
 
 #[test]

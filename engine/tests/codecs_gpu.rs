@@ -12,6 +12,7 @@ const ALL: &[&str] = &[
     "f16",
     "bf16",
     "sign",
+    "sign:rounds=2",
     "topk:0.1",
     "topk:0.3",
     "topk:7:f16",

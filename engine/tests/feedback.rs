@@ -14,6 +14,7 @@ const CODECS: &[&str] = &[
     "f32",
     "f16",
     "sign",
+    "sign:rounds=2",
     "topk:0.05",
     "topk:0.05:f16",
     "randk:0.1:unscaled",

@@ -10,6 +10,7 @@ const SPECS: &[&str] = &[
     "f16",
     "bf16",
     "sign",
+    "sign:rounds=2",
     "topk:0.1",
     "topk:3:f16",
     "randk:0.25",

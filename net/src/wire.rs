@@ -23,7 +23,7 @@ use crate::engine::comm::{Key, KeySpec};
 use crate::error::{NetError, Result};
 
 pub const MAGIC: u16 = 0x4D55;
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,7 +379,8 @@ mod tests {
                     push: "f32".into(),
                     pull: "f32".into(),
                     server_memory: "none".into(),
-                    seed: 0
+                    seed: 0,
+                    sync_every: 0,
                 };
                 5
             ],

@@ -27,6 +27,7 @@ fn keys() -> Vec<KeySpec> {
         pull: "f32".into(),
         server_memory: "none".into(),
         seed: 1,
+        sync_every: 0,
     }]
 }
 

@@ -4,6 +4,7 @@ mod bench;
 mod info;
 mod machine;
 mod relay;
+mod repro;
 mod server;
 mod swarm;
 mod train;
@@ -39,6 +40,9 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Forward a QUIC link through added delay, a rate limit and loss (for trying bad paths).
     Relay(relay::RelayArgs),
+    /// Reproduce a paper's experiments at small scale; tables go to docs/results/.
+    #[command(subcommand)]
+    Repro(repro::ReproCommand),
     /// Measure performance against a reference run in the same process.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -63,6 +67,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Server(a) => server::run(a),
         Command::Worker(a) => worker::run(a),
         Command::Relay(a) => relay::run(a),
+        Command::Repro(r) => repro::run(r),
         Command::Bench(b) => bench::run(b),
     }
 }

@@ -126,6 +126,11 @@ impl Collective for LocalCollective {
         Ok(())
     }
 
+    fn server_error(&self, key: Key) -> Option<Vec<f32>> {
+        let hub = self.shared.hub.lock().ok()?;
+        hub.keys.get(&key)?.server_error().ok()
+    }
+
     fn push(&mut self, _step: u64, key: Key, payload: Vec<u8>) -> Result<()> {
         self.outbox.push((key, payload));
         Ok(())
@@ -223,6 +228,7 @@ mod tests {
             pull: codec.into(),
             server_memory: memory.into(),
             seed: 3,
+            sync_every: 0,
         }
     }
 
@@ -309,6 +315,45 @@ mod tests {
             .decode(&c.push_pull(2, vec![(7, push)]).unwrap()[0].1, 3, &ctx(2))
             .unwrap();
         assert_eq!(reply.iter().filter(|v| **v != 0.0).count(), 0);
+    }
+
+    #[test]
+    fn a_sync_round_is_plain_both_ways_and_flushes_the_server_memory() {
+        // Top-2 up, top-1 down with server EF, every third round a sync round (LIEC-SGD's
+        // averaging step).
+        let mut c = local_collectives(1).pop().unwrap();
+        let key = KeySpec {
+            sync_every: 3,
+            push: "topk:2".into(),
+            ..spec(5, 3, "topk:1", "ef")
+        };
+        c.register(std::slice::from_ref(&key)).unwrap();
+        let (topk, plain) = (parse("topk:2").unwrap(), parse("f32").unwrap());
+        let ctx = |step| codec_context(3, step, 5);
+        assert!(!key.is_sync_round(0) && !key.is_sync_round(1) && key.is_sync_round(2));
+        for step in 0..2 {
+            let push = topk.encode(&[1.0, 0.5, 0.25], &ctx(step));
+            c.push_pull(step, vec![(5, push)]).unwrap();
+        }
+        // What the server held back after two compressed rounds comes back in the sync round.
+        let held = c.server_error(5).unwrap();
+        assert!(held.iter().any(|v| *v != 0.0), "the server holds an error");
+        let push = plain.encode(&[2.0, -1.0, 4.0], &ctx(2));
+        let reply = c.push_pull(2, vec![(5, push)]).unwrap().remove(0).1;
+        let expected: Vec<f32> = [2.0f32, -1.0, 4.0]
+            .iter()
+            .zip(&held)
+            .map(|(x, e)| x + e)
+            .collect();
+        assert_eq!(plain.decode(&reply, 3, &ctx(2)).unwrap(), expected);
+        assert_eq!(c.server_error(5).unwrap(), [0.0; 3], "memory reset");
+        // A compressed push in a sync round is refused (wrong length for f32).
+        let push = topk.encode(&[1.0, 0.0, 0.0], &ctx(5));
+        for step in 3..5 {
+            let ok = topk.encode(&[1.0, 0.0, 0.0], &ctx(step));
+            c.push_pull(step, vec![(5, ok)]).unwrap();
+        }
+        assert!(c.push_pull(5, vec![(5, push)]).is_err());
     }
 
     #[test]

@@ -30,6 +30,19 @@ pub struct KeySpec {
     pub server_memory: String,
     /// Seed of the stochastic codecs and of random-k's shared index sets.
     pub seed: u64,
+    /// Makes every `sync_every`-th round of this key a sync round (0: none), see
+    /// [`KeySpec::is_sync_round`].
+    pub sync_every: u64,
+}
+
+impl KeySpec {
+    /// Whether round `round` is a sync round: rounds `r` with `(r + 1) % sync_every == 0`,
+    /// LIEC-SGD's averaging steps `t = H - 1, 2H - 1, ...` (liec-sgd.md §6.12). In a sync round
+    /// pushes and the reply are plain f32 and the server adds its whole error-feedback memory
+    /// to the mean and resets it, so nothing is held back.
+    pub fn is_sync_round(&self, round: u64) -> bool {
+        self.sync_every > 0 && (round + 1).is_multiple_of(self.sync_every)
+    }
 }
 
 /// The codec context of a key in a round, the same on every peer. The key folds to 32 bits.
@@ -58,6 +71,12 @@ pub trait Collective: Send {
     /// Completes round `step`: the servers' reply for each of `keys` (in that order; identical
     /// bytes on every rank). Every key must have been pushed in this round.
     fn pull(&mut self, step: u64, keys: &[Key]) -> Result<Vec<(Key, Vec<u8>)>>;
+
+    /// The error-feedback memory of a key's server as it stands between rounds, where the
+    /// servers live in this process (a diagnostic for simulations; `None` elsewhere).
+    fn server_error(&self, _key: Key) -> Option<Vec<f32>> {
+        None
+    }
 
     /// One whole round: [`Collective::push`] every payload, then [`Collective::pull`].
     fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>> {

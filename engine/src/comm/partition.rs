@@ -87,6 +87,7 @@ impl PartitionPlan {
                     pull,
                     server_memory: memory,
                     seed: self.seed,
+                    sync_every: 0,
                 }
             })
             .collect()

@@ -32,6 +32,8 @@ impl PushDecoder {
 pub struct KeyState {
     pub spec: KeySpec,
     push: Arc<dyn Codec>,
+    /// The codec of both directions in sync rounds.
+    plain: Arc<dyn Codec>,
     pull: Feedback,
     /// The step of the round now open.
     pub step: u64,
@@ -52,6 +54,7 @@ impl KeyState {
         Ok(KeyState {
             spec,
             push,
+            plain: Arc::from(parse("f32")?),
             pull,
             step: 0,
             pending: BTreeMap::new(),
@@ -74,8 +77,13 @@ impl KeyState {
                 self.spec.key
             )));
         }
+        let codec = if self.spec.is_sync_round(step) {
+            &self.plain
+        } else {
+            &self.push
+        };
         Ok(PushDecoder {
-            codec: self.push.clone(),
+            codec: codec.clone(),
             numel: self.spec.numel as usize,
             ctx: codec_context(self.spec.seed, step, self.spec.key),
         })
@@ -124,9 +132,19 @@ impl KeyState {
             mean.iter_mut().for_each(|m| *m *= scale);
         }
         let ctx = codec_context(self.spec.seed, self.step, self.spec.key);
-        let reply = self.pull.encode(&mean, &ctx)?;
+        let reply = if self.spec.is_sync_round(self.step) {
+            self.pull.flush_into(&mut mean)?;
+            self.plain.encode(&mean, &ctx)
+        } else {
+            self.pull.encode(&mean, &ctx)?
+        };
         self.step += 1;
         Ok(reply)
+    }
+
+    /// The server's error-feedback memory (zeros where it keeps none).
+    pub fn server_error(&self) -> Result<Vec<f32>> {
+        self.pull.error()
     }
 }
 
@@ -143,6 +161,7 @@ mod tests {
             pull: "f32".into(),
             server_memory: "none".into(),
             seed: 0,
+            sync_every: 0,
         })
         .unwrap();
         state.insert(0, vec![1.0, 2.0]).unwrap();

@@ -12,6 +12,7 @@
 //! accumulator.
 
 mod dense;
+mod fcc;
 pub(crate) mod gpu;
 mod plain;
 mod select;
@@ -146,6 +147,7 @@ pub fn build(spec: CodecSpec) -> Box<dyn Codec> {
     match spec {
         CodecSpec::F32 | CodecSpec::F16 | CodecSpec::Bf16 => Box::new(plain::Plain::new(spec)),
         CodecSpec::Sign => Box::new(sign::ScaledSign),
+        CodecSpec::SignRounds { rounds } => Box::new(fcc::RecursiveSign { rounds }),
         CodecSpec::Dither { .. }
         | CodecSpec::Natural
         | CodecSpec::Qsgd { .. }

@@ -98,6 +98,10 @@ pub enum CodecSpec {
     Bf16,
     /// `(|v|_1 / n) * sign(v)`, sign(0) = +.
     Sign,
+    /// Scaled sign applied `rounds` times, each to what the previous left (Neolithic's FCC).
+    SignRounds {
+        rounds: u32,
+    },
     /// Exact top-k by magnitude; values as f16 when `f16_values`.
     TopK {
         amount: Amount,
@@ -141,7 +145,7 @@ pub enum CodecSpec {
 }
 
 const HELP: &str =
-    "codecs: f32, f16, bf16, sign, topk:<k>[:f16], randk:<k>[:explicit][:unscaled], \
+    "codecs: f32, f16, bf16, sign[:rounds=R], topk:<k>[:f16], randk:<k>[:explicit][:unscaled], \
 dither:linear|natural[:s=N|:bits=B][:norm=max|l2], natural, qsgd:bits=B[:stochastic], \
 loco:bits=4|8[:log2s=N], blockq:bits=4|8[:group=N], hybrid:bits=B:topk=<k> \
 (k is a fraction such as 0.001 or 1/32, or a count)";
@@ -188,7 +192,16 @@ impl FromStr for CodecSpec {
             "f32" | "identity" | "none" => CodecSpec::F32,
             "f16" | "fp16" => CodecSpec::F16,
             "bf16" => CodecSpec::Bf16,
-            "sign" | "onebit" => CodecSpec::Sign,
+            "sign" | "onebit" => {
+                known(&["rounds"])?;
+                match kv("rounds")
+                    .map(|r| parse_u32("rounds", r, 1, 8))
+                    .transpose()?
+                {
+                    None | Some(1) => CodecSpec::Sign,
+                    Some(rounds) => CodecSpec::SignRounds { rounds },
+                }
+            }
             "topk" => {
                 known(&["f16"])?;
                 CodecSpec::TopK {
@@ -288,6 +301,7 @@ impl fmt::Display for CodecSpec {
             CodecSpec::F16 => write!(f, "f16"),
             CodecSpec::Bf16 => write!(f, "bf16"),
             CodecSpec::Sign => write!(f, "sign"),
+            CodecSpec::SignRounds { rounds } => write!(f, "sign:rounds={rounds}"),
             CodecSpec::TopK { amount, f16_values } => {
                 write!(f, "topk:{amount}{}", if *f16_values { ":f16" } else { "" })
             }
@@ -340,6 +354,8 @@ mod tests {
             ("f32", "f32"),
             ("identity", "f32"),
             ("sign", "sign"),
+            ("sign:rounds=2", "sign:rounds=2"),
+            ("sign:rounds=1", "sign"),
             ("topk:0.001", "topk:0.001"),
             ("topk:100:f16", "topk:100:f16"),
             ("randk:1/32", "randk:0.03125"),
@@ -379,6 +395,8 @@ mod tests {
             "qsgd:bits=9",
             "loco:bits=4:foo=1",
             "randk:0.1:scaled:unscaled",
+            "sign:rounds=0",
+            "sign:rounds=9",
         ] {
             let err = bad.parse::<CodecSpec>().unwrap_err().to_string();
             assert!(

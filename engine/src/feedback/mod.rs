@@ -336,6 +336,45 @@ impl Feedback {
             .ok_or_else(|| Error::Config("memory is not on a GPU".into()))
     }
 
+    /// Adds the whole memory to `x` (CPU) and resets it to zero: a round that sends `x` at full
+    /// precision holds nothing back (LIEC-SGD's sync step).
+    pub fn flush_into(&mut self, x: &mut [f32]) -> Result<()> {
+        if x.len() != self.n {
+            return Err(Error::Shape {
+                op: "error feedback flush",
+                detail: format!("memory holds {} elements, vector has {}", self.n, x.len()),
+            });
+        }
+        let inv_se = match self.memory {
+            Memory::LocoEma { se, .. } => 1.0 / se,
+            _ => 1.0,
+        };
+        match &mut self.state {
+            State::None => {}
+            State::Residual(e) => {
+                x.iter_mut().zip(e.iter_mut()).for_each(|(v, e)| {
+                    *v += *e;
+                    *e = 0.0;
+                });
+            }
+            State::Ema(eq, et) => {
+                x.iter_mut().zip(eq.iter_mut()).for_each(|(v, c)| {
+                    *v += *c as f32 * inv_se;
+                    *c = 0;
+                });
+                if let Some(et) = et {
+                    et.fill(0.0);
+                }
+            }
+            State::ResidualGpu(_) | State::EmaGpu(..) => {
+                return Err(Error::Config(
+                    "flushing a memory that lives on the GPU is not supported".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
     /// The compensation the next call will add, as f32 (read back from the GPU if there).
     pub fn error(&self) -> Result<Vec<f32>> {
         let inv_se = match self.memory {

@@ -1,0 +1,215 @@
+//! One worker's side of the algorithms' rounds: a flat vector cut into blocks, each block
+//! encoded with its key's codec and pushed, the servers' reply decoded back into a flat vector.
+//! Every round is one round of the [`Collective`], so an algorithm runs in-process and over
+//! QUIC unchanged; the bytes it moves are counted here.
+
+use rayon::prelude::*;
+
+use super::blocks::Block;
+use crate::comm::{codec_context, Collective, KeySpec};
+use crate::compress::{parse, Codec, DecodeMode};
+use crate::error::{Error, Result};
+
+/// What the servers do with every block of an algorithm: the codec of worker pushes, the codec
+/// of their reply, their error-feedback memory, and the period of sync rounds (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wire {
+    pub push: String,
+    pub pull: String,
+    pub server_memory: String,
+    pub sync_every: u64,
+}
+
+/// Bytes one worker pushed and pulled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub pushed: u64,
+    pub pulled: u64,
+}
+
+pub struct Exchange {
+    collective: Box<dyn Collective>,
+    blocks: Vec<Block>,
+    specs: Vec<KeySpec>,
+    push: Box<dyn Codec>,
+    pull: Box<dyn Codec>,
+    plain: Box<dyn Codec>,
+    seed: u64,
+    round: u64,
+    /// Everything this worker has sent and received so far.
+    pub traffic: Traffic,
+    /// `1 - |r|² / |q|²` of the last push that asked for its residual: the contraction δ the
+    /// codec achieved on it (liec-sgd.md Table II).
+    pub last_contraction: Option<f64>,
+    /// Whether to measure the servers' contraction after each compressed round (needs
+    /// [`Collective::server_error`]: in-process servers).
+    pub measure_server: bool,
+    /// `1 - |e|² / |v|²` of the servers' last compressed reply, `v = D(p) + e` with the error
+    /// `e` the servers kept, when measured.
+    pub last_server_contraction: Option<f64>,
+    /// Whether the servers compress their reply with error feedback.
+    server_compresses: bool,
+}
+
+impl Exchange {
+    /// Registers one key per block with `wire`'s rules.
+    pub fn new(
+        mut collective: Box<dyn Collective>,
+        blocks: Vec<Block>,
+        wire: &Wire,
+        seed: u64,
+    ) -> Result<Self> {
+        let specs: Vec<KeySpec> = blocks
+            .iter()
+            .map(|b| KeySpec {
+                key: b.key,
+                numel: b.len as u32,
+                push: wire.push.clone(),
+                pull: wire.pull.clone(),
+                server_memory: wire.server_memory.clone(),
+                seed,
+                sync_every: wire.sync_every,
+            })
+            .collect();
+        if blocks.iter().any(|b| b.len > u32::MAX as usize) {
+            return Err(Error::Config(
+                "a block holds more than 2^32 elements".into(),
+            ));
+        }
+        collective.register(&specs)?;
+        Ok(Exchange {
+            collective,
+            push: parse(&wire.push)?,
+            pull: parse(&wire.pull)?,
+            plain: parse("f32")?,
+            blocks,
+            specs,
+            seed,
+            round: 0,
+            traffic: Traffic::default(),
+            last_contraction: None,
+            measure_server: false,
+            last_server_contraction: None,
+            server_compresses: wire.server_memory != "none" && wire.pull != "f32",
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.collective.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.collective.world()
+    }
+
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Elements of the flat vector.
+    pub fn len(&self) -> usize {
+        self.blocks.iter().map(|b| b.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rounds completed.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Whether the next round is a sync round (plain f32 both ways, server memory flushed).
+    pub fn is_sync(&self) -> bool {
+        self.specs[0].is_sync_round(self.round)
+    }
+
+    /// One round: pushes `q` block by block (compressed, or plain in a sync round), writing
+    /// `clean(q) - D(C(q))` into `residual` when asked, and returns the decoded reply.
+    pub fn exchange(&mut self, q: &[f32], residual: Option<&mut [f32]>) -> Result<Vec<f32>> {
+        let n = self.len();
+        if q.len() != n || residual.as_ref().is_some_and(|r| r.len() != n) {
+            return Err(Error::Shape {
+                op: "exchange",
+                detail: format!("{n} elements in the blocks, {} pushed", q.len()),
+            });
+        }
+        let (sync, round, seed) = (self.is_sync(), self.round, self.seed);
+        let push: &dyn Codec = if sync { &*self.plain } else { &*self.push };
+        let want_residual = residual.is_some();
+        let encoded: Vec<(Vec<u8>, Vec<f32>)> = self
+            .blocks
+            .par_iter()
+            .map(|b| {
+                let ctx = codec_context(seed, round, b.key);
+                let x = &q[b.offset..b.offset + b.len];
+                if want_residual {
+                    let mut r = vec![0.0; b.len];
+                    (push.encode_residual(x, &ctx, &mut r), r)
+                } else {
+                    (push.encode(x, &ctx), Vec::new())
+                }
+            })
+            .collect();
+        let mut keys = Vec::with_capacity(self.blocks.len());
+        for (b, (payload, _)) in self.blocks.iter().zip(&encoded) {
+            self.traffic.pushed += payload.len() as u64;
+            keys.push(b.key);
+        }
+        if let Some(residual) = residual {
+            for (b, (_, r)) in self.blocks.iter().zip(&encoded) {
+                residual[b.offset..b.offset + b.len].copy_from_slice(r);
+            }
+            let sent: f64 = q.iter().map(|v| (*v as f64).powi(2)).sum();
+            let left: f64 = residual.iter().map(|v| (*v as f64).powi(2)).sum();
+            self.last_contraction = (sent > 0.0).then(|| 1.0 - left / sent);
+        }
+        for (b, (payload, _)) in self.blocks.iter().zip(encoded) {
+            self.collective.push(round, b.key, payload)?;
+        }
+        let replies = self.collective.pull(round, &keys)?;
+        let pull: &dyn Codec = if sync { &*self.plain } else { &*self.pull };
+        let mut out = vec![0.0f32; n];
+        for (b, (key, reply)) in self.blocks.iter().zip(&replies) {
+            if *key != b.key {
+                return Err(Error::Data(format!(
+                    "reply for key {key:#x} where {:#x} was expected",
+                    b.key
+                )));
+            }
+            self.traffic.pulled += reply.len() as u64;
+            let ctx = codec_context(seed, round, b.key);
+            pull.decode_into(
+                reply,
+                &mut out[b.offset..b.offset + b.len],
+                &ctx,
+                DecodeMode::Set,
+            )?;
+        }
+        self.round += 1;
+        if self.measure_server && self.server_compresses && !sync {
+            if let Some(e) = self.server_error() {
+                let kept: f64 = e.iter().map(|v| (*v as f64).powi(2)).sum();
+                let whole: f64 = out
+                    .iter()
+                    .zip(&e)
+                    .map(|(p, e)| ((p + e) as f64).powi(2))
+                    .sum();
+                self.last_server_contraction = (whole > 0.0).then(|| 1.0 - kept / whole);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The servers' error-feedback memory over the whole vector, where the servers live in
+    /// this process (see [`Collective::server_error`]).
+    pub fn server_error(&self) -> Option<Vec<f32>> {
+        let mut out = vec![0.0f32; self.len()];
+        for b in &self.blocks {
+            let e = self.collective.server_error(b.key)?;
+            out[b.offset..b.offset + b.len].copy_from_slice(&e);
+        }
+        Some(out)
+    }
+}

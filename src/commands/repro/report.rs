@@ -1,0 +1,78 @@
+//! Pieces every reproduction report shares: statistics over seeds, the machine line, and
+//! writing a results file without losing the notes a person added below its tables.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Mean and sample standard deviation.
+pub fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = values.iter().sum::<f64>() / n;
+    let var = if values.len() > 1 {
+        values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// `mean ± std` with `digits` decimals (just the mean for one seed).
+pub fn pm(values: &[f64], digits: usize) -> String {
+    let (m, s) = mean_std(values);
+    if values.len() > 1 {
+        format!("{m:.digits$} ± {s:.digits$}")
+    } else {
+        format!("{m:.digits$}")
+    }
+}
+
+/// The heading under which people write their reading of the tables; a rerun keeps it.
+pub const NOTES: &str = "## Notes";
+
+/// Writes `generated` to `path`, followed by the notes section of the file already there.
+pub fn write_keeping_notes(path: &Path, generated: &str) -> anyhow::Result<()> {
+    let notes = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|old| old.find(NOTES).map(|i| old[i..].to_string()));
+    let mut text = generated.to_string();
+    if let Some(notes) = notes {
+        text.push('\n');
+        text.push_str(&notes);
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The command line that produced a report, as the user typed it.
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("murmur {}", args.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_the_sample_standard_deviation_and_notes_survive_a_rerun() {
+        let (m, s) = mean_std(&[1.0, 2.0, 3.0]);
+        assert_eq!((m, s), (2.0, 1.0));
+        assert_eq!(pm(&[0.5], 2), "0.50");
+        let dir = std::env::temp_dir().join(format!("murmur-report-{}", std::process::id()));
+        let path = dir.join("r.md");
+        write_keeping_notes(&path, "# T\n\nold table\n").unwrap();
+        let with_notes = std::fs::read_to_string(&path).unwrap() + "\n## Notes\n\nwhy\n";
+        std::fs::write(&path, with_notes).unwrap();
+        write_keeping_notes(&path, "# T\n\nnew table\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("new table") && !text.contains("old table"));
+        assert!(text.ends_with("## Notes\n\nwhy\n"), "{text}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
