@@ -222,6 +222,11 @@ fn recursive_sign_sends_each_round_what_the_previous_left() {
         )
         .is_err());
     assert!(out.iter().all(|v| *v == 1.0), "untouched on error");
+    // Two finite scales of f32::MAX with the same signs would decode to infinity.
+    let mut huge = vec![0u8; 24];
+    huge[8..12].copy_from_slice(&f32::MAX.to_le_bytes());
+    huge[20..24].copy_from_slice(&f32::MAX.to_le_bytes());
+    assert!(two.decode(&huge, 1, &ctx(0)).is_err());
 }
 
 #[test]

@@ -285,6 +285,110 @@ fn one_worker_follows_the_hand_written_update() {
     }
 }
 
+/// One worker of `method` with learning rate `lrs[t]` at step t: its model and the server's
+/// error after every step.
+fn one_worker(method: MethodSpec, lrs: &[f32], wd: f32) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let mut replica = LeastSquares::new(0);
+    let c = local_collectives(1).pop().unwrap();
+    let mut w = Worker::new(method, "sign", Blocking::Whole, SEED, &replica, Box::new(c)).unwrap();
+    let (mut xs, mut es) = (Vec::new(), Vec::new());
+    for &lr in lrs {
+        w.step(&mut replica, lr, wd).unwrap();
+        xs.push(w.x.clone());
+        es.push(w.exchange.server_error().unwrap());
+    }
+    (xs, es)
+}
+
+/// The scaled sign of the whole vector, decoded.
+fn sign_whole(v: &[f32], round: u64) -> Vec<f32> {
+    let codec = parse("sign").unwrap();
+    let ctx = codec_context(SEED, round, 0);
+    codec.decode(&codec.encode(v, &ctx), v.len(), &ctx).unwrap()
+}
+
+#[test]
+fn the_baselines_follow_their_hand_written_recursions() {
+    // liec-sgd.md §3 with N = 1, a learning rate that drops 10x, and weight decay.
+    let lrs = [0.05f32, 0.05, 0.05, 0.005, 0.005, 0.005];
+    let wd = 0.01;
+    let x0 = LeastSquares::new(0).x;
+    let mut replica = LeastSquares::new(0);
+    let sub = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(a, b)| a - b).collect::<Vec<f32>>();
+    let add = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(a, b)| a + b).collect::<Vec<f32>>();
+    for method in [
+        MethodSpec::MemSgd,
+        MethodSpec::DoubleSqueeze,
+        MethodSpec::Neolithic { rounds: 2 },
+        MethodSpec::Ef21P,
+    ] {
+        let (xs, es) = one_worker(method, &lrs, wd);
+        // Worker model (w for EF21-P), worker error, server memory (x − w's negative for EF21-P).
+        let (mut x, mut e, mut server) = (x0.clone(), vec![0.0f32; D], vec![0.0f32; D]);
+        let mut primal = x0.clone(); // EF21-P's true iterate
+        for (t, &lr) in lrs.iter().enumerate() {
+            let round = t as u64;
+            let g = replica.clone_gradient(&x, round);
+            let fcc = |v: &[f32]| {
+                let m1 = sign_whole(v, round);
+                add(&m1, &sign_whole(&sub(v, &m1), round))
+            };
+            let u = match method {
+                MethodSpec::MemSgd => {
+                    let a = add(&g, &e);
+                    let c = sign_whole(&a, round);
+                    e = sub(&a, &c);
+                    c
+                }
+                MethodSpec::DoubleSqueeze | MethodSpec::Neolithic { .. } => {
+                    let compress = |v: &[f32]| {
+                        if method == MethodSpec::DoubleSqueeze {
+                            sign_whole(v, round)
+                        } else {
+                            fcc(v)
+                        }
+                    };
+                    let a = add(&g, &e);
+                    let c = compress(&a);
+                    e = sub(&a, &c);
+                    let v = add(&c, &server);
+                    let p = compress(&v);
+                    server = sub(&v, &p);
+                    p
+                }
+                _ => {
+                    // EF21-P in its primal form: x := x − η C(g(w) + λw); p := C(x − w); w += p.
+                    let q: Vec<f32> = g.iter().zip(&x).map(|(g, w)| g + wd * w).collect();
+                    let c = sign_whole(&q, round);
+                    primal = primal.iter().zip(&c).map(|(x, c)| x - lr * c).collect();
+                    let p = sign_whole(&sub(&primal, &x), round);
+                    x = add(&x, &p);
+                    let err = (0..D).map(|k| (x[k] - xs[t][k]).abs()).fold(0.0, f32::max);
+                    assert!(
+                        err < 1e-5,
+                        "{method} step {t}: w is {err} off the primal form"
+                    );
+                    let m = sub(&xs[t], &es[t]);
+                    let err = max_diff(&m, &primal);
+                    assert!(err < 1e-5, "{method} step {t}: x = w − M is {err} off");
+                    x = xs[t].clone();
+                    continue;
+                }
+            };
+            for k in 0..D {
+                x[k] -= lr * (u[k] + wd * x[k]);
+            }
+            let d = max_diff(&x, &xs[t]);
+            assert!(d < 1e-5, "{method} step {t}: {d} off the recursion");
+            assert!(
+                max_diff(&server, &es[t]) < 1e-5,
+                "{method} step {t}: server error"
+            );
+            x = xs[t].clone();
+        }
+    }
+}
+
 #[test]
 fn the_average_model_lags_ideal_sgd_by_exactly_the_server_error() {
     // Lemma 3 (liec-sgd.md §6.4): x̄_{t+1} = x̄_t − η(avg g_t + e_t − e_{t+1}), so with a constant
@@ -361,7 +465,8 @@ fn a_sync_step_averages_the_models_and_empties_the_server() {
 fn the_server_error_is_what_the_scaled_sign_drops() {
     // liec-sgd.md §6.7: e_{t+1} = v − C(v), so |e|² = |v|² − Σ_b |v_b|_1² / d_b, with
     // v = C(v) + e the server's compensated mean.
-    let trace = Run::new(MethodSpec::Liec { period: 100 }, "sign").trace();
+    let run = Run::new(MethodSpec::Liec { period: 100 }, "sign");
+    let trace = run.trace();
     let bl = blocks::blocks(&SIZES, Blocking::Bucket { bytes: 100 }).unwrap();
     for t in 0..trace.x.len() {
         let e = &trace.server_error[t];
@@ -375,7 +480,7 @@ fn the_server_error_is_what_the_scaled_sign_drops() {
         let g = &trace.g[t][0];
         let c = sign_blocks(g, t as u64);
         let p: Vec<f32> = (0..D)
-            .map(|k| (before[k] - trace.x[t][0][k]) / 0.05 - (g[k] - c[k]))
+            .map(|k| (before[k] - trace.x[t][0][k]) / run.lr - (g[k] - c[k]))
             .collect();
         let v: Vec<f32> = p.iter().zip(e).map(|(p, e)| p + e).collect();
         let dropped: f64 = bl
@@ -529,7 +634,7 @@ fn byte_counters_equal_the_cost_formulas() {
 }
 
 #[test]
-fn liec_keeps_no_worker_state_and_the_others_keep_theirs() {
+fn liec_reports_no_worker_error_and_the_error_feedback_baselines_do() {
     // liec-sgd.md §6.11: LIEC's only persistent vector is the server's error.
     let replica = LeastSquares::new(0);
     let c = local_collectives(1).pop().unwrap();

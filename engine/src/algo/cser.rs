@@ -11,7 +11,7 @@
 //! `η s_i` is worker i's drift from the average model; with the identity codec the reset round
 //! makes every model equal.
 
-use super::{Exchange, Hyper, Method, Wire};
+use super::{Exchange, Hyper, Method, Own, Wire};
 use crate::error::Result;
 
 pub(super) struct Cser {
@@ -47,17 +47,18 @@ impl Method for Cser {
             self.residuals = vec![0.0; n];
         }
         let mut r = vec![0.0f32; n];
-        let mut dir = ex.exchange(g, Some(&mut r))?;
+        let mut dir = ex.exchange(g, Own::Residual(&mut r))?;
         for i in 0..n {
             self.residuals[i] -= r[i];
             dir[i] += r[i];
         }
         if (hyper.step + 1).is_multiple_of(self.period) {
-            let before = self.residuals.clone();
-            let q = ex.exchange(&before, Some(&mut self.residuals))?;
+            // q_i: exactly what the servers decode from this worker's push.
+            let mut own = vec![0.0f32; n];
+            let q = ex.exchange(&self.residuals, Own::Decoded(&mut own))?;
             for i in 0..n {
-                // q_i = s_old − s_new: exactly what was decoded from this worker's push.
-                dir[i] += (before[i] - self.residuals[i]) - q[i];
+                self.residuals[i] -= own[i];
+                dir[i] += own[i] - q[i];
             }
         }
         super::sgd_step(x, &dir, hyper);

@@ -8,7 +8,7 @@
 //! worker: x := x − η(D(p) + λx)
 //! ```
 
-use super::{sgd_step, Exchange, Hyper, Method, Wire};
+use super::{sgd_step, Exchange, Hyper, Method, Own, Wire};
 use crate::compress::support::clean;
 use crate::error::Result;
 
@@ -56,9 +56,9 @@ impl Method for ErrorFeedback {
                 .zip(&self.error)
                 .map(|(g, e)| clean(g + e))
                 .collect();
-            ex.exchange(&a, Some(&mut self.error))?
+            ex.exchange(&a, Own::Residual(&mut self.error))?
         } else {
-            ex.exchange(g, None)?
+            ex.exchange(g, Own::Nothing)?
         };
         sgd_step(x, &u, hyper);
         Ok(())

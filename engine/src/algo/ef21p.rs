@@ -2,15 +2,15 @@
 //! compressed gradient at the shared point w, without error feedback; the server moves the
 //! true iterate x and sends the compressed difference `C(x − w)`, which everyone adds to w.
 //!
-//! Written in gradient units, it is a server error-feedback rule: with `E := (w − x)/η`,
-//! `v := mean_i D(c_i) + E`, `p := C(v)`, `E := v − D(p)`, and the workers step
-//! `w := w − η D(p)`. This equals the primal form exactly for a constant η and a codec with
-//! `C(−ηv) = −ηC(v)` (scaled sign, top-k; sign(0) aside); after a step change of η the error
-//! the server carries is applied with the new rate, as every other method's error is
-//! (liec-sgd.md §7). Weight decay enters the gradient at w, and w (what workers hold) is the
-//! model evaluated; x = w − ηE differs from it by the server's error.
+//! It is a server error-feedback rule on model steps: workers push `c_i = C(η(g_i + λw))`;
+//! with the server's memory `M = w − x`, `v := mean_i D(c_i) + M`, `p := C(v)`, `M := v − D(p)`,
+//! and everyone steps `w := w − D(p)`. This is the primal form exactly, for any learning-rate
+//! schedule, with a codec that commutes with sign and positive scale (`C(−v) = −C(v)`,
+//! `C(ηv) = ηC(v)`: scaled sign, top-k; sign(0) aside): `x − w = −v` before the reply, so
+//! `C(x − w) = −C(v)`. Weight decay enters the gradient at w (the spec's choice), and the model
+//! evaluated is the true iterate `x = w − M`.
 
-use super::{Exchange, Hyper, Method, Wire};
+use super::{Exchange, Hyper, Method, Own, Wire};
 use crate::error::Result;
 
 pub(super) struct Ef21P {
@@ -39,10 +39,17 @@ impl Method for Ef21P {
         let q: Vec<f32> = g
             .iter()
             .zip(w.iter())
-            .map(|(g, w)| g + hyper.weight_decay * w)
+            .map(|(g, w)| hyper.lr * (g + hyper.weight_decay * w))
             .collect();
-        let p = ex.exchange(&q, None)?;
-        w.iter_mut().zip(&p).for_each(|(w, p)| *w -= hyper.lr * p);
+        let p = ex.exchange(&q, Own::Nothing)?;
+        w.iter_mut().zip(&p).for_each(|(w, p)| *w -= p);
         Ok(())
+    }
+
+    fn evaluated_model(&self, average: &[f32], server_error: Option<&[f32]>) -> Vec<f32> {
+        match server_error {
+            Some(m) => average.iter().zip(m).map(|(w, m)| w - m).collect(),
+            None => average.to_vec(),
+        }
     }
 }

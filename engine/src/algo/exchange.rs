@@ -20,6 +20,15 @@ pub struct Wire {
     pub sync_every: u64,
 }
 
+/// What a worker keeps of its own push, besides sending it.
+pub enum Own<'a> {
+    Nothing,
+    /// `clean(q) − D(C(q))`, what the codec dropped (error feedback's residual).
+    Residual(&'a mut [f32]),
+    /// `D(C(q))`, exactly what the servers decode from this push.
+    Decoded(&'a mut [f32]),
+}
+
 /// Bytes one worker pushed and pulled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -38,7 +47,7 @@ pub struct Exchange {
     round: u64,
     /// Everything this worker has sent and received so far.
     pub traffic: Traffic,
-    /// `1 - |r|² / |q|²` of the last push that asked for its residual: the contraction δ the
+    /// `1 - |r|² / |q|²` of the last push that kept its residual: the contraction δ the
     /// codec achieved on it (liec-sgd.md Table II).
     pub last_contraction: Option<f64>,
     /// Whether to measure the servers' contraction after each compressed round (needs
@@ -125,11 +134,15 @@ impl Exchange {
         self.specs[0].is_sync_round(self.round)
     }
 
-    /// One round: pushes `q` block by block (compressed, or plain in a sync round), writing
-    /// `clean(q) - D(C(q))` into `residual` when asked, and returns the decoded reply.
-    pub fn exchange(&mut self, q: &[f32], residual: Option<&mut [f32]>) -> Result<Vec<f32>> {
+    /// One round: pushes `q` block by block (compressed, or plain in a sync round), keeping
+    /// what `own` asks for, and returns the decoded reply.
+    pub fn exchange(&mut self, q: &[f32], own: Own) -> Result<Vec<f32>> {
         let n = self.len();
-        if q.len() != n || residual.as_ref().is_some_and(|r| r.len() != n) {
+        let own_len = match &own {
+            Own::Nothing => n,
+            Own::Residual(r) | Own::Decoded(r) => r.len(),
+        };
+        if q.len() != n || own_len != n {
             return Err(Error::Shape {
                 op: "exchange",
                 detail: format!("{n} elements in the blocks, {} pushed", q.len()),
@@ -137,33 +150,42 @@ impl Exchange {
         }
         let (sync, round, seed) = (self.is_sync(), self.round, self.seed);
         let push: &dyn Codec = if sync { &*self.plain } else { &*self.push };
-        let want_residual = residual.is_some();
+        let (residual, decoded) = (
+            matches!(own, Own::Residual(_)),
+            matches!(own, Own::Decoded(_)),
+        );
         let encoded: Vec<(Vec<u8>, Vec<f32>)> = self
             .blocks
             .par_iter()
             .map(|b| {
                 let ctx = codec_context(seed, round, b.key);
                 let x = &q[b.offset..b.offset + b.len];
-                if want_residual {
-                    let mut r = vec![0.0; b.len];
-                    (push.encode_residual(x, &ctx, &mut r), r)
+                let mut kept = vec![0.0; if residual || decoded { b.len } else { 0 }];
+                let payload = if residual {
+                    push.encode_residual(x, &ctx, &mut kept)
                 } else {
-                    (push.encode(x, &ctx), Vec::new())
+                    push.encode(x, &ctx)
+                };
+                if decoded {
+                    push.decode_into(&payload, &mut kept, &ctx, DecodeMode::Set)?;
                 }
+                Ok((payload, kept))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut keys = Vec::with_capacity(self.blocks.len());
         for (b, (payload, _)) in self.blocks.iter().zip(&encoded) {
             self.traffic.pushed += payload.len() as u64;
             keys.push(b.key);
         }
-        if let Some(residual) = residual {
+        if let Own::Residual(out) | Own::Decoded(out) = own {
             for (b, (_, r)) in self.blocks.iter().zip(&encoded) {
-                residual[b.offset..b.offset + b.len].copy_from_slice(r);
+                out[b.offset..b.offset + b.len].copy_from_slice(r);
             }
-            let sent: f64 = q.iter().map(|v| (*v as f64).powi(2)).sum();
-            let left: f64 = residual.iter().map(|v| (*v as f64).powi(2)).sum();
-            self.last_contraction = (sent > 0.0).then(|| 1.0 - left / sent);
+            if residual {
+                let sent: f64 = q.iter().map(|v| (*v as f64).powi(2)).sum();
+                let left: f64 = out.iter().map(|v| (*v as f64).powi(2)).sum();
+                self.last_contraction = (sent > 0.0).then(|| 1.0 - left / sent);
+            }
         }
         for (b, (payload, _)) in self.blocks.iter().zip(encoded) {
             self.collective.push(round, b.key, payload)?;

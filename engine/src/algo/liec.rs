@@ -15,7 +15,7 @@
 //! Equal to Algorithm 1 in exact arithmetic; `tests/liec_sgd.rs` checks it against a literal,
 //! unfused transcription to rounding.
 
-use super::{Exchange, Hyper, Method, Wire};
+use super::{Exchange, Hyper, Method, Own, Wire};
 use crate::error::{Error, Result};
 
 pub(super) struct Liec {
@@ -44,6 +44,15 @@ impl Method for Liec {
 
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()> {
         let (lr, wd) = (hyper.lr, hyper.weight_decay);
+        // The servers know sync rounds by round number; one round per step keeps that the
+        // global step counter t of the spec (§6.12).
+        if ex.round() != hyper.step {
+            return Err(Error::Config(format!(
+                "LIEC-SGD exchanges one round per step, but step {} meets round {}",
+                hyper.step,
+                ex.round()
+            )));
+        }
         if ex.is_sync() {
             if lr.is_nan() || lr <= 0.0 {
                 return Err(Error::Config(format!(
@@ -56,12 +65,19 @@ impl Method for Liec {
                 .zip(x.iter())
                 .map(|(g, x)| g - keep * x / lr)
                 .collect();
-            let reply = ex.exchange(&z, None)?;
+            // The plain codec would send an overflow as zero, and the model with it.
+            if z.iter().any(|v| !v.is_finite()) {
+                return Err(Error::Data(format!(
+                    "LIEC-SGD's sync payload overflows at learning rate {lr}: the model or \
+                     its gradient is not finite, or the rate is too small"
+                )));
+            }
+            let reply = ex.exchange(&z, Own::Nothing)?;
             x.iter_mut().zip(&reply).for_each(|(x, r)| *x = -lr * r);
         } else {
             // r_i lives only within this step.
             let mut r = vec![0.0f32; g.len()];
-            let p = ex.exchange(g, Some(&mut r))?;
+            let p = ex.exchange(g, Own::Residual(&mut r))?;
             x.iter_mut()
                 .zip(p.iter().zip(&r))
                 .for_each(|(x, (p, r))| *x -= lr * (p + r + wd * *x));

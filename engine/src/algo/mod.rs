@@ -24,7 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use blocks::{Block, Blocking};
-pub use exchange::{Exchange, Traffic, Wire};
+pub use exchange::{Exchange, Own, Traffic, Wire};
 pub use replica::{ClassifierReplica, Replica};
 pub use worker::Worker;
 
@@ -55,6 +55,12 @@ pub trait Method: Send {
     /// keeps none.
     fn worker_error(&self) -> Option<&[f32]> {
         None
+    }
+
+    /// The model to evaluate, given the average of the workers' models and the servers'
+    /// error: the average itself, except where the true iterate lives on the servers.
+    fn evaluated_model(&self, average: &[f32], _server_error: Option<&[f32]>) -> Vec<f32> {
+        average.to_vec()
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use super::replica::set_flat_params;
-use super::{Blocking, ClassifierReplica, MethodSpec, Replica, Worker};
+use super::{Blocking, ClassifierReplica, Method, MethodSpec, Replica, Worker};
 use crate::comm::local::local_collectives;
 use crate::comm::Collective;
 use crate::data::{epoch_batches, ImageSet};
@@ -47,9 +47,10 @@ pub struct EpochReport {
     /// Mean training loss over the epoch's steps and workers.
     pub train_loss: f64,
     /// Test accuracy of the average of the workers' models (the models differ between syncs
-    /// in LIEC-SGD and CSER; elsewhere they are equal).
+    /// in LIEC-SGD and CSER; elsewhere they are equal), or of EF21-P's true iterate.
     pub test_accuracy: f64,
-    /// `|avg_i e_i + e_server|` at the end of the epoch (liec-sgd.md Fig. 8).
+    /// `|avg_i e_i + e_server|` at the end of the epoch (liec-sgd.md Fig. 8); in model units
+    /// for EF21-P, whose server memory is `w − x`.
     pub error_norm: f64,
     /// Mean contraction δ of the workers' compressed pushes over the epoch.
     pub worker_contraction: Option<f64>,
@@ -121,6 +122,7 @@ pub fn simulate(
     let (features, classes) = (train.features(), train.classes);
     let new_classifier = || Classifier::new(device, features, classes, &config.model);
     let mut eval = new_classifier()?;
+    let evaluated = config.method.build(&config.codec)?;
     let (tx, rx) = mpsc::channel::<(usize, EpochEnd)>();
     std::thread::scope(|s| {
         let mut joins = Vec::new();
@@ -197,7 +199,14 @@ pub fn simulate(
                 }
             }
             let ends: Vec<EpochEnd> = ends.into_iter().map(|e| e.expect("one per rank")).collect();
-            let report = summarize(epoch, &ends, per_epoch, &mut eval, test, started)?;
+            let report = summarize(
+                epoch,
+                &ends,
+                per_epoch,
+                (&*evaluated, &mut eval),
+                test,
+                started,
+            )?;
             on_epoch(&report);
             reports.push(report);
         }
@@ -214,7 +223,7 @@ fn summarize(
     epoch: u32,
     ends: &[EpochEnd],
     per_epoch: usize,
-    eval: &mut Classifier,
+    (method, eval): (&dyn Method, &mut Classifier),
     test: &ImageSet,
     started: Instant,
 ) -> Result<EpochReport> {
@@ -234,7 +243,10 @@ fn summarize(
     if let Some(e) = &ends[0].server_error {
         error.iter_mut().zip(e).for_each(|(a, e)| *a += e);
     }
-    set_flat_params(eval, &average)?;
+    set_flat_params(
+        eval,
+        &method.evaluated_model(&average, ends[0].server_error.as_deref()),
+    )?;
     let (mut contraction, mut server_contraction) = (Mean::default(), Mean::default());
     for end in ends {
         contraction.merge(end.contraction);

@@ -76,12 +76,8 @@ impl Codec for RecursiveSign {
                 ),
             ));
         }
-        // Every round is checked before any is applied, so a bad payload leaves `out` untouched.
-        for chunk in payload.chunks(self.each(n)) {
-            ScaledSign.validate(chunk, n, ctx)?;
-        }
         // The rounds are summed first and then applied, so that adding a decoded payload adds
-        // exactly what decoding it gives.
+        // exactly what decoding it gives, and a bad payload leaves `out` untouched.
         let mut sum = vec![0.0f32; n];
         for (r, chunk) in payload.chunks(self.each(n)).enumerate() {
             let m = if r == 0 {
@@ -90,6 +86,13 @@ impl Codec for RecursiveSign {
                 DecodeMode::Add
             };
             ScaledSign.decode_into(chunk, &mut sum, ctx, m)?;
+        }
+        // Each round's scale is finite, but two huge ones of one sign add up to infinity.
+        if sum.iter().any(|v| !v.is_finite()) {
+            return Err(payload_err(
+                "sign:rounds",
+                "the rounds' scales add up past f32's range".into(),
+            ));
         }
         out.iter_mut()
             .zip(&sum)

@@ -35,7 +35,7 @@ pub struct LiecArgs {
     #[arg(long)]
     seeds: Option<u64>,
     /// Passes over the training set; the learning rate drops 10x after two thirds of them
-    /// [default: 15, quick 3].
+    /// [default: 12, quick 3].
     #[arg(long)]
     epochs: Option<u32>,
     /// mnist or fashion-mnist.
@@ -144,7 +144,7 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let workers = a.workers.unwrap_or(if a.quick { 4 } else { 8 });
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 3 });
-    let epochs = a.epochs.unwrap_or(if a.quick { 3 } else { 15 });
+    let epochs = a.epochs.unwrap_or(if a.quick { 3 } else { 12 });
     let train_limit = a.train_limit.or(a.quick.then_some(30_000));
     let out = a.out.clone().unwrap_or_else(|| {
         if a.quick {
