@@ -6,7 +6,8 @@
 use rayon::prelude::*;
 
 use super::blocks::Block;
-use crate::comm::{codec_context, Collective, KeySpec};
+use super::norm2;
+use crate::comm::{codec_context, is_sync_round, Collective, KeySpec};
 use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 
@@ -39,7 +40,7 @@ pub struct Traffic {
 pub struct Exchange {
     collective: Box<dyn Collective>,
     blocks: Vec<Block>,
-    specs: Vec<KeySpec>,
+    wire: Wire,
     push: Box<dyn Codec>,
     pull: Box<dyn Codec>,
     plain: Box<dyn Codec>,
@@ -56,8 +57,6 @@ pub struct Exchange {
     /// `1 - |e|² / |v|²` of the servers' last compressed reply, `v = D(p) + e` with the error
     /// `e` the servers kept, when measured.
     pub last_server_contraction: Option<f64>,
-    /// Whether the servers compress their reply with error feedback.
-    server_compresses: bool,
 }
 
 impl Exchange {
@@ -92,14 +91,13 @@ impl Exchange {
             pull: parse(&wire.pull)?,
             plain: parse("f32")?,
             blocks,
-            specs,
+            wire: wire.clone(),
             seed,
             round: 0,
             traffic: Traffic::default(),
             last_contraction: None,
             measure_server: false,
             last_server_contraction: None,
-            server_compresses: wire.server_memory != "none" && wire.pull != "f32",
         })
     }
 
@@ -131,7 +129,7 @@ impl Exchange {
 
     /// Whether the next round is a sync round (plain f32 both ways, server memory flushed).
     pub fn is_sync(&self) -> bool {
-        self.specs[0].is_sync_round(self.round)
+        is_sync_round(self.wire.sync_every, self.round)
     }
 
     /// One round: pushes `q` block by block (compressed, or plain in a sync round), keeping
@@ -182,8 +180,7 @@ impl Exchange {
                 out[b.offset..b.offset + b.len].copy_from_slice(r);
             }
             if residual {
-                let sent: f64 = q.iter().map(|v| (*v as f64).powi(2)).sum();
-                let left: f64 = out.iter().map(|v| (*v as f64).powi(2)).sum();
+                let (sent, left) = (norm2(q), norm2(out));
                 self.last_contraction = (sent > 0.0).then(|| 1.0 - left / sent);
             }
         }
@@ -210,9 +207,10 @@ impl Exchange {
             )?;
         }
         self.round += 1;
-        if self.measure_server && self.server_compresses && !sync {
+        let server_compresses = self.wire.server_memory != "none" && self.wire.pull != "f32";
+        if self.measure_server && server_compresses && !sync {
             if let Some(e) = self.server_error() {
-                let kept: f64 = e.iter().map(|v| (*v as f64).powi(2)).sum();
+                let kept = norm2(&e);
                 let whole: f64 = out
                     .iter()
                     .zip(&e)

@@ -192,6 +192,11 @@ impl FromStr for MethodSpec {
     }
 }
 
+/// `|v|²`, summed in f64.
+pub(crate) fn norm2(v: &[f32]) -> f64 {
+    v.iter().map(|v| (*v as f64).powi(2)).sum()
+}
+
 /// The local SGD step every method ends with: `x ← x − η(u + λx)`.
 fn sgd_step(x: &mut [f32], u: &[f32], hyper: Hyper) {
     let (lr, wd) = (hyper.lr, hyper.weight_decay);

@@ -5,6 +5,7 @@
 use std::sync::mpsc;
 use std::time::Instant;
 
+use super::norm2;
 use super::replica::set_flat_params;
 use super::{Blocking, ClassifierReplica, Method, MethodSpec, Replica, Worker};
 use crate::comm::local::local_collectives;
@@ -256,11 +257,7 @@ fn summarize(
         epoch,
         train_loss: ends.iter().map(|e| e.loss_sum).sum::<f64>() / (world * per_epoch) as f64,
         test_accuracy: eval.accuracy(test, 1000)?,
-        error_norm: error
-            .iter()
-            .map(|v| (*v as f64).powi(2))
-            .sum::<f64>()
-            .sqrt(),
+        error_norm: norm2(&error).sqrt(),
         worker_contraction: contraction.get(),
         server_contraction: server_contraction.get(),
         bytes: ends.iter().map(|e| e.bytes).sum(),

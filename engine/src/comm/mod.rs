@@ -41,8 +41,13 @@ impl KeySpec {
     /// pushes and the reply are plain f32 and the server adds its whole error-feedback memory
     /// to the mean and resets it, so nothing is held back.
     pub fn is_sync_round(&self, round: u64) -> bool {
-        self.sync_every > 0 && (round + 1).is_multiple_of(self.sync_every)
+        is_sync_round(self.sync_every, round)
     }
+}
+
+/// The sync-round rule of [`KeySpec::is_sync_round`], for workers that know the period.
+pub fn is_sync_round(sync_every: u64, round: u64) -> bool {
+    sync_every > 0 && (round + 1).is_multiple_of(sync_every)
 }
 
 /// The codec context of a key in a round, the same on every peer. The key folds to 32 bits.

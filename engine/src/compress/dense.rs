@@ -23,8 +23,8 @@ use rayon::prelude::*;
 
 use super::gpu::{dense_decode_gpu, dense_encode_gpu};
 use super::support::{
-    canonical_sum, check_padding, clean, max_abs, packed_len, payload_err, read_scale, rne,
-    sign_extend, to_pattern, MAX_FACTOR,
+    canonical_sum, check_padding, check_payload_len, clean, max_abs, packed_len, payload_err,
+    read_scale, rne, sign_extend, to_pattern, MAX_FACTOR,
 };
 use super::{
     bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
@@ -546,16 +546,7 @@ impl Codec for DenseCodec {
     ) -> Result<()> {
         let n = out.len();
         let name = self.name();
-        if payload.len() != self.payload_len(n) {
-            return Err(payload_err(
-                &name,
-                format!(
-                    "{} bytes for {n} elements, expected {}",
-                    payload.len(),
-                    self.payload_len(n)
-                ),
-            ));
-        }
+        check_payload_len(&name, payload, n, self.payload_len(n))?;
         let head = 4 * self.header_count(n);
         let scales = (0..self.header_count(n))
             .map(|i| read_scale(payload, i, &name))

@@ -9,7 +9,7 @@
 
 use super::plain::Plain;
 use super::sign::ScaledSign;
-use super::support::{clean, payload_err};
+use super::support::{check_payload_len, clean, payload_err};
 use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -66,16 +66,7 @@ impl Codec for RecursiveSign {
         mode: DecodeMode,
     ) -> Result<()> {
         let n = out.len();
-        if payload.len() != self.payload_len(n) {
-            return Err(payload_err(
-                "sign:rounds",
-                format!(
-                    "{} bytes for {n} elements, expected {}",
-                    payload.len(),
-                    self.payload_len(n)
-                ),
-            ));
-        }
+        check_payload_len("sign:rounds", payload, n, self.payload_len(n))?;
         // The rounds are summed first and then applied, so that adding a decoded payload adds
         // exactly what decoding it gives, and a bad payload leaves `out` untouched.
         let mut sum = vec![0.0f32; n];

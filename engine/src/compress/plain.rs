@@ -11,7 +11,9 @@
 use rayon::prelude::*;
 
 use super::gpu::plain_gpu;
-use super::support::{bf16_to_f32, clean, f16_to_f32, f32_to_bf16, f32_to_f16, payload_err};
+use super::support::{
+    bf16_to_f32, check_payload_len, clean, f16_to_f32, f32_to_bf16, f32_to_f16, payload_err,
+};
 use super::{Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -95,12 +97,7 @@ impl Codec for Plain {
         mode: DecodeMode,
     ) -> Result<()> {
         let name = self.spec.to_string();
-        if payload.len() != self.payload_len(out.len()) {
-            return Err(payload_err(
-                &name,
-                format!("{} bytes for {} elements", payload.len(), out.len()),
-            ));
-        }
+        check_payload_len(&name, payload, out.len(), self.payload_len(out.len()))?;
         let value = |b: &[u8]| match self.spec {
             CodecSpec::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")),
             spec => half_value(spec, u16::from_le_bytes(b.try_into().expect("2 bytes"))),

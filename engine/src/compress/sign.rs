@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::gpu::sign_gpu;
-use super::support::{canonical_sum, clean, payload_err, read_scale};
+use super::support::{canonical_sum, check_payload_len, clean, payload_err, read_scale};
 use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -83,16 +83,7 @@ impl Codec for ScaledSign {
         mode: DecodeMode,
     ) -> Result<()> {
         let n = out.len();
-        if payload.len() != self.payload_len(n) {
-            return Err(payload_err(
-                "sign",
-                format!(
-                    "{} bytes for {n} elements, expected {}",
-                    payload.len(),
-                    self.payload_len(n)
-                ),
-            ));
-        }
+        check_payload_len("sign", payload, n, self.payload_len(n))?;
         let (bits, tail) = payload.split_at(8 * words(n));
         let scale = read_scale(tail, 0, "sign")?;
         if !n.is_multiple_of(64) {

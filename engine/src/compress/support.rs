@@ -330,6 +330,21 @@ pub fn payload_err(codec: &str, detail: String) -> Error {
     }
 }
 
+/// Refuses a payload that is not exactly `expected` bytes long for `n` elements: every
+/// decoder's first check.
+pub fn check_payload_len(codec: &str, payload: &[u8], n: usize, expected: usize) -> Result<()> {
+    if payload.len() == expected {
+        return Ok(());
+    }
+    Err(payload_err(
+        codec,
+        format!(
+            "{} bytes for {n} elements, expected {expected}",
+            payload.len()
+        ),
+    ))
+}
+
 /// Reads little-endian f32 number `i` of `bytes`, failing on non-finite or negative values
 /// (scales and norms).
 pub fn read_scale(bytes: &[u8], i: usize, codec: &str) -> Result<f32> {
