@@ -33,6 +33,7 @@ fn ctx(step: u32) -> CodecContext {
         seed: 42,
         step,
         key: 7,
+        stream: 0,
     }
 }
 
@@ -513,6 +514,48 @@ fn random_k_indices_are_shared_by_seed_step_and_key() {
     // A values-only payload decodes at the server with the same indices.
     let payload = c.encode(&x, &ctx(5));
     assert_eq!(payload.len(), 400);
+    // Every sender shares the index set: each worker's push and the server's reply.
+    assert_eq!(support(ctx(5).sent_by(0)), base, "worker 0");
+    assert_eq!(support(ctx(5).sent_by(3)), base, "worker 3");
+}
+
+#[test]
+fn stochastic_rounding_is_independent_per_sender_and_repeatable_per_sender() {
+    // Workers' rounding must not share random numbers (nor with the server's re-compression):
+    // otherwise the errors of a mean do not shrink with the number of workers and a two-way
+    // round is biased (byteps-clan.md Algorithm 3).
+    let x = normal(4000, 9);
+    for spec in ["dither:linear:s=3", "natural", "qsgd:bits=4:stochastic"] {
+        let c = parse(spec).unwrap();
+        let y = |cx: CodecContext| c.decode(&c.encode(&x, &cx), x.len(), &cx).unwrap();
+        assert_eq!(
+            y(ctx(5).sent_by(1)),
+            y(ctx(5).sent_by(1)),
+            "{spec}: repeatable"
+        );
+        let (a, b, server) = (y(ctx(5).sent_by(0)), y(ctx(5).sent_by(1)), y(ctx(5)));
+        // With independent draws the two workers' errors are uncorrelated.
+        let err =
+            |v: &[f32]| -> Vec<f64> { v.iter().zip(&x).map(|(v, x)| (v - x) as f64).collect() };
+        let (ea, eb, es) = (err(&a), err(&b), err(&server));
+        let corr = |p: &[f64], q: &[f64]| {
+            let dot: f64 = p.iter().zip(q).map(|(p, q)| p * q).sum();
+            let (np, nq) = (
+                p.iter().map(|v| v * v).sum::<f64>().sqrt(),
+                q.iter().map(|v| v * v).sum::<f64>().sqrt(),
+            );
+            dot / (np * nq)
+        };
+        assert!(
+            corr(&ea, &eb).abs() < 0.1,
+            "{spec}: workers correlated {}",
+            corr(&ea, &eb)
+        );
+        assert!(
+            corr(&ea, &es).abs() < 0.1,
+            "{spec}: worker and server correlated"
+        );
+    }
 }
 
 #[test]

@@ -78,6 +78,7 @@ fn gpu_payloads_equal_cpu_payloads_and_decode_alike() {
                 seed: 0x1234_5678_9abc,
                 step: case as u32,
                 key: 3,
+                stream: 0,
             };
             let x = inputs(n, case as u64 + 17);
             let want = codec.encode(&x, &ctx);
@@ -132,6 +133,7 @@ fn tiny_scales_match_too() {
         seed: 5,
         step: 1,
         key: 2,
+        stream: 0,
     };
     for spec in ALL {
         let codec = parse(spec).unwrap();

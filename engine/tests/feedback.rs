@@ -32,6 +32,7 @@ fn ctx(step: u32) -> CodecContext {
         seed: 9,
         step,
         key: 1,
+        stream: 0,
     }
 }
 

@@ -2,203 +2,15 @@
 //! problem whose gradients are computed on the CPU, with N workers as threads joined by the
 //! in-process collective.
 
+mod common;
+
 use murmur_engine::algo::cost::{bytes_over_steps, bytes_per_iteration};
-use murmur_engine::algo::{blocks, Blocking, MethodSpec, Replica, Worker};
+use murmur_engine::algo::{blocks, Blocking, MethodSpec, OptimizerSpec, Worker};
 use murmur_engine::comm::codec_context;
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::compress::{parse, DecodeMode};
-use murmur_engine::rng::Rng;
-use murmur_engine::Result;
 
-/// Two parameter tensors of 37 and 5 elements (two blocks with a 100-byte bucket).
-const SIZES: [usize; 2] = [37, 5];
-const D: usize = 42;
-const ROWS: usize = 64;
-const BATCH: usize = 4;
-const SEED: u64 = 17;
-
-/// `0.5 · mean (a_j·x − b_j)²` over this worker's batch; the batch of (rank, step) is fixed.
-struct LeastSquares {
-    a: Vec<f32>,
-    b: Vec<f32>,
-    x: Vec<f32>,
-    rank: usize,
-}
-
-impl LeastSquares {
-    fn new(rank: usize) -> Self {
-        let mut rng = Rng::new(99, 0);
-        let a = (0..ROWS * D).map(|_| rng.normal()).collect();
-        let b = (0..ROWS).map(|_| rng.normal()).collect();
-        let mut init = Rng::new(98, 0);
-        let x = (0..D).map(|_| 0.3 * init.normal()).collect();
-        LeastSquares { a, b, x, rank }
-    }
-}
-
-impl Replica for LeastSquares {
-    fn sizes(&self) -> Vec<usize> {
-        SIZES.to_vec()
-    }
-
-    fn params(&self) -> Result<Vec<f32>> {
-        Ok(self.x.clone())
-    }
-
-    fn set_params(&mut self, flat: &[f32]) -> Result<()> {
-        self.x = flat.to_vec();
-        Ok(())
-    }
-
-    fn loss_and_gradient(&mut self, step: u64) -> Result<(f32, Vec<f32>)> {
-        let mut rng = Rng::new(step, self.rank as u32);
-        let mut g = vec![0.0f32; D];
-        let mut loss = 0.0;
-        for _ in 0..BATCH {
-            let j = rng.below(ROWS);
-            let row = &self.a[j * D..(j + 1) * D];
-            let residual = row.iter().zip(&self.x).map(|(a, x)| a * x).sum::<f32>() - self.b[j];
-            loss += 0.5 * residual * residual / BATCH as f32;
-            g.iter_mut()
-                .zip(row)
-                .for_each(|(g, a)| *g += a * residual / BATCH as f32);
-        }
-        Ok((loss, g))
-    }
-}
-
-/// Everything a run did, step by step.
-struct Trace {
-    /// `x[t][i]`: worker i's model after step t.
-    x: Vec<Vec<Vec<f32>>>,
-    /// `g[t][i]`: worker i's gradient of step t (at its model before the step).
-    g: Vec<Vec<Vec<f32>>>,
-    /// The server's error after step t.
-    server_error: Vec<Vec<f32>>,
-    /// `worker_error[t][i]`: worker i's own error after step t (empty where it keeps none).
-    worker_error: Vec<Vec<Vec<f32>>>,
-    /// Bytes all workers pushed and pulled in all.
-    bytes: u64,
-    x0: Vec<f32>,
-}
-
-struct Run {
-    method: MethodSpec,
-    codec: &'static str,
-    blocking: Blocking,
-    workers: usize,
-    steps: u64,
-    lr: f32,
-    weight_decay: f32,
-}
-
-impl Run {
-    fn new(method: MethodSpec, codec: &'static str) -> Self {
-        Run {
-            method,
-            codec,
-            blocking: Blocking::Bucket { bytes: 100 },
-            workers: 3,
-            steps: 12,
-            lr: 0.05,
-            weight_decay: 0.0,
-        }
-    }
-
-    fn trace(&self) -> Trace {
-        type PerWorker = (
-            Vec<Vec<f32>>,
-            Vec<Vec<f32>>,
-            Vec<Vec<f32>>,
-            u64,
-            Vec<Vec<f32>>,
-        );
-        let per_worker: Vec<PerWorker> = std::thread::scope(|s| {
-            let joins: Vec<_> = local_collectives(self.workers)
-                .into_iter()
-                .enumerate()
-                .map(|(rank, c)| {
-                    s.spawn(move || {
-                        let mut replica = LeastSquares::new(rank);
-                        let mut w = Worker::new(
-                            self.method,
-                            self.codec,
-                            self.blocking,
-                            SEED,
-                            &replica,
-                            Box::new(c),
-                        )
-                        .unwrap();
-                        let (mut xs, mut gs, mut es, mut ws) =
-                            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                        for t in 0..self.steps {
-                            gs.push(replica.clone_gradient(&w.x, t));
-                            w.step(&mut replica, self.lr, self.weight_decay).unwrap();
-                            xs.push(w.x.clone());
-                            ws.push(w.method.worker_error().unwrap_or(&[]).to_vec());
-                            if rank == 0 {
-                                es.push(w.exchange.server_error().unwrap());
-                            }
-                        }
-                        let t = w.exchange.traffic;
-                        (xs, gs, es, t.pushed + t.pulled, ws)
-                    })
-                })
-                .collect();
-            joins.into_iter().map(|j| j.join().unwrap()).collect()
-        });
-        let steps = self.steps as usize;
-        Trace {
-            x: (0..steps)
-                .map(|t| per_worker.iter().map(|w| w.0[t].clone()).collect())
-                .collect(),
-            g: (0..steps)
-                .map(|t| per_worker.iter().map(|w| w.1[t].clone()).collect())
-                .collect(),
-            server_error: per_worker[0].2.clone(),
-            worker_error: (0..steps)
-                .map(|t| per_worker.iter().map(|w| w.4[t].clone()).collect())
-                .collect(),
-            bytes: per_worker.iter().map(|w| w.3).sum(),
-            x0: LeastSquares::new(0).x,
-        }
-    }
-}
-
-impl LeastSquares {
-    /// The gradient this replica computes at `x` for `step` (without disturbing it).
-    fn clone_gradient(&mut self, x: &[f32], step: u64) -> Vec<f32> {
-        let saved = std::mem::replace(&mut self.x, x.to_vec());
-        let g = self.loss_and_gradient(step).unwrap().1;
-        self.x = saved;
-        g
-    }
-}
-
-fn mean(vs: &[Vec<f32>]) -> Vec<f32> {
-    let mut m = vec![0.0f32; vs[0].len()];
-    for v in vs {
-        m.iter_mut().zip(v).for_each(|(m, v)| *m += v);
-    }
-    m.iter_mut().for_each(|m| *m /= vs.len() as f32);
-    m
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
-}
-
-fn norm2(v: &[f32]) -> f64 {
-    v.iter().map(|v| (*v as f64).powi(2)).sum()
-}
-
-fn all_equal_bits(xs: &[Vec<f32>]) -> bool {
-    let bits = |v: &Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    xs.iter().all(|x| bits(x) == bits(&xs[0]))
-}
+use common::algo::*;
 
 #[test]
 fn with_the_identity_codec_every_algorithm_is_p_sgd() {
@@ -299,7 +111,16 @@ fn one_worker_follows_the_hand_written_update() {
 fn one_worker(method: MethodSpec, lrs: &[f32], wd: f32) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let mut replica = LeastSquares::new(0);
     let c = local_collectives(1).pop().unwrap();
-    let mut w = Worker::new(method, "sign", Blocking::Whole, SEED, &replica, Box::new(c)).unwrap();
+    let mut w = Worker::new(
+        method,
+        "sign",
+        OptimizerSpec::Sgd,
+        Blocking::Whole,
+        SEED,
+        &replica,
+        Box::new(c),
+    )
+    .unwrap();
     let (mut xs, mut es) = (Vec::new(), Vec::new());
     for &lr in lrs {
         w.step(&mut replica, lr, wd).unwrap();
@@ -643,6 +464,7 @@ fn liec_reports_no_worker_error_and_the_error_feedback_baselines_do() {
     let mut w = Worker::new(
         MethodSpec::Liec { period: 8 },
         "sign",
+        OptimizerSpec::Sgd,
         Blocking::Whole,
         SEED,
         &replica,
@@ -659,12 +481,20 @@ fn liec_reports_no_worker_error_and_the_error_feedback_baselines_do() {
     ] {
         let c = local_collectives(1).pop().unwrap();
         let mut replica = LeastSquares::new(0);
-        let mut w =
-            Worker::new(method, "sign", Blocking::Whole, SEED, &replica, Box::new(c)).unwrap();
+        let mut w = Worker::new(
+            method,
+            "sign",
+            OptimizerSpec::Sgd,
+            Blocking::Whole,
+            SEED,
+            &replica,
+            Box::new(c),
+        )
+        .unwrap();
         w.step(&mut replica, 0.05, 0.0).unwrap();
         let e = w.method.worker_error().expect("a worker error");
         assert!(
-            norm2(e) > 0.0,
+            norm2(&e) > 0.0,
             "{method}: the worker keeps what sign dropped"
         );
     }

@@ -1,10 +1,11 @@
 //! The papers' data-parallel algorithms over QUIC: the same bits as the same run in-process
-//! (LIEC-SGD with its sync rounds, and the baselines whose rounds differ from it).
+//! (LIEC-SGD with its sync rounds and the baselines whose rounds differ from it; CLAN's two
+//! algorithms with LANS; LoCo with the integer-sum downlink and AdamW).
 
 mod common;
 
 use common::*;
-use murmur_engine::algo::{Blocking, ClassifierReplica, MethodSpec, Worker};
+use murmur_engine::algo::{Blocking, ClassifierReplica, MethodSpec, OptimizerSpec, Worker};
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::comm::Collective;
 use murmur_net::identity::Swarm;
@@ -12,12 +13,22 @@ use murmur_net::ps::ServerOptions;
 
 const STEPS: u64 = 9;
 
-/// Trains `STEPS` steps of `method` on `collective`; returns the model's bits after each step.
-fn train_steps(method: MethodSpec, rank: usize, collective: Box<dyn Collective>) -> Vec<Vec<u32>> {
+/// One algorithm as a run configures it.
+#[derive(Clone, Copy)]
+struct Case {
+    method: MethodSpec,
+    codec: &'static str,
+    optimizer: OptimizerSpec,
+    world: u16,
+}
+
+/// Trains `STEPS` steps of `case` on `collective`; returns the model's bits after each step.
+fn train_steps(case: Case, rank: usize, collective: Box<dyn Collective>) -> Vec<Vec<u32>> {
     let mut replica = ClassifierReplica::new(classifier(), move |step| batch(step, rank));
     let mut worker = Worker::new(
-        method,
-        "sign",
+        case.method,
+        case.codec,
+        case.optimizer,
         Blocking::Bucket { bytes: 256 },
         5,
         &replica,
@@ -34,21 +45,50 @@ fn train_steps(method: MethodSpec, rank: usize, collective: Box<dyn Collective>)
 
 #[test]
 fn the_papers_algorithms_over_quic_give_the_bits_of_the_same_runs_in_process() {
-    let world = 3u16;
     let swarm = Swarm::generate("algorithms").unwrap();
-    for method in [
+    let sgd = |method| Case {
+        method,
+        codec: "sign",
+        optimizer: OptimizerSpec::Sgd,
+        world: 3,
+    };
+    let lans = |method, codec| Case {
+        method,
+        codec,
+        optimizer: OptimizerSpec::LANS,
+        world: 3,
+    };
+    for case in [
         // Sync rounds at t = 3 and 7 (plain both ways, the servers' error flushed).
-        MethodSpec::Liec { period: 4 },
+        sgd(MethodSpec::Liec { period: 4 }),
         // A second round in some steps.
-        MethodSpec::Cser { period: 3 },
+        sgd(MethodSpec::Cser { period: 3 }),
         // The recursive codec, on workers and servers.
-        MethodSpec::Neolithic { rounds: 2 },
+        sgd(MethodSpec::Neolithic { rounds: 2 }),
+        // CLAN, Algorithm 4 (top-k with error feedback both sides) and Algorithm 3 (stochastic
+        // dithering both ways, its randomness from the shared codec context).
+        lans(MethodSpec::DoubleSqueeze, "topk:0.25"),
+        lans(MethodSpec::TwoWay, "dither:linear:s=7"),
+        // LoCo: int8 moving-average memories, and 2 workers so that the servers reply with the
+        // integer sum of the 4-bit codes.
+        Case {
+            method: MethodSpec::Loco {
+                beta: 0.5,
+                reset: 4,
+                reference: false,
+                log2se: None,
+            },
+            codec: "loco:bits=4:log2s=10",
+            optimizer: OptimizerSpec::ADAMW,
+            world: 2,
+        },
     ] {
+        let (method, world) = (case.method, case.world);
         let in_process: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
             let joins: Vec<_> = local_collectives(world as usize)
                 .into_iter()
                 .enumerate()
-                .map(|(rank, c)| s.spawn(move || train_steps(method, rank, Box::new(c))))
+                .map(|(rank, c)| s.spawn(move || train_steps(case, rank, Box::new(c))))
                 .collect();
             joins.into_iter().map(|j| j.join().unwrap()).collect()
         });
@@ -59,7 +99,7 @@ fn the_papers_algorithms_over_quic_give_the_bits_of_the_same_runs_in_process() {
                     let (swarm, addrs) = (&swarm, &servers.addrs);
                     s.spawn(move || {
                         let c = worker(swarm, addrs, rank, world);
-                        train_steps(method, rank as usize, Box::new(c))
+                        train_steps(case, rank as usize, Box::new(c))
                     })
                 })
                 .collect();

@@ -13,8 +13,11 @@ pub fn paper_mib_per_iteration(method: MethodSpec, d: u64, workers: u64) -> f64 
     let (full, compressed, n) = (32.0 * d as f64, d as f64, workers as f64);
     let bits = match method {
         MethodSpec::PSgd => 2.0 * n * full,
-        MethodSpec::MemSgd => n * compressed + n * full,
-        MethodSpec::DoubleSqueeze | MethodSpec::Ef21P => 2.0 * n * compressed,
+        // Outside Table III: the exact downlink costed as a full vector.
+        MethodSpec::MemSgd | MethodSpec::Direct | MethodSpec::Loco { .. } => {
+            n * compressed + n * full
+        }
+        MethodSpec::DoubleSqueeze | MethodSpec::TwoWay | MethodSpec::Ef21P => 2.0 * n * compressed,
         MethodSpec::Neolithic { rounds } => rounds as f64 * 2.0 * n * compressed,
         MethodSpec::Cser { period } => (n * compressed + n * full) * (1.0 + 1.0 / period as f64),
         MethodSpec::Liec { period } => {
@@ -49,7 +52,12 @@ pub fn bytes_over_steps(
     workers: u64,
     steps: u64,
 ) -> Result<u64> {
-    let wire = method.build(codec)?.wire();
+    let setup = super::Setup {
+        world: workers as usize,
+        sizes: blocks.iter().map(|b| b.len).collect(),
+        optimizer: super::OptimizerSpec::Sgd,
+    };
+    let wire = method.build(codec, &setup)?.wire();
     let (push, pull) = (parse(&wire.push)?, parse(&wire.pull)?);
     let round = blocks
         .iter()

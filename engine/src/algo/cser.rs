@@ -65,7 +65,7 @@ impl Method for Cser {
         Ok(())
     }
 
-    fn worker_error(&self) -> Option<&[f32]> {
-        Some(&self.residuals)
+    fn worker_error(&self) -> Option<Vec<f32>> {
+        Some(self.residuals.clone())
     }
 }

@@ -1,42 +1,106 @@
-//! The error-feedback family of liec-sgd.md §3: P-SGD (nothing compressed), MEM-SGD (worker
-//! error feedback, full-precision downlink), DoubleSqueeze (error feedback on both sides) and
-//! Neolithic (DoubleSqueeze with the recursive compressor). All workers hold the same model.
+//! The error-feedback family: one push per step, the servers' mean back, then an optimizer.
 //!
 //! ```text
 //! worker: a := g + e ; c := C(a) ; e := a − D(c) ; send c      (without memory: c := C(g))
-//! server: v := mean_i D(c_i) + e_s ; p := C'(v) ; e_s := v − D(p) ; send p   (C' may be f32)
-//! worker: x := x − η(D(p) + λx)
+//! server: v := mean_i D(c_i) + e_s ; p := C'(v) ; e_s := v − D(p) ; send p
+//! worker: x := optimizer(x, D(p))
 //! ```
+//!
+//! Which members of the papers it covers, by worker memory × downlink:
+//! - liec-sgd.md §3: P-SGD (nothing compressed), MEM-SGD (residual memory, exact downlink),
+//!   DoubleSqueeze (residual memory on both sides) and Neolithic (DoubleSqueeze with the
+//!   recursive compressor), all with plain SGD.
+//! - byteps-clan.md: Algorithm 3 (`two-way`: compressed both ways, no memory) and Algorithm 4
+//!   (DoubleSqueeze's shape: memory on both sides), with LANS (CLAN) or Nesterov momentum.
+//! - loco.md: naive low-bit (`direct`: compressed up, exact down), error feedback with an f32
+//!   error (MEM-SGD's shape) and LoCo's moving-average int8 error, with SGD or AdamW. The
+//!   exact downlink of LoCo's 4-bit codes is their integer sum ([`downlink_for`]).
 
-use super::{sgd_step, Exchange, Hyper, Method, Own, Wire};
+use super::optimizer::HostOptimizer;
+use super::{Exchange, Hyper, Method, Own, Wire};
 use crate::compress::support::clean;
+use crate::compress::{parse, CodecSpec};
 use crate::error::Result;
+use crate::feedback::{Feedback, Memory};
+use crate::tensor::Device;
+
+/// What a worker carries from step to step.
+pub(super) enum WorkerMemory {
+    None,
+    /// `e_i`, f32 (classic error feedback); empty until the first step.
+    Residual(Vec<f32>),
+    /// A [`Feedback`] per block with this memory (LoCo's int8 moving average); built at the
+    /// first step, when the blocks are known.
+    Feedback(Memory, Vec<Feedback>),
+}
+
+/// What the servers send back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Downlink {
+    /// The mean, as exactly as [`downlink_for`] allows; no server memory.
+    Exact,
+    /// The mean re-compressed with the workers' codec, no server memory (CLAN Algorithm 3).
+    Compressed,
+    /// The mean plus the server's error, re-compressed; the rest kept (Algorithm 4).
+    CompressedEf,
+}
 
 pub(super) struct ErrorFeedback {
     codec: String,
-    worker_memory: bool,
-    compressed_downlink: bool,
-    /// The worker's error `e_i` (empty until the first step, or without memory).
-    error: Vec<f32>,
+    memory: WorkerMemory,
+    downlink: Downlink,
+    /// World size: what the exact downlink of integer codes depends on.
+    world: usize,
+    optimizer: HostOptimizer,
 }
 
 impl ErrorFeedback {
-    pub fn new(codec: &str, worker_memory: bool, compressed_downlink: bool) -> Self {
+    pub fn new(
+        codec: &str,
+        memory: WorkerMemory,
+        downlink: Downlink,
+        world: usize,
+        optimizer: HostOptimizer,
+    ) -> Self {
         ErrorFeedback {
             codec: codec.to_string(),
-            worker_memory,
-            compressed_downlink,
-            error: Vec::new(),
+            memory,
+            downlink,
+            world,
+            optimizer,
         }
     }
 }
 
+/// The codec of a reply that carries the mean of pushes made with `push` from `world` workers
+/// without a server memory:
+/// - LoCo's fixed-scale 4-bit codes: their sum is an integer in [−8N, 7N], so with N a power
+///   of two up to 16 the mean `Σq / (sN)` is exactly an 8-bit code at scale `sN` (loco.md
+///   §2.6: the replicated path sums codes as integers; every peer gets the same bits).
+/// - f16 and bf16: the mean rounded to the same 16 bits (a 16-bit all-reduce).
+/// - otherwise the f32 mean.
+pub fn downlink_for(push: &str, world: usize) -> Result<String> {
+    Ok(match push.parse::<CodecSpec>()? {
+        CodecSpec::Loco { bits: 4, log2s } if world.is_power_of_two() && world <= 16 => {
+            format!(
+                "loco:bits=8:log2s={}",
+                log2s + world.trailing_zeros() as i32
+            )
+        }
+        CodecSpec::F16 | CodecSpec::Bf16 => push.to_string(),
+        _ => "f32".to_string(),
+    })
+}
+
 impl Method for ErrorFeedback {
     fn wire(&self) -> Wire {
-        let (pull, server_memory) = if self.compressed_downlink {
-            (self.codec.clone(), "ef")
-        } else {
-            ("f32".to_string(), "none")
+        let (pull, server_memory) = match self.downlink {
+            Downlink::Exact => (
+                downlink_for(&self.codec, self.world).unwrap_or_else(|_| "f32".into()),
+                "none",
+            ),
+            Downlink::Compressed => (self.codec.clone(), "none"),
+            Downlink::CompressedEf => (self.codec.clone(), "ef"),
         };
         Wire {
             push: self.codec.clone(),
@@ -47,24 +111,78 @@ impl Method for ErrorFeedback {
     }
 
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()> {
-        let u = if self.worker_memory {
-            if self.error.len() != g.len() {
-                self.error = vec![0.0; g.len()];
+        let u = match &mut self.memory {
+            WorkerMemory::None => ex.exchange(g, Own::Nothing)?,
+            WorkerMemory::Residual(error) => {
+                if error.len() != g.len() {
+                    *error = vec![0.0; g.len()];
+                }
+                let a: Vec<f32> = g
+                    .iter()
+                    .zip(error.iter())
+                    .map(|(g, e)| clean(g + e))
+                    .collect();
+                ex.exchange(&a, Own::Residual(error))?
             }
-            let a: Vec<f32> = g
-                .iter()
-                .zip(&self.error)
-                .map(|(g, e)| clean(g + e))
-                .collect();
-            ex.exchange(&a, Own::Residual(&mut self.error))?
-        } else {
-            ex.exchange(g, Own::Nothing)?
+            WorkerMemory::Feedback(memory, feedbacks) => {
+                if feedbacks.is_empty() {
+                    *feedbacks = ex
+                        .blocks()
+                        .iter()
+                        .map(|b| Feedback::new(parse(&self.codec)?, *memory, b.len, &Device::Cpu))
+                        .collect::<Result<_>>()?;
+                }
+                ex.exchange(g, Own::Feedback(feedbacks))?
+            }
         };
-        sgd_step(x, &u, hyper);
-        Ok(())
+        self.optimizer.step(x, &u, hyper)
     }
 
-    fn worker_error(&self) -> Option<&[f32]> {
-        self.worker_memory.then_some(self.error.as_slice())
+    fn worker_error(&self) -> Option<Vec<f32>> {
+        match &self.memory {
+            WorkerMemory::None => None,
+            WorkerMemory::Residual(e) => Some(e.clone()),
+            WorkerMemory::Feedback(_, feedbacks) => {
+                let mut out = Vec::new();
+                for f in feedbacks {
+                    out.extend(f.error().ok()?);
+                }
+                Some(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::CodecContext;
+
+    #[test]
+    fn the_downlink_of_four_bit_codes_is_their_exact_integer_sum() {
+        let ctx = CodecContext::default();
+        for world in [1usize, 2, 4, 8, 16] {
+            let pull = downlink_for("loco:bits=4:log2s=5", world).unwrap();
+            let pull = parse(&pull).unwrap();
+            // Every combination of extreme and middle codes, as the servers average them:
+            // summed in rank order, scaled by 1/N.
+            let codes: Vec<Vec<i32>> = (0..world)
+                .map(|r| (0..64).map(|i| ((i * 7 + r * 5) % 16) as i32 - 8).collect())
+                .collect();
+            let mut mean = vec![0.0f32; 64];
+            for c in &codes {
+                mean.iter_mut()
+                    .zip(c)
+                    .for_each(|(m, q)| *m += *q as f32 / 32.0);
+            }
+            mean.iter_mut().for_each(|m| *m *= 1.0 / world as f32);
+            let back = pull.decode(&pull.encode(&mean, &ctx), 64, &ctx).unwrap();
+            assert_eq!(back, mean, "N = {world}");
+            assert_eq!(pull.payload_len(64), 64, "one byte per element");
+        }
+        assert_eq!(downlink_for("loco:bits=4:log2s=5", 3).unwrap(), "f32");
+        assert_eq!(downlink_for("loco:bits=4:log2s=5", 32).unwrap(), "f32");
+        assert_eq!(downlink_for("bf16", 3).unwrap(), "bf16");
+        assert_eq!(downlink_for("sign", 4).unwrap(), "f32");
     }
 }

@@ -10,6 +10,7 @@ use super::norm2;
 use crate::comm::{codec_context, is_sync_round, Collective, KeySpec};
 use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
+use crate::feedback::Feedback;
 
 /// What the servers do with every block of an algorithm: the codec of worker pushes, the codec
 /// of their reply, their error-feedback memory, and the period of sync rounds (0: none).
@@ -28,6 +29,9 @@ pub enum Own<'a> {
     Residual(&'a mut [f32]),
     /// `D(C(q))`, exactly what the servers decode from this push.
     Decoded(&'a mut [f32]),
+    /// One error-feedback memory per block, which adds its compensation to `q` before
+    /// compressing and updates itself (LoCo's int8 moving average, [`Feedback`]).
+    Feedback(&'a mut [Feedback]),
 }
 
 /// Bytes one worker pushed and pulled.
@@ -134,42 +138,58 @@ impl Exchange {
 
     /// One round: pushes `q` block by block (compressed, or plain in a sync round), keeping
     /// what `own` asks for, and returns the decoded reply.
-    pub fn exchange(&mut self, q: &[f32], own: Own) -> Result<Vec<f32>> {
+    pub fn exchange(&mut self, q: &[f32], mut own: Own) -> Result<Vec<f32>> {
         let n = self.len();
-        let own_len = match &own {
-            Own::Nothing => n,
-            Own::Residual(r) | Own::Decoded(r) => r.len(),
+        let own_fits = match &own {
+            Own::Nothing => true,
+            Own::Residual(r) | Own::Decoded(r) => r.len() == n,
+            Own::Feedback(f) => f.len() == self.blocks.len(),
         };
-        if q.len() != n || own_len != n {
+        if q.len() != n || !own_fits {
             return Err(Error::Shape {
                 op: "exchange",
                 detail: format!("{n} elements in the blocks, {} pushed", q.len()),
             });
         }
-        let (sync, round, seed) = (self.is_sync(), self.round, self.seed);
+        let (sync, round, seed, rank) = (self.is_sync(), self.round, self.seed, self.rank());
         let push: &dyn Codec = if sync { &*self.plain } else { &*self.push };
         let (residual, decoded) = (
             matches!(own, Own::Residual(_)),
             matches!(own, Own::Decoded(_)),
         );
-        let encoded: Vec<(Vec<u8>, Vec<f32>)> = self
-            .blocks
-            .par_iter()
-            .map(|b| {
-                let ctx = codec_context(seed, round, b.key);
-                let x = &q[b.offset..b.offset + b.len];
-                let mut kept = vec![0.0; if residual || decoded { b.len } else { 0 }];
-                let payload = if residual {
-                    push.encode_residual(x, &ctx, &mut kept)
-                } else {
-                    push.encode(x, &ctx)
-                };
-                if decoded {
-                    push.decode_into(&payload, &mut kept, &ctx, DecodeMode::Set)?;
-                }
-                Ok((payload, kept))
-            })
-            .collect::<Result<_>>()?;
+        let encoded: Vec<(Vec<u8>, Vec<f32>)> = if let Own::Feedback(memories) = &mut own {
+            if sync {
+                return Err(Error::Config(
+                    "an error-feedback memory cannot take part in sync rounds".into(),
+                ));
+            }
+            self.blocks
+                .par_iter()
+                .zip(memories.par_iter_mut())
+                .map(|(b, m)| {
+                    let ctx = codec_context(seed, round, b.key).sent_by(rank);
+                    Ok((m.encode(&q[b.offset..b.offset + b.len], &ctx)?, Vec::new()))
+                })
+                .collect::<Result<_>>()?
+        } else {
+            self.blocks
+                .par_iter()
+                .map(|b| {
+                    let ctx = codec_context(seed, round, b.key).sent_by(rank);
+                    let x = &q[b.offset..b.offset + b.len];
+                    let mut kept = vec![0.0; if residual || decoded { b.len } else { 0 }];
+                    let payload = if residual {
+                        push.encode_residual(x, &ctx, &mut kept)
+                    } else {
+                        push.encode(x, &ctx)
+                    };
+                    if decoded {
+                        push.decode_into(&payload, &mut kept, &ctx, DecodeMode::Set)?;
+                    }
+                    Ok((payload, kept))
+                })
+                .collect::<Result<_>>()?
+        };
         let mut keys = Vec::with_capacity(self.blocks.len());
         for (b, (payload, _)) in self.blocks.iter().zip(&encoded) {
             self.traffic.pushed += payload.len() as u64;

@@ -2,11 +2,16 @@
 //! [`Collective`](crate::comm::Collective) through an [`Exchange`], so that each runs
 //! in-process and over QUIC unchanged.
 //!
-//! LIEC-SGD and its baselines (liec-sgd.md): P-SGD, MEM-SGD, DoubleSqueeze, CSER, Neolithic,
-//! EF21-P and LIEC-SGD itself. Each keeps its worker-side state here; what the servers do (the
-//! codecs both ways, their error feedback, sync rounds) is the [`Wire`] it registers. Models
-//! are flat f32 vectors on the host, gradients come from a [`Replica`], and the update is the
-//! paper's plain SGD step `x ← x − η(u + λx)` (momentum 0, liec-sgd.md §5), computed on the CPU
+//! - LIEC-SGD and its baselines (liec-sgd.md): P-SGD, MEM-SGD, DoubleSqueeze, CSER, Neolithic,
+//!   EF21-P and LIEC-SGD itself, with the paper's plain SGD step `x ← x − η(u + λx)`.
+//! - CLAN (byteps-clan.md): Algorithms 3 (`two-way`) and 4 (`double-squeeze`'s shape) with the
+//!   LANS optimizer, and the same rounds with Nesterov momentum (the NAG suite).
+//! - LoCo (loco.md): `loco` and its baselines (`direct`, `mem-sgd`, 16-bit codecs) with SGD or
+//!   AdamW, the replicated path (the servers return the integer sum of the 4-bit codes).
+//!
+//! Each keeps its worker-side state here; what the servers do (the codecs both ways, their
+//! error feedback, sync rounds) is the [`Wire`] it registers. Models are flat f32 vectors on
+//! the host, gradients come from a [`Replica`], and the updates ([`optimizer`]) run on the CPU
 //! in a fixed order so that every peer gets the same bits.
 
 pub mod blocks;
@@ -16,6 +21,7 @@ mod ef;
 mod ef21p;
 pub mod exchange;
 mod liec;
+pub mod optimizer;
 pub mod replica;
 pub mod sim;
 pub mod worker;
@@ -24,11 +30,14 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use blocks::{Block, Blocking};
+pub use ef::downlink_for;
 pub use exchange::{Exchange, Own, Traffic, Wire};
+pub use optimizer::OptimizerSpec;
 pub use replica::{ClassifierReplica, Replica};
 pub use worker::Worker;
 
 use crate::error::{Error, Result};
+use crate::feedback::Memory;
 
 /// The step's hyperparameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,8 +61,8 @@ pub trait Method: Send {
 
     /// The error this worker carries from step to step, in gradient units (MEM-SGD's `e_i`,
     /// CSER's `s_i`), for the error-norm diagnostic `|avg_i e_i + e_server|`; `None` where it
-    /// keeps none.
-    fn worker_error(&self) -> Option<&[f32]> {
+    /// keeps none (LoCo's: the compensation its int8 memory will add next).
+    fn worker_error(&self) -> Option<Vec<f32>> {
         None
     }
 
@@ -65,13 +74,17 @@ pub trait Method: Send {
 }
 
 /// The algorithms, as users name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MethodSpec {
     /// Full precision both ways.
     PSgd,
-    /// Worker error feedback, full-precision downlink (Stich et al.).
+    /// Compressed pushes, the exact mean back, no memory (loco.md's naive low-bit baseline).
+    Direct,
+    /// Worker error feedback, exact downlink (Stich et al.).
     MemSgd,
-    /// Error feedback on both sides (Tang et al.).
+    /// Compressed both ways, no memory (byteps-clan.md Algorithm 3, for unbiased codecs).
+    TwoWay,
+    /// Error feedback on both sides (Tang et al.; byteps-clan.md Algorithm 4).
     DoubleSqueeze,
     /// Immediate local compensation, residuals reset every `period` steps (Xie et al.).
     Cser { period: u64 },
@@ -82,16 +95,67 @@ pub enum MethodSpec {
     Ef21P,
     /// Local immediate error compensation, server error, averaging every `period` steps.
     Liec { period: u64 },
+    /// LoCo (loco.md Algorithm 1): the moving average of residuals with weight `beta`, kept as
+    /// int8 at scale 2^log2se (or in f32 too: `reference`, mode A), reset every `reset` steps
+    /// (0: never); exact downlink. `log2se` defaults to the LoCo codec's log2 s + 2 (s_e = 4s).
+    Loco {
+        beta: f32,
+        reset: u32,
+        reference: bool,
+        log2se: Option<i32>,
+    },
+}
+
+/// What a method is built for besides its codec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
+    /// Workers in the run.
+    pub world: usize,
+    /// Element counts of the model's parameter tensors, in order.
+    pub sizes: Vec<usize>,
+    /// The update applied to the averaged gradient.
+    pub optimizer: OptimizerSpec,
 }
 
 impl MethodSpec {
+    /// LoCo with the defaults of loco.md §2.9 (β = 0.2, T_c = 512, mode B).
+    pub const LOCO: MethodSpec = MethodSpec::Loco {
+        beta: 0.2,
+        reset: 512,
+        reference: false,
+        log2se: None,
+    };
+
     /// Builds the worker side of the algorithm with codec `codec` (a codec spec).
-    pub fn build(self, codec: &str) -> Result<Box<dyn Method>> {
+    pub fn build(self, codec: &str, setup: &Setup) -> Result<Box<dyn Method>> {
+        use ef::{Downlink, ErrorFeedback, WorkerMemory};
         crate::compress::parse(codec)?;
+        let sgd_only = matches!(
+            self,
+            MethodSpec::Cser { .. } | MethodSpec::Ef21P | MethodSpec::Liec { .. }
+        );
+        if sgd_only && setup.optimizer != OptimizerSpec::Sgd {
+            return Err(Error::Config(format!(
+                "{self} is defined with plain SGD steps, not with {}",
+                setup.optimizer
+            )));
+        }
+        let family = |codec: &str, memory, downlink| -> Box<dyn Method> {
+            Box::new(ErrorFeedback::new(
+                codec,
+                memory,
+                downlink,
+                setup.world,
+                setup.optimizer.build(&setup.sizes),
+            ))
+        };
+        let residual = || WorkerMemory::Residual(Vec::new());
         Ok(match self {
-            MethodSpec::PSgd => Box::new(ef::ErrorFeedback::new("f32", false, false)),
-            MethodSpec::MemSgd => Box::new(ef::ErrorFeedback::new(codec, true, false)),
-            MethodSpec::DoubleSqueeze => Box::new(ef::ErrorFeedback::new(codec, true, true)),
+            MethodSpec::PSgd => family("f32", WorkerMemory::None, Downlink::Exact),
+            MethodSpec::Direct => family(codec, WorkerMemory::None, Downlink::Exact),
+            MethodSpec::MemSgd => family(codec, residual(), Downlink::Exact),
+            MethodSpec::TwoWay => family(codec, WorkerMemory::None, Downlink::Compressed),
+            MethodSpec::DoubleSqueeze => family(codec, residual(), Downlink::CompressedEf),
             MethodSpec::Neolithic { rounds } => {
                 let fcc = match codec {
                     "f32" => "f32".to_string(),
@@ -103,7 +167,35 @@ impl MethodSpec {
                         )))
                     }
                 };
-                Box::new(ef::ErrorFeedback::new(&fcc, true, true))
+                family(&fcc, residual(), Downlink::CompressedEf)
+            }
+            MethodSpec::Loco {
+                beta,
+                reset,
+                reference,
+                log2se,
+            } => {
+                let log2se = match (log2se, codec.parse::<crate::compress::CodecSpec>()?) {
+                    (Some(l), _) => l,
+                    (None, crate::compress::CodecSpec::Loco { log2s, .. }) => log2s + 2,
+                    (None, _) => {
+                        return Err(Error::Config(format!(
+                            "loco with codec {codec}: give the error scale (log2se=N), which \
+                             defaults to 4 s only for the loco codec"
+                        )))
+                    }
+                };
+                let memory = Memory::LocoEma {
+                    beta,
+                    reset_every: reset,
+                    se: 2f32.powi(log2se),
+                    reference,
+                };
+                family(
+                    codec,
+                    WorkerMemory::Feedback(memory, Vec::new()),
+                    Downlink::Exact,
+                )
             }
             MethodSpec::Cser { period } => Box::new(cser::Cser::new(codec, period)),
             MethodSpec::Ef21P => Box::new(ef21p::Ef21P::new(codec)),
@@ -130,12 +222,29 @@ impl fmt::Display for MethodSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MethodSpec::PSgd => write!(f, "psgd"),
+            MethodSpec::Direct => write!(f, "direct"),
             MethodSpec::MemSgd => write!(f, "mem-sgd"),
+            MethodSpec::TwoWay => write!(f, "two-way"),
             MethodSpec::DoubleSqueeze => write!(f, "double-squeeze"),
             MethodSpec::Cser { period } => write!(f, "cser:{period}"),
             MethodSpec::Neolithic { rounds } => write!(f, "neolithic:{rounds}"),
             MethodSpec::Ef21P => write!(f, "ef21p"),
             MethodSpec::Liec { period } => write!(f, "liec:{period}"),
+            MethodSpec::Loco {
+                beta,
+                reset,
+                reference,
+                log2se,
+            } => {
+                write!(f, "loco:beta={beta}:reset={reset}")?;
+                if *reference {
+                    write!(f, ":f32")?;
+                }
+                if let Some(l) = log2se {
+                    write!(f, ":log2se={l}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -143,7 +252,8 @@ impl fmt::Display for MethodSpec {
 impl FromStr for MethodSpec {
     type Err = Error;
 
-    /// `psgd`, `mem-sgd`, `double-squeeze`, `cser[:H_c]`, `neolithic[:R]`, `ef21p`, `liec[:H]`.
+    /// `psgd`, `direct`, `mem-sgd`, `two-way`, `double-squeeze`, `cser[:H_c]`,
+    /// `neolithic[:R]`, `ef21p`, `liec[:H]`, `loco[:beta=B][:reset=T][:f32][:log2se=N]`.
     fn from_str(text: &str) -> Result<Self> {
         let (name, arg) = match text.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -151,8 +261,9 @@ impl FromStr for MethodSpec {
         };
         let bad = |why: &str| {
             Error::Config(format!(
-                "algorithm {text:?}: {why}; use psgd, mem-sgd, double-squeeze, cser[:H], \
-                 neolithic[:R], ef21p or liec[:H]"
+                "algorithm {text:?}: {why}; use psgd, direct, mem-sgd, two-way, double-squeeze, \
+                 cser[:H], neolithic[:R], ef21p, liec[:H] or \
+                 loco[:beta=B][:reset=T][:f32][:log2se=N]"
             ))
         };
         let number = |default: u64| -> Result<u64> {
@@ -171,7 +282,9 @@ impl FromStr for MethodSpec {
         };
         match name {
             "psgd" | "p-sgd" => no_arg(MethodSpec::PSgd),
+            "direct" => no_arg(MethodSpec::Direct),
             "mem-sgd" | "mem" => no_arg(MethodSpec::MemSgd),
+            "two-way" => no_arg(MethodSpec::TwoWay),
             "double-squeeze" | "ds" => no_arg(MethodSpec::DoubleSqueeze),
             "ef21p" | "ef21-p" => no_arg(MethodSpec::Ef21P),
             "cser" => Ok(MethodSpec::Cser { period: number(8)? }),
@@ -185,6 +298,47 @@ impl FromStr for MethodSpec {
                 }
                 Ok(MethodSpec::Neolithic {
                     rounds: rounds as u32,
+                })
+            }
+            "loco" => {
+                let MethodSpec::Loco {
+                    mut beta,
+                    mut reset,
+                    mut reference,
+                    mut log2se,
+                } = MethodSpec::LOCO
+                else {
+                    unreachable!()
+                };
+                for part in arg.into_iter().flat_map(|a| a.split(':')) {
+                    match part.split_once('=') {
+                        None if part == "f32" => reference = true,
+                        Some(("beta", v)) => {
+                            beta = v
+                                .parse()
+                                .ok()
+                                .filter(|b| (0.0..=1.0).contains(b))
+                                .ok_or_else(|| bad("beta is a number from 0 to 1"))?
+                        }
+                        Some(("reset", v)) => {
+                            reset = v.parse().map_err(|_| bad("reset is a step count"))?
+                        }
+                        Some(("log2se", v)) => {
+                            log2se = Some(
+                                v.parse()
+                                    .ok()
+                                    .filter(|l: &i32| l.abs() <= 100)
+                                    .ok_or_else(|| bad("log2se is an integer from -100 to 100"))?,
+                            )
+                        }
+                        _ => return Err(bad("unknown parameter")),
+                    }
+                }
+                Ok(MethodSpec::Loco {
+                    beta,
+                    reset,
+                    reference,
+                    log2se,
                 })
             }
             _ => Err(bad("unknown algorithm")),
@@ -222,9 +376,40 @@ mod tests {
             let e = bad.parse::<MethodSpec>().unwrap_err().to_string();
             assert!(e.contains("algorithm"), "{bad}: {e}");
         }
+        for m in [
+            MethodSpec::Direct,
+            MethodSpec::TwoWay,
+            MethodSpec::LOCO,
+            "loco:beta=1:reset=0:f32:log2se=12".parse().unwrap(),
+        ] {
+            assert_eq!(m.to_string().parse::<MethodSpec>().unwrap(), m);
+        }
+        for bad in ["loco:beta=2", "loco:reset=x", "loco:zip", "two-way:1"] {
+            assert!(bad.parse::<MethodSpec>().is_err(), "{bad}");
+        }
+        let setup = |optimizer| Setup {
+            world: 4,
+            sizes: vec![10],
+            optimizer,
+        };
+        let sgd = setup(OptimizerSpec::Sgd);
         assert!(MethodSpec::Neolithic { rounds: 2 }
-            .build("topk:0.1")
+            .build("topk:0.1", &sgd)
             .is_err());
-        assert!(MethodSpec::Liec { period: 4 }.build("zip").is_err());
+        assert!(MethodSpec::Liec { period: 4 }.build("zip", &sgd).is_err());
+        // The SGD-defined methods refuse other optimizers; the family takes any.
+        assert!(MethodSpec::Liec { period: 4 }
+            .build("sign", &setup(OptimizerSpec::LANS))
+            .is_err());
+        assert!(MethodSpec::DoubleSqueeze
+            .build("sign", &setup(OptimizerSpec::LANS))
+            .is_ok());
+        // LoCo's error scale defaults to 4 s only where the codec has an s.
+        assert!(MethodSpec::LOCO.build("blockq:bits=4", &sgd).is_err());
+        assert!("loco:log2se=12"
+            .parse::<MethodSpec>()
+            .unwrap()
+            .build("blockq:bits=4", &sgd)
+            .is_ok());
     }
 }

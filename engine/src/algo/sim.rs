@@ -7,11 +7,14 @@ use std::time::Instant;
 
 use super::norm2;
 use super::replica::set_flat_params;
-use super::{Blocking, ClassifierReplica, Method, MethodSpec, Replica, Worker};
+use super::{
+    Blocking, ClassifierReplica, Method, MethodSpec, OptimizerSpec, Replica, Setup, Worker,
+};
 use crate::comm::local::local_collectives;
 use crate::comm::Collective;
 use crate::data::{epoch_batches, ImageSet};
 use crate::error::{Error, Result};
+use crate::nn::Module;
 use crate::tensor::Device;
 use crate::train::{rank_slice, Classifier, ClassifierConfig};
 
@@ -19,6 +22,7 @@ use crate::train::{rank_slice, Classifier, ClassifierConfig};
 pub struct SimConfig {
     pub method: MethodSpec,
     pub codec: String,
+    pub optimizer: OptimizerSpec,
     pub blocking: Blocking,
     pub workers: usize,
     /// Samples per worker per step.
@@ -123,7 +127,14 @@ pub fn simulate(
     let (features, classes) = (train.features(), train.classes);
     let new_classifier = || Classifier::new(device, features, classes, &config.model);
     let mut eval = new_classifier()?;
-    let evaluated = config.method.build(&config.codec)?;
+    let evaluated = config.method.build(
+        &config.codec,
+        &Setup {
+            world,
+            sizes: eval.model.parameters().iter().map(|p| p.numel()).collect(),
+            optimizer: config.optimizer,
+        },
+    )?;
     let (tx, rx) = mpsc::channel::<(usize, EpochEnd)>();
     std::thread::scope(|s| {
         let mut joins = Vec::new();
@@ -150,6 +161,7 @@ pub fn simulate(
                 let mut worker = Worker::new(
                     config.method,
                     &config.codec,
+                    config.optimizer,
                     config.blocking,
                     config.seed,
                     &replica as &dyn Replica,
@@ -170,7 +182,7 @@ pub fn simulate(
                     let t = worker.exchange.traffic;
                     let end = EpochEnd {
                         x: worker.x.clone(),
-                        worker_error: worker.method.worker_error().map(<[f32]>::to_vec),
+                        worker_error: worker.method.worker_error(),
                         server_error: if rank == 0 {
                             worker.exchange.server_error()
                         } else {

@@ -1,7 +1,7 @@
 //! One worker of a data-parallel algorithm: its model, its side of the algorithm and its
 //! exchange with the servers.
 
-use super::{blocks, Blocking, Exchange, Hyper, Method, MethodSpec, Replica};
+use super::{blocks, Blocking, Exchange, Hyper, Method, MethodSpec, OptimizerSpec, Replica, Setup};
 use crate::comm::Collective;
 use crate::error::Result;
 
@@ -20,13 +20,20 @@ impl Worker {
     pub fn new(
         spec: MethodSpec,
         codec: &str,
+        optimizer: OptimizerSpec,
         blocking: Blocking,
         seed: u64,
         replica: &dyn Replica,
         collective: Box<dyn Collective>,
     ) -> Result<Self> {
-        let method = spec.build(codec)?;
-        let blocks = blocks::blocks(&replica.sizes(), blocking)?;
+        let sizes = replica.sizes();
+        let setup = Setup {
+            world: collective.world(),
+            sizes: sizes.clone(),
+            optimizer,
+        };
+        let method = spec.build(codec, &setup)?;
+        let blocks = blocks::blocks(&sizes, blocking)?;
         let exchange = Exchange::new(collective, blocks, &method.wire(), seed)?;
         Ok(Worker {
             method,

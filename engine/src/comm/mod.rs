@@ -50,12 +50,14 @@ pub fn is_sync_round(sync_every: u64, round: u64) -> bool {
     sync_every > 0 && (round + 1).is_multiple_of(sync_every)
 }
 
-/// The codec context of a key in a round, the same on every peer. The key folds to 32 bits.
+/// The codec context of a key in a round, the same on every peer (a worker's push adds its
+/// rank, [`CodecContext::sent_by`]). The key folds to 32 bits.
 pub fn codec_context(seed: u64, step: u64, key: Key) -> CodecContext {
     CodecContext {
         seed,
         step: step as u32,
         key: (key as u32) ^ ((key >> 32) as u32),
+        stream: 0,
     }
 }
 

@@ -372,7 +372,7 @@ impl DenseCodec {
         let mut words = [0u32; TASK];
         let words = if self.stochastic() {
             element_words(
-                ctx.seed,
+                ctx.rounding_seed(),
                 ctx.step,
                 ctx.key,
                 first as u32,

@@ -32,8 +32,8 @@ fn mode_code(mode: DecodeMode) -> f64 {
     }
 }
 
-fn seed_words(ctx: &CodecContext) -> [u32; 2] {
-    [ctx.seed as u32, (ctx.seed >> 32) as u32]
+fn seed_words(seed: u64) -> [u32; 2] {
+    [seed as u32, (seed >> 32) as u32]
 }
 
 /// A zeroed buffer for a payload of `len` bytes (rounded up to whole words).
@@ -284,7 +284,7 @@ fn dense_params(codec: &DenseCodec, n: usize, ctx: &CodecContext) -> DenseParams
         log2s,
         step: ctx.step,
         key: ctx.key,
-        seed: seed_words(ctx),
+        seed: seed_words(ctx.rounding_seed()),
         _pad: [0; 2],
     }
 }
@@ -439,7 +439,7 @@ pub(super) mod sparse_gpu {
             k: k as u32,
             step: ctx.step,
             key: ctx.key,
-            seed: seed_words(ctx),
+            seed: seed_words(ctx.seed),
             mask_offset: mask_offset as u32,
             _pad: 0,
         };

@@ -36,6 +36,28 @@ pub struct CodecContext {
     pub step: u32,
     /// Tensor or partition key.
     pub key: u32,
+    /// Who encodes: 0 for a server's reply (or a lone encoder), rank + 1 for a worker's push.
+    /// Stochastic rounding draws an independent stream per sender, so that workers' rounding
+    /// errors are independent and the server's re-compression is unbiased given what it
+    /// received (byteps-clan.md Algorithm 3); random-k's index set ignores it and stays shared
+    /// by every worker and the server (§7.13).
+    pub stream: u32,
+}
+
+impl CodecContext {
+    /// The context of worker `rank`'s push.
+    pub fn sent_by(self, rank: usize) -> Self {
+        CodecContext {
+            stream: rank as u32 + 1,
+            ..self
+        }
+    }
+
+    /// The seed of stochastic rounding: the shared seed, mixed with the sender's stream
+    /// (stream 0 keeps the seed itself).
+    pub fn rounding_seed(&self) -> u64 {
+        self.seed ^ (self.stream as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
 }
 
 /// Whether a decoder overwrites its output, adds into it or subtracts from it (the last is

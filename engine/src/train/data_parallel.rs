@@ -150,7 +150,7 @@ impl<C: Collective> DataParallel<C> {
     /// Returns the bytes pushed.
     fn encode_and_push(&mut self, host: &[Vec<f32>]) -> Result<usize> {
         use rayon::prelude::*;
-        let (seed, step) = (self.seed, self.round());
+        let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
         let (tx, rx) = std::sync::mpsc::channel::<Result<(Key, Vec<u8>)>>();
         let parts = &self.parts;
         let memories = &mut self.memories;
@@ -161,7 +161,7 @@ impl<C: Collective> DataParallel<C> {
                     .par_iter()
                     .zip(memories.par_iter_mut())
                     .for_each_with(tx, |tx, (p, m)| {
-                        let ctx = codec_context(seed, step, p.key);
+                        let ctx = codec_context(seed, step, p.key).sent_by(rank);
                         let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
                         // The receiver only stops listening after an error it already holds.
                         let _ = tx.send(encoded.map(|bytes| (p.key, bytes)));

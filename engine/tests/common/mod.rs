@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod algo;
+
 use std::sync::OnceLock;
 
 use murmur_engine::rng::Rng;

@@ -98,6 +98,7 @@ pub fn run(a: CodecArgs) -> anyhow::Result<()> {
         seed: 7,
         step: 1,
         key: 0,
+        stream: 0,
     };
     let (memcpy_1t, memcpy_all) = (
         memcpy(a.n, a.seconds, None),

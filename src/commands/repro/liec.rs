@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use murmur_engine::algo::cost::{bytes_over_steps, paper_mib_per_iteration};
 use murmur_engine::algo::sim::{simulate, steps_per_epoch, EpochReport, SimConfig};
-use murmur_engine::algo::{blocks, Blocking, MethodSpec};
+use murmur_engine::algo::{blocks, Blocking, MethodSpec, OptimizerSpec};
 use murmur_engine::data::{default_root, ImageDataset, Split};
 use murmur_engine::nn::Module;
 use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind};
@@ -224,6 +224,7 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
                     "sign"
                 }
                 .into(),
+                optimizer: OptimizerSpec::Sgd,
                 blocking,
                 workers,
                 batch: a.batch,

@@ -1,0 +1,356 @@
+//! The update the error-feedback family ends with, once the averaged gradient `u` is back from
+//! the servers: plain SGD (liec-sgd.md), Nesterov momentum (byteps-clan.md's NAG suite), AdamW
+//! (loco.md) or LANS (byteps-clan.md Algorithm 2, CLAN's optimizer). Every worker applies it
+//! to the same bytes on flat host vectors in a fixed order, so replicas stay bit-identical.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::{norm2, Hyper};
+use crate::error::{Error, Result};
+use crate::kernels::optim::{adamw_ref, sgd_ref, AdamWStep, SgdStep};
+
+/// Which update, with its constants (the learning rate and weight decay come per step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerSpec {
+    /// `x ← x − η(u + λx)`.
+    Sgd,
+    /// torch.optim.SGD with Nesterov momentum μ, weight decay added to the gradient.
+    Nag { momentum: f32 },
+    /// torch.optim.AdamW (decoupled weight decay, bias correction).
+    AdamW { beta1: f32, beta2: f32, eps: f32 },
+    /// LANS without gradient normalization, φ = identity, ε outside the square root
+    /// (byteps-clan.md §3.3 and §9.1); the block norms are per parameter tensor.
+    Lans { beta1: f32, beta2: f32, eps: f32 },
+}
+
+impl OptimizerSpec {
+    pub const NAG: OptimizerSpec = OptimizerSpec::Nag { momentum: 0.9 };
+    pub const ADAMW: OptimizerSpec = OptimizerSpec::AdamW {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    pub const LANS: OptimizerSpec = OptimizerSpec::Lans {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-6,
+    };
+
+    /// The optimizer's state for a model whose tensors have `sizes` elements.
+    pub fn build(self, sizes: &[usize]) -> HostOptimizer {
+        HostOptimizer {
+            spec: self,
+            sizes: sizes.to_vec(),
+            m: Vec::new(),
+            v: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for OptimizerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            OptimizerSpec::Sgd => write!(f, "sgd"),
+            OptimizerSpec::Nag { momentum } => write!(f, "nag:{momentum}"),
+            OptimizerSpec::AdamW { .. } => write!(f, "adamw"),
+            OptimizerSpec::Lans { .. } => write!(f, "lans"),
+        }
+    }
+}
+
+impl FromStr for OptimizerSpec {
+    type Err = Error;
+
+    /// `sgd`, `nag[:momentum]`, `adamw` or `lans` (constants as byteps-clan.md §8 and PyTorch).
+    fn from_str(text: &str) -> Result<Self> {
+        let bad = || {
+            Error::Config(format!(
+                "optimizer {text:?}: use sgd, nag[:momentum] (default 0.9), adamw or lans"
+            ))
+        };
+        match text.split_once(':') {
+            None => match text {
+                "sgd" => Ok(OptimizerSpec::Sgd),
+                "nag" => Ok(OptimizerSpec::NAG),
+                "adamw" => Ok(OptimizerSpec::ADAMW),
+                "lans" => Ok(OptimizerSpec::LANS),
+                _ => Err(bad()),
+            },
+            Some(("nag", m)) => match m.parse::<f32>() {
+                Ok(momentum) if (0.0..1.0).contains(&momentum) => {
+                    Ok(OptimizerSpec::Nag { momentum })
+                }
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// An optimizer's state over one flat model.
+pub struct HostOptimizer {
+    spec: OptimizerSpec,
+    /// Element counts of the parameter tensors (LANS's blocks).
+    sizes: Vec<usize>,
+    /// Momentum buffer (NAG) or first moment (AdamW, LANS); empty before the first step.
+    m: Vec<f32>,
+    /// Second moment (AdamW, LANS).
+    v: Vec<f32>,
+}
+
+impl HostOptimizer {
+    pub fn spec(&self) -> OptimizerSpec {
+        self.spec
+    }
+
+    /// Applies the averaged gradient `u` to `x` at step `hyper.step` (counting from 0).
+    pub fn step(&mut self, x: &mut [f32], u: &[f32], hyper: Hyper) -> Result<()> {
+        if u.len() != x.len() || self.sizes.iter().sum::<usize>() != x.len() {
+            return Err(Error::Shape {
+                op: "optimizer",
+                detail: format!(
+                    "model of {} elements in tensors of {:?}, update of {}",
+                    x.len(),
+                    self.sizes,
+                    u.len()
+                ),
+            });
+        }
+        let first = self.m.is_empty();
+        if first {
+            self.m = vec![0.0; x.len()];
+            if matches!(
+                self.spec,
+                OptimizerSpec::AdamW { .. } | OptimizerSpec::Lans { .. }
+            ) {
+                self.v = vec![0.0; x.len()];
+            }
+        }
+        match self.spec {
+            OptimizerSpec::Sgd => super::sgd_step(x, u, hyper),
+            OptimizerSpec::Nag { momentum } => {
+                let step = SgdStep {
+                    lr: hyper.lr,
+                    momentum,
+                    dampening: 0.0,
+                    weight_decay: hyper.weight_decay,
+                    nesterov: true,
+                    first,
+                };
+                sgd_ref(x, u, &mut self.m, &step);
+            }
+            OptimizerSpec::AdamW { beta1, beta2, eps } => {
+                let step = AdamWStep {
+                    lr: hyper.lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: hyper.weight_decay,
+                    step: hyper.step + 1,
+                };
+                adamw_ref(x, u, &mut self.m, &mut self.v, &step);
+            }
+            OptimizerSpec::Lans { beta1, beta2, eps } => {
+                let constants = LansStep {
+                    lr: hyper.lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: hyper.weight_decay,
+                    step: hyper.step + 1,
+                };
+                let mut offset = 0;
+                for &n in &self.sizes {
+                    let r = offset..offset + n;
+                    lans_block(
+                        &mut x[r.clone()],
+                        &u[r.clone()],
+                        &mut self.m[r.clone()],
+                        &mut self.v[r],
+                        &constants,
+                    );
+                    offset += n;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One LANS step's constants; `step` counts from 1.
+#[derive(Debug, Clone, Copy)]
+pub struct LansStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub step: u64,
+}
+
+/// LANS on one block (one parameter tensor), byteps-clan.md Algorithm 2:
+///
+/// ```text
+/// m = β1 m + (1−β1) g ;  v = β2 v + (1−β2) g²
+/// r = m̂ / (√v̂ + ε) ;  c = g / (√v̂ + ε)          (m̂, v̂ bias-corrected)
+/// x −= η |x| [ β1 (r+λx)/|r+λx| + (1−β1) (c+λx)/|c+λx| ]
+/// ```
+///
+/// Both terms use the pre-update `x`. A trust ratio `|x| / |·|` whose numerator or
+/// denominator is zero counts as 1, so zero-initialised biases move (§3.3).
+pub fn lans_block(x: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &LansStep) {
+    let t = s.step.min(i32::MAX as u64) as i32;
+    let bc1 = (1.0 - (s.beta1 as f64).powi(t)) as f32;
+    let bc2 = (1.0 - (s.beta2 as f64).powi(t)) as f32;
+    let n = x.len();
+    let (mut r, mut c) = (vec![0.0f32; n], vec![0.0f32; n]);
+    for i in 0..n {
+        m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * g[i];
+        v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * g[i] * g[i];
+        let denom = (v[i] / bc2).sqrt() + s.eps;
+        r[i] = (m[i] / bc1) / denom + s.weight_decay * x[i];
+        c[i] = g[i] / denom + s.weight_decay * x[i];
+    }
+    let x_norm = norm2(x).sqrt();
+    let ratio = |update: &[f32]| {
+        let u = norm2(update).sqrt();
+        if x_norm > 0.0 && u > 0.0 {
+            (x_norm / u) as f32
+        } else {
+            1.0
+        }
+    };
+    let (a, b) = (s.beta1 * ratio(&r), (1.0 - s.beta1) * ratio(&c));
+    for i in 0..n {
+        x[i] -= s.lr * (a * r[i] + b * c[i]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hyper(step: u64) -> Hyper {
+        Hyper {
+            step,
+            lr: 0.1,
+            weight_decay: 0.01,
+        }
+    }
+
+    #[test]
+    fn names_round_trip_and_bad_ones_explain() {
+        for o in [
+            OptimizerSpec::Sgd,
+            OptimizerSpec::NAG,
+            OptimizerSpec::Nag { momentum: 0.5 },
+        ] {
+            assert_eq!(o.to_string().parse::<OptimizerSpec>().unwrap(), o);
+        }
+        assert_eq!(
+            "adamw".parse::<OptimizerSpec>().unwrap(),
+            OptimizerSpec::ADAMW
+        );
+        assert_eq!(
+            "lans".parse::<OptimizerSpec>().unwrap(),
+            OptimizerSpec::LANS
+        );
+        for bad in ["", "adam", "nag:1.5", "nag:x", "lans:3"] {
+            assert!(bad.parse::<OptimizerSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lans_moves_each_tensor_by_lr_times_its_norm_and_zero_tensors_by_the_raw_step() {
+        // Two tensors: a nonzero weight and a zero bias.
+        let mut opt = OptimizerSpec::LANS.build(&[3, 2]);
+        let mut x = vec![1.0f32, -2.0, 2.0, 0.0, 0.0];
+        let before = x.clone();
+        let g = vec![0.5f32, 0.1, -0.3, 0.2, -0.4];
+        let h = Hyper {
+            step: 0,
+            lr: 0.01,
+            weight_decay: 0.0,
+        };
+        opt.step(&mut x, &g, h).unwrap();
+        // At t = 1, m̂ = g and v̂ = g², so r = c = sign(g) (up to ε): both unit directions
+        // agree and the step is exactly lr·|x| along −sign(g)/|sign(g)|.
+        let moved: f64 = (0..3)
+            .map(|i| ((x[i] - before[i]) as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!((moved - 0.01 * 3.0).abs() < 1e-5, "moved {moved}");
+        for i in 0..3 {
+            assert_eq!((x[i] - before[i]).signum(), -g[i].signum());
+        }
+        // The zero bias takes the raw step −lr·(β1 r + (1−β1) c) = −lr·sign(g).
+        assert!((x[3] + 0.01).abs() < 1e-6 && (x[4] - 0.01).abs() < 1e-6);
+    }
+
+    #[test]
+    fn lans_block_matches_a_literal_f64_transcription_over_steps() {
+        let sizes = [7usize, 4];
+        let mut opt = OptimizerSpec::LANS.build(&sizes);
+        let mut x: Vec<f32> = (0..11).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let (mut m, mut v) = (vec![0f64; 11], vec![0f64; 11]);
+        let (b1, b2, eps, lr, wd) = (0.9f64, 0.999f64, 1e-6f64, 0.1f64, 0.01f64);
+        for t in 0..6u64 {
+            let g: Vec<f32> = (0..11)
+                .map(|i| ((i + 3 * t as usize) as f32).cos())
+                .collect();
+            opt.step(&mut x, &g, hyper(t)).unwrap();
+            let k = (t + 1) as i32;
+            let mut off = 0;
+            for &n in &sizes {
+                let blk = off..off + n;
+                let mut r = vec![0f64; n];
+                let mut c = vec![0f64; n];
+                for (j, i) in blk.clone().enumerate() {
+                    let gi = g[i] as f64;
+                    m[i] = b1 * m[i] + (1.0 - b1) * gi;
+                    v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+                    let d = (v[i] / (1.0 - b2.powi(k))).sqrt() + eps;
+                    r[j] = m[i] / (1.0 - b1.powi(k)) / d + wd * x64[i];
+                    c[j] = gi / d + wd * x64[i];
+                }
+                let nx = blk.clone().map(|i| x64[i] * x64[i]).sum::<f64>().sqrt();
+                let nr = r.iter().map(|a| a * a).sum::<f64>().sqrt();
+                let nc = c.iter().map(|a| a * a).sum::<f64>().sqrt();
+                for (j, i) in blk.enumerate() {
+                    x64[i] -= lr * nx * (b1 * r[j] / nr + (1.0 - b1) * c[j] / nc);
+                }
+                off += n;
+            }
+            for i in 0..11 {
+                assert!((x[i] as f64 - x64[i]).abs() < 1e-5, "step {t} element {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn nag_and_adamw_are_the_kernels_cpu_references() {
+        let g = vec![0.3f32, -0.2, 0.1];
+        let mut nag = OptimizerSpec::NAG.build(&[3]);
+        let (mut x, mut y) = (vec![1.0f32, 2.0, 3.0], vec![1.0f32, 2.0, 3.0]);
+        let mut buf = vec![0.0f32; 3];
+        for t in 0..3 {
+            nag.step(&mut x, &g, hyper(t)).unwrap();
+            let s = SgdStep {
+                lr: 0.1,
+                momentum: 0.9,
+                dampening: 0.0,
+                weight_decay: 0.01,
+                nesterov: true,
+                first: t == 0,
+            };
+            sgd_ref(&mut y, &g, &mut buf, &s);
+            assert_eq!(x, y);
+        }
+        let mut adam = OptimizerSpec::ADAMW.build(&[3]);
+        assert!(adam.step(&mut x, &g[..2], hyper(0)).is_err());
+        adam.step(&mut x, &g, hyper(0)).unwrap();
+        assert!(x.iter().zip(&y).all(|(a, b)| a != b));
+    }
+}
