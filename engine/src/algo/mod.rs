@@ -15,6 +15,7 @@
 //! in a fixed order so that every peer gets the same bits.
 
 pub mod blocks;
+pub mod calibrate;
 pub mod cost;
 mod cser;
 mod ef;

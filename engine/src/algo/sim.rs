@@ -57,6 +57,9 @@ pub struct EpochReport {
     /// `|avg_i e_i + e_server|` at the end of the epoch (liec-sgd.md Fig. 8); in model units
     /// for EF21-P, whose server memory is `w − x`.
     pub error_norm: f64,
+    /// Fraction of nonzero entries in worker 0's error at the end of the epoch (LoCo's
+    /// diagnostic of an error stuck at zero, loco.md §7.2); `None` where it keeps none.
+    pub worker_error_nonzero: Option<f64>,
     /// Mean contraction δ of the workers' compressed pushes over the epoch.
     pub worker_contraction: Option<f64>,
     /// Mean contraction δ of the server's compressed replies over the epoch.
@@ -270,6 +273,10 @@ fn summarize(
         train_loss: ends.iter().map(|e| e.loss_sum).sum::<f64>() / (world * per_epoch) as f64,
         test_accuracy: eval.accuracy(test, 1000)?,
         error_norm: norm2(&error).sqrt(),
+        worker_error_nonzero: ends[0]
+            .worker_error
+            .as_ref()
+            .map(|e| e.iter().filter(|v| **v != 0.0).count() as f64 / e.len().max(1) as f64),
         worker_contraction: contraction.get(),
         server_contraction: server_contraction.get(),
         bytes: ends.iter().map(|e| e.bytes).sum(),

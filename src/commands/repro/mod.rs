@@ -1,7 +1,10 @@
 //! `murmur repro <paper>`: the small-scale reproductions of the papers' experiments, written
 //! as tables to docs/results/ with the command that made them.
 
+mod arms;
+mod clan;
 mod liec;
+mod loco;
 mod report;
 
 use clap::Subcommand;
@@ -11,10 +14,18 @@ pub enum ReproCommand {
     /// LIEC-SGD against P-SGD, MEM-SGD, DoubleSqueeze, CSER, Neolithic and EF21-P, with the
     /// scaled sign on one block and block-wise (shared/specs/liec-sgd.md §5).
     Liec(liec::LiecArgs),
+    /// CLAN (LANS over two-way compressed rounds, Algorithms 3 and 4) and the NAG suite with
+    /// every codec of the paper (shared/specs/byteps-clan.md §6.3).
+    Clan(clan::ClanArgs),
+    /// LoCo against f32, bf16, naive 4-bit, error feedback with f32 and 8-bit errors and
+    /// block-absmax 4-bit, with AdamW and SGD (shared/specs/loco.md §5.4).
+    Loco(loco::LocoArgs),
 }
 
 pub fn run(command: ReproCommand) -> anyhow::Result<()> {
     match command {
         ReproCommand::Liec(a) => liec::run(a),
+        ReproCommand::Clan(a) => clan::run(a),
+        ReproCommand::Loco(a) => loco::run(a),
     }
 }
