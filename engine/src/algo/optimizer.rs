@@ -140,8 +140,9 @@ impl HostOptimizer {
                 };
                 sgd_ref(x, u, &mut self.m, &step);
             }
-            OptimizerSpec::AdamW { beta1, beta2, eps } => {
-                let step = AdamWStep {
+            OptimizerSpec::AdamW { beta1, beta2, eps }
+            | OptimizerSpec::Lans { beta1, beta2, eps } => {
+                let constants = AdamWStep {
                     lr: hyper.lr,
                     beta1,
                     beta2,
@@ -149,17 +150,10 @@ impl HostOptimizer {
                     weight_decay: hyper.weight_decay,
                     step: hyper.step + 1,
                 };
-                adamw_ref(x, u, &mut self.m, &mut self.v, &step);
-            }
-            OptimizerSpec::Lans { beta1, beta2, eps } => {
-                let constants = LansStep {
-                    lr: hyper.lr,
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: hyper.weight_decay,
-                    step: hyper.step + 1,
-                };
+                if let OptimizerSpec::AdamW { .. } = self.spec {
+                    adamw_ref(x, u, &mut self.m, &mut self.v, &constants);
+                    return Ok(());
+                }
                 let mut offset = 0;
                 for &n in &self.sizes {
                     let r = offset..offset + n;
@@ -178,18 +172,8 @@ impl HostOptimizer {
     }
 }
 
-/// One LANS step's constants; `step` counts from 1.
-#[derive(Debug, Clone, Copy)]
-pub struct LansStep {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    pub step: u64,
-}
-
-/// LANS on one block (one parameter tensor), byteps-clan.md Algorithm 2:
+/// LANS on one block (one parameter tensor), byteps-clan.md Algorithm 2, with Adam's
+/// constants (`step` counts from 1):
 ///
 /// ```text
 /// m = β1 m + (1−β1) g ;  v = β2 v + (1−β2) g²
@@ -199,7 +183,7 @@ pub struct LansStep {
 ///
 /// Both terms use the pre-update `x`. A trust ratio `|x| / |·|` whose numerator or
 /// denominator is zero counts as 1, so zero-initialised biases move (§3.3).
-pub fn lans_block(x: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &LansStep) {
+pub fn lans_block(x: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
     let t = s.step.min(i32::MAX as u64) as i32;
     let bc1 = (1.0 - (s.beta1 as f64).powi(t)) as f32;
     let bc2 = (1.0 - (s.beta2 as f64).powi(t)) as f32;
