@@ -46,29 +46,37 @@ pub(super) enum Downlink {
 }
 
 pub(super) struct ErrorFeedback {
-    codec: String,
+    /// The workers' codec is `wire.push`.
+    wire: Wire,
     memory: WorkerMemory,
-    downlink: Downlink,
-    /// World size: what the exact downlink of integer codes depends on.
-    world: usize,
     optimizer: HostOptimizer,
 }
 
 impl ErrorFeedback {
+    /// `world` workers push with `codec`; the exact downlink depends on their number.
     pub fn new(
         codec: &str,
         memory: WorkerMemory,
         downlink: Downlink,
         world: usize,
         optimizer: HostOptimizer,
-    ) -> Self {
-        ErrorFeedback {
-            codec: codec.to_string(),
+    ) -> Result<Self> {
+        let (pull, server_memory) = match downlink {
+            Downlink::Exact => (downlink_for(codec, world)?, "none"),
+            Downlink::Compressed => (codec.to_string(), "none"),
+            Downlink::CompressedEf => (codec.to_string(), "ef"),
+        };
+        let wire = Wire {
+            push: codec.to_string(),
+            pull,
+            server_memory: server_memory.into(),
+            sync_every: 0,
+        };
+        Ok(ErrorFeedback {
+            wire,
             memory,
-            downlink,
-            world,
             optimizer,
-        }
+        })
     }
 }
 
@@ -94,20 +102,7 @@ pub fn downlink_for(push: &str, world: usize) -> Result<String> {
 
 impl Method for ErrorFeedback {
     fn wire(&self) -> Wire {
-        let (pull, server_memory) = match self.downlink {
-            Downlink::Exact => (
-                downlink_for(&self.codec, self.world).unwrap_or_else(|_| "f32".into()),
-                "none",
-            ),
-            Downlink::Compressed => (self.codec.clone(), "none"),
-            Downlink::CompressedEf => (self.codec.clone(), "ef"),
-        };
-        Wire {
-            push: self.codec.clone(),
-            pull,
-            server_memory: server_memory.into(),
-            sync_every: 0,
-        }
+        self.wire.clone()
     }
 
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()> {
@@ -129,7 +124,9 @@ impl Method for ErrorFeedback {
                     *feedbacks = ex
                         .blocks()
                         .iter()
-                        .map(|b| Feedback::new(parse(&self.codec)?, *memory, b.len, &Device::Cpu))
+                        .map(|b| {
+                            Feedback::new(parse(&self.wire.push)?, *memory, b.len, &Device::Cpu)
+                        })
                         .collect::<Result<_>>()?;
                 }
                 ex.exchange(g, Own::Feedback(feedbacks))?

@@ -141,22 +141,22 @@ impl MethodSpec {
                 setup.optimizer
             )));
         }
-        let family = |codec: &str, memory, downlink| -> Box<dyn Method> {
-            Box::new(ErrorFeedback::new(
+        let family = |codec: &str, memory, downlink| -> Result<Box<dyn Method>> {
+            Ok(Box::new(ErrorFeedback::new(
                 codec,
                 memory,
                 downlink,
                 setup.world,
                 setup.optimizer.build(&setup.sizes),
-            ))
+            )?))
         };
         let residual = || WorkerMemory::Residual(Vec::new());
         Ok(match self {
-            MethodSpec::PSgd => family("f32", WorkerMemory::None, Downlink::Exact),
-            MethodSpec::Direct => family(codec, WorkerMemory::None, Downlink::Exact),
-            MethodSpec::MemSgd => family(codec, residual(), Downlink::Exact),
-            MethodSpec::TwoWay => family(codec, WorkerMemory::None, Downlink::Compressed),
-            MethodSpec::DoubleSqueeze => family(codec, residual(), Downlink::CompressedEf),
+            MethodSpec::PSgd => family("f32", WorkerMemory::None, Downlink::Exact)?,
+            MethodSpec::Direct => family(codec, WorkerMemory::None, Downlink::Exact)?,
+            MethodSpec::MemSgd => family(codec, residual(), Downlink::Exact)?,
+            MethodSpec::TwoWay => family(codec, WorkerMemory::None, Downlink::Compressed)?,
+            MethodSpec::DoubleSqueeze => family(codec, residual(), Downlink::CompressedEf)?,
             MethodSpec::Neolithic { rounds } => {
                 let fcc = match codec {
                     "f32" => "f32".to_string(),
@@ -168,7 +168,7 @@ impl MethodSpec {
                         )))
                     }
                 };
-                family(&fcc, residual(), Downlink::CompressedEf)
+                family(&fcc, residual(), Downlink::CompressedEf)?
             }
             MethodSpec::Loco {
                 beta,
@@ -196,7 +196,7 @@ impl MethodSpec {
                     codec,
                     WorkerMemory::Feedback(memory, Vec::new()),
                     Downlink::Exact,
-                )
+                )?
             }
             MethodSpec::Cser { period } => Box::new(cser::Cser::new(codec, period)),
             MethodSpec::Ef21P => Box::new(ef21p::Ef21P::new(codec)),

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{norm2, Hyper};
+use super::Hyper;
 use crate::error::{Error, Result};
 use crate::kernels::optim::{adamw_ref, sgd_ref, AdamWStep, SgdStep};
 
@@ -187,27 +187,35 @@ pub fn lans_block(x: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &Ad
     let t = s.step.min(i32::MAX as u64) as i32;
     let bc1 = (1.0 - (s.beta1 as f64).powi(t)) as f32;
     let bc2 = (1.0 - (s.beta2 as f64).powi(t)) as f32;
-    let n = x.len();
-    let (mut r, mut c) = (vec![0.0f32; n], vec![0.0f32; n]);
-    for i in 0..n {
+    // r + λx and c + λx of element i, from the updated moments and the pre-update x; the
+    // norms need all of them before any x moves, so they are computed twice instead of stored.
+    let directions = |i: usize, m: &[f32], v: &[f32], x: &[f32]| {
+        let denom = (v[i] / bc2).sqrt() + s.eps;
+        (
+            (m[i] / bc1) / denom + s.weight_decay * x[i],
+            g[i] / denom + s.weight_decay * x[i],
+        )
+    };
+    let (mut x_sq, mut r_sq, mut c_sq) = (0f64, 0f64, 0f64);
+    for i in 0..x.len() {
         m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * g[i];
         v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * g[i] * g[i];
-        let denom = (v[i] / bc2).sqrt() + s.eps;
-        r[i] = (m[i] / bc1) / denom + s.weight_decay * x[i];
-        c[i] = g[i] / denom + s.weight_decay * x[i];
+        let (r, c) = directions(i, m, v, x);
+        x_sq += (x[i] as f64).powi(2);
+        r_sq += (r as f64).powi(2);
+        c_sq += (c as f64).powi(2);
     }
-    let x_norm = norm2(x).sqrt();
-    let ratio = |update: &[f32]| {
-        let u = norm2(update).sqrt();
-        if x_norm > 0.0 && u > 0.0 {
-            (x_norm / u) as f32
+    let ratio = |update_sq: f64| {
+        if x_sq > 0.0 && update_sq > 0.0 {
+            (x_sq.sqrt() / update_sq.sqrt()) as f32
         } else {
             1.0
         }
     };
-    let (a, b) = (s.beta1 * ratio(&r), (1.0 - s.beta1) * ratio(&c));
-    for i in 0..n {
-        x[i] -= s.lr * (a * r[i] + b * c[i]);
+    let (a, b) = (s.beta1 * ratio(r_sq), (1.0 - s.beta1) * ratio(c_sq));
+    for i in 0..x.len() {
+        let (r, c) = directions(i, m, v, x);
+        x[i] -= s.lr * (a * r + b * c);
     }
 }
 

@@ -88,21 +88,11 @@ impl Bench {
             };
             PathBuf::from(format!("{dir}/{paper}.md"))
         });
-        let dataset: ImageDataset = args.dataset.parse()?;
-        let root = default_root();
-        let mut train = dataset.load(&root, Split::Train)?;
-        let test = dataset.load(&root, Split::Test)?;
-        if let Some(n) = args.train_limit.or(args.quick.then_some(30_000)) {
-            train.truncate(n);
-        }
-        let device = match args.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Gpu => Device::gpu()?,
-        };
-        let adapter = device
-            .as_gpu()
-            .map(|g| g.info().adapter.name.clone())
-            .unwrap_or_else(|| "CPU reference kernels".into());
+        let (dataset, train, test) = load_images(
+            &args.dataset,
+            args.train_limit.or(args.quick.then_some(30_000)),
+        )?;
+        let (device, adapter) = open_device(args.device)?;
         let probe = Classifier::new(
             &Device::Cpu,
             train.features(),
@@ -154,8 +144,26 @@ impl Bench {
         (2 * self.epochs).div_ceil(3) + 1
     }
 
-    /// Runs every arm the options select over the seeds, with progress on stderr.
-    pub fn run(&self, arms: Vec<Arm>) -> anyhow::Result<Vec<ArmResult>> {
+    /// The shared part of a results file's setup paragraph: data, model, workers, schedule.
+    pub fn setup(&self) -> String {
+        format!(
+            "{} ({} training samples) with an MLP {:?} ({} parameters); {} workers x {} samples \
+             per step ({} steps per epoch), {} epochs, learning rate dropping 10x at epoch {}",
+            self.dataset.name(),
+            self.train.len(),
+            self.args.hidden,
+            self.parameters(),
+            self.args.workers,
+            self.args.batch,
+            self.per_epoch,
+            self.epochs,
+            self.decay_epoch()
+        )
+    }
+
+    /// Runs every arm the options select over the seeds, announcing the plan as `title`
+    /// (with `detail`) and showing progress on stderr.
+    pub fn run(&self, title: &str, detail: &str, arms: Vec<Arm>) -> anyhow::Result<Vec<ArmResult>> {
         let arms: Vec<Arm> = match &self.args.arms {
             Some(keep) => arms
                 .into_iter()
@@ -163,6 +171,16 @@ impl Bench {
                 .collect(),
             None => arms,
         };
+        eprintln!(
+            "{title}: {} arms x {} seeds, {} workers, {} epochs of {} steps on {}{detail}, {}",
+            arms.len(),
+            self.seeds,
+            self.args.workers,
+            self.epochs,
+            self.per_epoch,
+            self.dataset.name(),
+            self.adapter
+        );
         let total = arms.len() as u64 * self.seeds;
         let mut done = 0;
         let mut results = Vec::new();
@@ -248,6 +266,34 @@ impl Bench {
         std::fs::write(&path, serde_json::to_string_pretty(&records)?)
             .with_context(|| format!("writing {}", path.display()))
     }
+}
+
+/// An image dataset by name, its training split cut to `train_limit` samples if given.
+pub fn load_images(
+    name: &str,
+    train_limit: Option<usize>,
+) -> anyhow::Result<(ImageDataset, ImageSet, ImageSet)> {
+    let dataset: ImageDataset = name.parse()?;
+    let root = default_root();
+    let mut train = dataset.load(&root, Split::Train)?;
+    let test = dataset.load(&root, Split::Test)?;
+    if let Some(n) = train_limit {
+        train.truncate(n);
+    }
+    Ok((dataset, train, test))
+}
+
+/// The device a reproduction trains on, and the name its results file gives it.
+pub fn open_device(kind: DeviceKind) -> anyhow::Result<(Device, String)> {
+    let device = match kind {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Gpu => Device::gpu()?,
+    };
+    let adapter = device
+        .as_gpu()
+        .map(|g| g.info().adapter.name.clone())
+        .unwrap_or_else(|| "CPU reference kernels".into());
+    Ok((device, adapter))
 }
 
 /// One configuration of a reproduction.

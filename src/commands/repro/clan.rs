@@ -87,40 +87,21 @@ pub fn run(a: ClanArgs) -> anyhow::Result<()> {
     let blocking: Blocking = a.blocking.parse()?;
     let bench = Bench::new(a.common.clone(), "clan")?;
     let arms = arms(&a, blocking);
-    eprintln!(
-        "CLAN reproduction: {} arms x {} seeds, {} workers, {} epochs of {} steps on {}, {}",
-        arms.len(),
-        bench.seeds,
-        a.common.workers,
-        bench.epochs,
-        bench.per_epoch,
-        bench.dataset.name(),
-        bench.adapter
-    );
-    let results = bench.run(arms)?;
+    let results = bench.run("CLAN reproduction", "", arms)?;
     let mut text = bench.header("CLAN and the NAG suite: reproduction");
     let mut w = |s: String| {
         text.push_str(&s);
         text.push('\n');
     };
     w(format!(
-        "Setup (shared/specs/byteps-clan.md §6.3, scaled down): {} ({} training samples) with \
-         an MLP {:?} ({} parameters); {} workers x {} samples per step ({} steps per epoch), {} \
-         epochs, learning rate dropping 10x at epoch {}; compression per block (`{blocking}`), \
+        "Setup (shared/specs/byteps-clan.md §6.3, scaled down): {}; compression per block \
+         (`{blocking}`), \
          both ways through the parameter servers: Algorithm 4 (error feedback on workers and \
          server) for the biased codecs, Algorithm 3 (no memory) for the unbiased ones and the \
          no-EF ablations. LANS: lr {}, weight decay {}, β = (0.9, 0.999), ε = 1e-6, block norms \
          per tensor. NAG: lr {}, Nesterov momentum 0.9, weight decay {}. {} seed(s); accuracy is \
          the best over epochs, mean ± std over seeds.\n",
-        bench.dataset.name(),
-        bench.train.len(),
-        a.common.hidden,
-        bench.parameters(),
-        a.common.workers,
-        a.common.batch,
-        bench.per_epoch,
-        bench.epochs,
-        bench.decay_epoch(),
+        bench.setup(),
         a.lans_lr,
         a.lans_weight_decay,
         a.nag_lr,

@@ -12,12 +12,12 @@ use clap::Args;
 use murmur_engine::algo::cost::{bytes_over_steps, paper_mib_per_iteration};
 use murmur_engine::algo::sim::{simulate, steps_per_epoch, EpochReport, SimConfig};
 use murmur_engine::algo::{blocks, Blocking, MethodSpec, OptimizerSpec};
-use murmur_engine::data::{default_root, ImageDataset, Split};
 use murmur_engine::nn::Module;
 use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind};
 use murmur_engine::Device;
 use serde::Serialize;
 
+use super::arms::{load_images, open_device};
 use super::report::{command_line, mean_std, pm, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
@@ -161,21 +161,8 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
         None => MethodSpec::liec_table(),
     };
     let blockwise: Blocking = a.blockwise.parse()?;
-    let dataset: ImageDataset = a.dataset.parse()?;
-    let root = default_root();
-    let mut train = dataset.load(&root, Split::Train)?;
-    let test = dataset.load(&root, Split::Test)?;
-    if let Some(n) = train_limit {
-        train.truncate(n);
-    }
-    let device = match a.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Gpu => Device::gpu()?,
-    };
-    let adapter = device
-        .as_gpu()
-        .map(|g| g.info().adapter.name.clone())
-        .unwrap_or_else(|| "CPU reference kernels".into());
+    let (dataset, train, test) = load_images(&a.dataset, train_limit)?;
+    let (device, adapter) = open_device(a.device)?;
     let model = ClassifierConfig {
         hidden: a.hidden.clone(),
         optimizer: OptimizerKind::Sgd,

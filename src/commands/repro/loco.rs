@@ -6,8 +6,7 @@
 
 use clap::Args;
 use murmur_engine::algo::calibrate::loco_log2s;
-use murmur_engine::algo::{Blocking, MethodSpec, OptimizerSpec};
-use murmur_engine::Tensor;
+use murmur_engine::algo::{Blocking, ClassifierReplica, MethodSpec, OptimizerSpec, Replica};
 
 use super::arms::{Arm, ArmResult, Bench, CommonArgs};
 use super::report::pm;
@@ -106,12 +105,10 @@ fn arms(a: &LocoArgs, log2s: i32) -> Vec<Arm> {
 
 /// Calibrates log2 s on the mean gradient of the first batch at the seed-0 initialization.
 fn calibrate(bench: &Bench) -> anyhow::Result<i32> {
-    let clf = bench.classifier(0)?;
     let indices: Vec<usize> = (0..bench.args.batch.min(bench.train.len())).collect();
-    let (x, labels) = bench.train.batch(&indices);
-    let (_, grads) = clf.loss_and_grads(&x, &labels)?;
-    let host = Tensor::read_many(&grads.iter().collect::<Vec<_>>())?.concat();
-    Ok(loco_log2s(&host, 4)?)
+    let mut replica = ClassifierReplica::new(bench.classifier(0)?, |_| bench.train.batch(&indices));
+    let (_, g) = replica.loss_and_gradient(0)?;
+    Ok(loco_log2s(&g, 4)?)
 }
 
 pub fn run(a: LocoArgs) -> anyhow::Result<()> {
@@ -121,42 +118,22 @@ pub fn run(a: LocoArgs) -> anyhow::Result<()> {
         None => calibrate(&bench)?,
     };
     let arms = arms(&a, log2s);
-    eprintln!(
-        "LoCo reproduction: {} arms x {} seeds, {} workers, {} epochs of {} steps on {}, \
-         s = 2^{log2s}, {}",
-        arms.len(),
-        bench.seeds,
-        a.common.workers,
-        bench.epochs,
-        bench.per_epoch,
-        bench.dataset.name(),
-        bench.adapter
-    );
-    let results = bench.run(arms)?;
+    let results = bench.run("LoCo reproduction", &format!(", s = 2^{log2s}"), arms)?;
     let mut text = bench.header("LoCo and its baselines: reproduction");
     let mut w = |s: String| {
         text.push_str(&s);
         text.push('\n');
     };
     w(format!(
-        "Setup (shared/specs/loco.md §5.4, scaled down): {} ({} training samples) with an MLP \
-         {:?} ({} parameters); {} workers x {} samples per step ({} steps per epoch), {} epochs, \
-         learning rate dropping 10x at epoch {}. s = 2^{log2s} ({}), s_e = 4s, β = {}, T_c = {} \
+        "Setup (shared/specs/loco.md §5.4, scaled down): {}. s = 2^{log2s} ({}), s_e = 4s, \
+         β = {}, T_c = {} \
          steps. The servers return the mean exactly: the integer sum of the 4-bit codes at one \
          byte per element where the number of workers is a power of two up to 16, else f32; \
          bf16 pushes get a bf16 mean. AdamW: lr {}, weight decay {}; SGD: lr {}, momentum 0. \
          {} seed(s); accuracy is the best over epochs, mean ± std over seeds. \"error ≠ 0\" is \
          the fraction of worker 0's error entries that are nonzero at the end (loco.md §7.2's \
          diagnostic), mean over epochs.\n",
-        bench.dataset.name(),
-        bench.train.len(),
-        a.common.hidden,
-        bench.parameters(),
-        a.common.workers,
-        a.common.batch,
-        bench.per_epoch,
-        bench.epochs,
-        bench.decay_epoch(),
+        bench.setup(),
         if a.log2s.is_some() {
             "given"
         } else {
