@@ -45,8 +45,8 @@ impl SimConfig {
     }
 }
 
-/// What one epoch of a simulation measured.
-#[derive(Debug, Clone, PartialEq)]
+/// What one epoch of a simulation measured (as the reproductions' JSON records it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EpochReport {
     pub epoch: u32,
     /// Mean training loss over the epoch's steps and workers.

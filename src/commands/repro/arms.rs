@@ -258,7 +258,7 @@ impl Bench {
                     codec: r.arm.codec.clone(),
                     optimizer: r.arm.optimizer.to_string(),
                     seed: seed as u64,
-                    epochs: epochs.iter().map(EpochRecord::from).collect(),
+                    epochs: epochs.clone(),
                 })
             })
             .collect();
@@ -360,30 +360,5 @@ struct RunRecord {
     codec: String,
     optimizer: String,
     seed: u64,
-    epochs: Vec<EpochRecord>,
-}
-
-#[derive(Serialize)]
-struct EpochRecord {
-    epoch: u32,
-    train_loss: f64,
-    test_accuracy: f64,
-    error_norm: f64,
-    worker_error_nonzero: Option<f64>,
-    bytes: u64,
-    seconds: f64,
-}
-
-impl From<&EpochReport> for EpochRecord {
-    fn from(r: &EpochReport) -> Self {
-        EpochRecord {
-            epoch: r.epoch,
-            train_loss: r.train_loss,
-            test_accuracy: r.test_accuracy,
-            error_norm: r.error_norm,
-            worker_error_nonzero: r.worker_error_nonzero,
-            bytes: r.bytes,
-            seconds: r.seconds,
-        }
-    }
+    epochs: Vec<EpochReport>,
 }

@@ -75,32 +75,7 @@ struct RunRecord {
     method: String,
     blocking: String,
     seed: u64,
-    epochs: Vec<EpochRecord>,
-}
-
-#[derive(Serialize)]
-struct EpochRecord {
-    epoch: u32,
-    train_loss: f64,
-    test_accuracy: f64,
-    error_norm: f64,
-    worker_contraction: Option<f64>,
-    server_contraction: Option<f64>,
-    bytes: u64,
-}
-
-impl From<&EpochReport> for EpochRecord {
-    fn from(r: &EpochReport) -> Self {
-        EpochRecord {
-            epoch: r.epoch,
-            train_loss: r.train_loss,
-            test_accuracy: r.test_accuracy,
-            error_norm: r.error_norm,
-            worker_contraction: r.worker_contraction,
-            server_contraction: r.server_contraction,
-            bytes: r.bytes,
-        }
-    }
+    epochs: Vec<EpochReport>,
 }
 
 /// One row of a table: a method with one blocking, over seeds.
@@ -241,7 +216,7 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
                 method: method.to_string(),
                 blocking: blocking.to_string(),
                 seed,
-                epochs: reports.iter().map(EpochRecord::from).collect(),
+                epochs: reports.clone(),
             });
             row.runs.push(reports);
         }
