@@ -23,7 +23,7 @@ use crate::engine::comm::{Key, KeySpec};
 use crate::error::{NetError, Result};
 
 pub const MAGIC: u16 = 0x4D55;
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 pub const HEADER: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,6 +381,7 @@ mod tests {
                     server_memory: "none".into(),
                     seed: 0,
                     sync_every: 0,
+                    owner: String::new(),
                 };
                 5
             ],

@@ -1,6 +1,7 @@
 //! The papers' data-parallel algorithms over QUIC: the same bits as the same run in-process
 //! (LIEC-SGD with its sync rounds and the baselines whose rounds differ from it; CLAN's two
-//! algorithms with LANS; LoCo with the integer-sum downlink and AdamW).
+//! algorithms with LANS; LoCo with AdamW on the replicated path, with the integer-sum downlink,
+//! and on the sharded path, where the servers own the parameters).
 
 mod common;
 
@@ -58,6 +59,12 @@ fn the_papers_algorithms_over_quic_give_the_bits_of_the_same_runs_in_process() {
         optimizer: OptimizerSpec::LANS,
         world: 3,
     };
+    let loco = |method: &str, world| Case {
+        method: method.parse().unwrap(),
+        codec: "loco:bits=4:log2s=10",
+        optimizer: OptimizerSpec::ADAMW,
+        world,
+    };
     for case in [
         // Sync rounds at t = 3 and 7 (plain both ways, the servers' error flushed).
         sgd(MethodSpec::Liec { period: 4 }),
@@ -71,17 +78,10 @@ fn the_papers_algorithms_over_quic_give_the_bits_of_the_same_runs_in_process() {
         lans(MethodSpec::TwoWay, "dither:linear:s=7"),
         // LoCo: int8 moving-average memories, and 2 workers so that the servers reply with the
         // integer sum of the 4-bit codes.
-        Case {
-            method: MethodSpec::Loco {
-                beta: 0.5,
-                reset: 4,
-                reference: false,
-                log2se: None,
-            },
-            codec: "loco:bits=4:log2s=10",
-            optimizer: OptimizerSpec::ADAMW,
-            world: 2,
-        },
+        loco("loco:beta=0.5:reset=4", 2),
+        // LoCo's sharded path: the servers own the parameters (a parameter round, then
+        // optimizer steps on the servers and bf16 parameters back).
+        loco("loco:beta=0.5:reset=4:sharded", 3),
     ] {
         let (method, world) = (case.method, case.world);
         let in_process: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {

@@ -28,6 +28,7 @@ fn keys() -> Vec<KeySpec> {
         server_memory: "none".into(),
         seed: 1,
         sync_every: 0,
+        owner: String::new(),
     }]
 }
 

@@ -14,7 +14,7 @@ pub fn paper_mib_per_iteration(method: MethodSpec, d: u64, workers: u64) -> f64 
     let bits = match method {
         MethodSpec::PSgd => 2.0 * n * full,
         // Outside Table III: the exact downlink costed as a full vector.
-        MethodSpec::MemSgd | MethodSpec::Direct | MethodSpec::Loco { .. } => {
+        MethodSpec::MemSgd | MethodSpec::Direct { .. } | MethodSpec::Loco { .. } => {
             n * compressed + n * full
         }
         MethodSpec::DoubleSqueeze | MethodSpec::TwoWay | MethodSpec::Ef21P => 2.0 * n * compressed,
@@ -44,7 +44,8 @@ pub fn bytes_per_iteration(
 }
 
 /// Payload bytes of the first `steps` iterations over all `workers` uplinks and downlinks:
-/// what the workers' [`super::Traffic`] counters must add up to.
+/// what the workers' [`super::Traffic`] counters must add up to (on the sharded path, the
+/// parameter round before the first step included).
 pub fn bytes_over_steps(
     method: MethodSpec,
     codec: &str,
@@ -64,6 +65,18 @@ pub fn bytes_over_steps(
         .map(|b| push.payload_len(b.len) + pull.payload_len(b.len))
         .sum::<usize>() as u64;
     let full = 8 * blocks.iter().map(|b| b.len).sum::<usize>() as u64;
+    if !wire.owner.is_empty() {
+        // The sharded path: a parameter round first (f32 up, the owners' parameters down),
+        // then every push carries its step header.
+        let params_up = 4 * blocks.iter().map(|b| b.len).sum::<usize>() as u64;
+        let params_down = blocks
+            .iter()
+            .map(|b| pull.payload_len(b.len))
+            .sum::<usize>() as u64;
+        let headers = (blocks.len() * crate::comm::owner::StepHeader::LEN) as u64;
+        let per_worker = params_up + params_down + (round + headers) * steps;
+        return Ok(per_worker * workers);
+    }
     let per_worker = match method {
         // A second compressed round at t = H_c − 1, 2H_c − 1, ...
         MethodSpec::Cser { period } => round * (steps + steps / period),

@@ -38,6 +38,7 @@ impl Method for Cser {
             pull: "f32".into(),
             server_memory: "none".into(),
             sync_every: 0,
+            owner: String::new(),
         }
     }
 

@@ -14,10 +14,14 @@
 //!   (DoubleSqueeze's shape: memory on both sides), with LANS (CLAN) or Nesterov momentum.
 //! - loco.md: naive low-bit (`direct`: compressed up, exact down), error feedback with an f32
 //!   error (MEM-SGD's shape) and LoCo's moving-average int8 error, with SGD or AdamW. The
-//!   exact downlink of LoCo's 4-bit codes is their integer sum ([`downlink_for`]).
+//!   exact downlink of LoCo's 4-bit codes is their integer sum ([`downlink_for`]) on the
+//!   replicated path; on the sharded path the servers own the parameters
+//!   ([`owner`](crate::comm::owner)): they average in f32, step the optimizer and send bf16
+//!   parameters back, which the workers compute with.
 
-use super::optimizer::HostOptimizer;
+use super::optimizer::{HostOptimizer, OptimizerSpec};
 use super::{Exchange, Hyper, Method, Own, Wire};
+use crate::comm::owner::StepHeader;
 use crate::compress::support::clean;
 use crate::compress::{parse, CodecSpec};
 use crate::error::Result;
@@ -35,7 +39,7 @@ pub(super) enum WorkerMemory {
 }
 
 /// What the servers send back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Downlink {
     /// The mean, as exactly as [`downlink_for`] allows; no server memory.
     Exact,
@@ -43,7 +47,13 @@ pub(super) enum Downlink {
     Compressed,
     /// The mean plus the server's error, re-compressed; the rest kept (Algorithm 4).
     CompressedEf,
+    /// The parameters, in bf16, of servers that own them and step them with this optimizer
+    /// on the f32 mean (loco.md §2.6's sharded path).
+    Owner(OptimizerSpec),
 }
+
+/// The codec of the parameter all-gather on the sharded path (loco.md Table 1: b_w = 16).
+const OWNED_PARAMS: &str = "bf16";
 
 pub(super) struct ErrorFeedback {
     /// The workers' codec is `wire.push`.
@@ -65,12 +75,18 @@ impl ErrorFeedback {
             Downlink::Exact => (downlink_for(codec, world)?, "none"),
             Downlink::Compressed => (codec.to_string(), "none"),
             Downlink::CompressedEf => (codec.to_string(), "ef"),
+            Downlink::Owner(_) => (OWNED_PARAMS.to_string(), "none"),
+        };
+        let owner = match downlink {
+            Downlink::Owner(spec) => spec.to_string(),
+            _ => String::new(),
         };
         let wire = Wire {
             push: codec.to_string(),
             pull,
             server_memory: server_memory.into(),
             sync_every: 0,
+            owner,
         };
         Ok(ErrorFeedback {
             wire,
@@ -105,9 +121,30 @@ impl Method for ErrorFeedback {
         self.wire.clone()
     }
 
+    fn start(&mut self, ex: &mut Exchange, x: &mut [f32]) -> Result<()> {
+        if ex.is_param_round() {
+            let owned = ex.exchange(x, Own::Nothing)?;
+            x.copy_from_slice(&owned);
+        }
+        Ok(())
+    }
+
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()> {
+        let owned = !self.wire.owner.is_empty();
+        let blocks: Vec<usize> = ex.blocks().iter().map(|b| b.len).collect();
+        let header = StepHeader {
+            lr: hyper.lr,
+            weight_decay: hyper.weight_decay,
+        };
+        let mut round = |q: &[f32], own: Own| {
+            if owned {
+                ex.exchange_with_owners(q, own, header)
+            } else {
+                ex.exchange(q, own)
+            }
+        };
         let u = match &mut self.memory {
-            WorkerMemory::None => ex.exchange(g, Own::Nothing)?,
+            WorkerMemory::None => round(g, Own::Nothing)?,
             WorkerMemory::Residual(error) => {
                 if error.len() != g.len() {
                     *error = vec![0.0; g.len()];
@@ -117,21 +154,25 @@ impl Method for ErrorFeedback {
                     .zip(error.iter())
                     .map(|(g, e)| clean(g + e))
                     .collect();
-                ex.exchange(&a, Own::Residual(error))?
+                round(&a, Own::Residual(error))?
             }
             WorkerMemory::Feedback(memory, feedbacks) => {
                 if feedbacks.is_empty() {
-                    *feedbacks = ex
-                        .blocks()
+                    *feedbacks = blocks
                         .iter()
-                        .map(|b| {
-                            Feedback::new(parse(&self.wire.push)?, *memory, b.len, &Device::Cpu)
+                        .map(|len| {
+                            Feedback::new(parse(&self.wire.push)?, *memory, *len, &Device::Cpu)
                         })
                         .collect::<Result<_>>()?;
                 }
-                ex.exchange(g, Own::Feedback(feedbacks))?
+                round(g, Own::Feedback(feedbacks))?
             }
         };
+        if owned {
+            // The owners stepped; this is their parameters.
+            x.copy_from_slice(&u);
+            return Ok(());
+        }
         self.optimizer.step(x, &u, hyper)
     }
 

@@ -32,6 +32,7 @@ impl Method for Ef21P {
             pull: self.codec.clone(),
             server_memory: "ef".into(),
             sync_every: 0,
+            owner: String::new(),
         }
     }
 

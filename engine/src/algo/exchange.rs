@@ -7,19 +7,22 @@ use rayon::prelude::*;
 
 use super::blocks::Block;
 use super::norm2;
+use crate::comm::owner::StepHeader;
 use crate::comm::{codec_context, is_sync_round, Collective, KeySpec};
 use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::Feedback;
 
 /// What the servers do with every block of an algorithm: the codec of worker pushes, the codec
-/// of their reply, their error-feedback memory, and the period of sync rounds (0: none).
+/// of their reply, their error-feedback memory, the period of sync rounds (0: none), and the
+/// optimizer with which they own the parameters (empty: the workers own them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wire {
     pub push: String,
     pub pull: String,
     pub server_memory: String,
     pub sync_every: u64,
+    pub owner: String,
 }
 
 /// What a worker keeps of its own push, besides sending it.
@@ -81,6 +84,7 @@ impl Exchange {
                 server_memory: wire.server_memory.clone(),
                 seed,
                 sync_every: wire.sync_every,
+                owner: wire.owner.clone(),
             })
             .collect();
         if blocks.iter().any(|b| b.len > u32::MAX as usize) {
@@ -136,9 +140,51 @@ impl Exchange {
         is_sync_round(self.wire.sync_every, self.round)
     }
 
-    /// One round: pushes `q` block by block (compressed, or plain in a sync round), keeping
-    /// what `own` asks for, and returns the decoded reply.
-    pub fn exchange(&mut self, q: &[f32], mut own: Own) -> Result<Vec<f32>> {
+    /// Whether the next round is the parameter round of servers that own the parameters:
+    /// the workers push their parameters in f32 and get the owners' back.
+    pub fn is_param_round(&self) -> bool {
+        !self.wire.owner.is_empty() && self.round == 0
+    }
+
+    /// One round: pushes `q` block by block (compressed, or plain in a sync or parameter
+    /// round), keeping what `own` asks for, and returns the decoded reply.
+    pub fn exchange(&mut self, q: &[f32], own: Own) -> Result<Vec<f32>> {
+        self.round_with(q, own, None)
+    }
+
+    /// A round with servers that own the parameters (after the parameter round): every push
+    /// starts with the step's hyperparameters, and the reply is the updated parameters.
+    pub fn exchange_with_owners(
+        &mut self,
+        q: &[f32],
+        own: Own,
+        header: StepHeader,
+    ) -> Result<Vec<f32>> {
+        self.round_with(q, own, Some(header))
+    }
+
+    fn round_with(
+        &mut self,
+        q: &[f32],
+        mut own: Own,
+        header: Option<StepHeader>,
+    ) -> Result<Vec<f32>> {
+        let headed = !self.wire.owner.is_empty() && !self.is_param_round();
+        if headed != header.is_some() {
+            return Err(Error::Config(format!(
+                "a round {} step header where the servers {} the parameters",
+                if header.is_some() {
+                    "with a"
+                } else {
+                    "without a"
+                },
+                if self.wire.owner.is_empty() {
+                    "do not own"
+                } else {
+                    "own"
+                }
+            )));
+        }
         let n = self.len();
         let own_fits = match &own {
             Own::Nothing => true,
@@ -152,15 +198,20 @@ impl Exchange {
             });
         }
         let (sync, round, seed, rank) = (self.is_sync(), self.round, self.seed, self.rank());
-        let push: &dyn Codec = if sync { &*self.plain } else { &*self.push };
+        let plain_push = sync || self.is_param_round();
+        let push: &dyn Codec = if plain_push {
+            &*self.plain
+        } else {
+            &*self.push
+        };
         let (residual, decoded) = (
             matches!(own, Own::Residual(_)),
             matches!(own, Own::Decoded(_)),
         );
         let encoded: Vec<(Vec<u8>, Vec<f32>)> = if let Own::Feedback(memories) = &mut own {
-            if sync {
+            if plain_push {
                 return Err(Error::Config(
-                    "an error-feedback memory cannot take part in sync rounds".into(),
+                    "an error-feedback memory cannot take part in sync or parameter rounds".into(),
                 ));
             }
             self.blocks
@@ -205,6 +256,13 @@ impl Exchange {
             }
         }
         for (b, (payload, _)) in self.blocks.iter().zip(encoded) {
+            let payload = match header {
+                Some(h) => {
+                    self.traffic.pushed += StepHeader::LEN as u64;
+                    [&h.to_bytes()[..], &payload].concat()
+                }
+                None => payload,
+            };
             self.collective.push(round, b.key, payload)?;
         }
         let replies = self.collective.pull(round, &keys)?;

@@ -39,6 +39,7 @@ impl Method for Liec {
             pull: self.codec.clone(),
             server_memory: "ef".into(),
             sync_every: self.period,
+            owner: String::new(),
         }
     }
 

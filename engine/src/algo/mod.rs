@@ -56,6 +56,13 @@ pub trait Method: Send {
     /// What the servers do with every block.
     fn wire(&self) -> Wire;
 
+    /// Runs before the first gradient, with the model `x` every worker starts from: where the
+    /// servers own the parameters, the parameter round that hands them over (and `x` becomes
+    /// what the workers compute with).
+    fn start(&mut self, _ex: &mut Exchange, _x: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+
     /// One iteration: `g` is this worker's gradient at its model `x` (without weight decay);
     /// communicates through `ex` and updates `x`.
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()>;
@@ -79,8 +86,11 @@ pub trait Method: Send {
 pub enum MethodSpec {
     /// Full precision both ways.
     PSgd,
-    /// Compressed pushes, the exact mean back, no memory (loco.md's naive low-bit baseline).
-    Direct,
+    /// Compressed pushes, the exact mean back, no memory (loco.md's naive low-bit baseline);
+    /// `sharded`: the servers own the parameters instead (loco.md §2.6's sharded path: they
+    /// step the optimizer and send bf16 parameters back; with bf16 pushes, the paper's 16-bit
+    /// FSDP baseline).
+    Direct { sharded: bool },
     /// Worker error feedback, exact downlink (Stich et al.).
     MemSgd,
     /// Compressed both ways, no memory (byteps-clan.md Algorithm 3, for unbiased codecs).
@@ -99,11 +109,14 @@ pub enum MethodSpec {
     /// LoCo (loco.md Algorithm 1): the moving average of residuals with weight `beta`, kept as
     /// int8 at scale 2^log2se (or in f32 too: `reference`, mode A), reset every `reset` steps
     /// (0: never); exact downlink. `log2se` defaults to the LoCo codec's log2 s + 2 (s_e = 4s).
+    /// `sharded`: the sharded path, as for [`MethodSpec::Direct`]; otherwise the replicated
+    /// path (the integer sum of the codes comes back and every worker steps its optimizer).
     Loco {
         beta: f32,
         reset: u32,
         reference: bool,
         log2se: Option<i32>,
+        sharded: bool,
     },
 }
 
@@ -125,7 +138,11 @@ impl MethodSpec {
         reset: 512,
         reference: false,
         log2se: None,
+        sharded: false,
     };
+
+    /// Naive compression on the replicated path.
+    pub const DIRECT: MethodSpec = MethodSpec::Direct { sharded: false };
 
     /// Builds the worker side of the algorithm with codec `codec` (a codec spec).
     pub fn build(self, codec: &str, setup: &Setup) -> Result<Box<dyn Method>> {
@@ -141,6 +158,22 @@ impl MethodSpec {
                 setup.optimizer
             )));
         }
+        let sharded = matches!(
+            self,
+            MethodSpec::Direct { sharded: true } | MethodSpec::Loco { sharded: true, .. }
+        );
+        if sharded && matches!(setup.optimizer, OptimizerSpec::Lans { .. }) {
+            return Err(Error::Config(
+                "the sharded path steps each block on its own server, and lans's trust ratios \
+                 need whole tensors: use sgd, nag or adamw"
+                    .into(),
+            ));
+        }
+        let exact = if sharded {
+            Downlink::Owner(setup.optimizer)
+        } else {
+            Downlink::Exact
+        };
         let family = |codec: &str, memory, downlink| -> Result<Box<dyn Method>> {
             Ok(Box::new(ErrorFeedback::new(
                 codec,
@@ -153,7 +186,7 @@ impl MethodSpec {
         let residual = || WorkerMemory::Residual(Vec::new());
         Ok(match self {
             MethodSpec::PSgd => family("f32", WorkerMemory::None, Downlink::Exact)?,
-            MethodSpec::Direct => family(codec, WorkerMemory::None, Downlink::Exact)?,
+            MethodSpec::Direct { .. } => family(codec, WorkerMemory::None, exact)?,
             MethodSpec::MemSgd => family(codec, residual(), Downlink::Exact)?,
             MethodSpec::TwoWay => family(codec, WorkerMemory::None, Downlink::Compressed)?,
             MethodSpec::DoubleSqueeze => family(codec, residual(), Downlink::CompressedEf)?,
@@ -175,6 +208,7 @@ impl MethodSpec {
                 reset,
                 reference,
                 log2se,
+                ..
             } => {
                 let log2se = match (log2se, codec.parse::<crate::compress::CodecSpec>()?) {
                     (Some(l), _) => l,
@@ -192,11 +226,7 @@ impl MethodSpec {
                     se: 2f32.powi(log2se),
                     reference,
                 };
-                family(
-                    codec,
-                    WorkerMemory::Feedback(memory, Vec::new()),
-                    Downlink::Exact,
-                )?
+                family(codec, WorkerMemory::Feedback(memory, Vec::new()), exact)?
             }
             MethodSpec::Cser { period } => Box::new(cser::Cser::new(codec, period)),
             MethodSpec::Ef21P => Box::new(ef21p::Ef21P::new(codec)),
@@ -223,7 +253,9 @@ impl fmt::Display for MethodSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MethodSpec::PSgd => write!(f, "psgd"),
-            MethodSpec::Direct => write!(f, "direct"),
+            MethodSpec::Direct { sharded } => {
+                write!(f, "direct{}", if *sharded { ":sharded" } else { "" })
+            }
             MethodSpec::MemSgd => write!(f, "mem-sgd"),
             MethodSpec::TwoWay => write!(f, "two-way"),
             MethodSpec::DoubleSqueeze => write!(f, "double-squeeze"),
@@ -236,6 +268,7 @@ impl fmt::Display for MethodSpec {
                 reset,
                 reference,
                 log2se,
+                sharded,
             } => {
                 write!(f, "loco:beta={beta}:reset={reset}")?;
                 if *reference {
@@ -243,6 +276,9 @@ impl fmt::Display for MethodSpec {
                 }
                 if let Some(l) = log2se {
                     write!(f, ":log2se={l}")?;
+                }
+                if *sharded {
+                    write!(f, ":sharded")?;
                 }
                 Ok(())
             }
@@ -253,8 +289,9 @@ impl fmt::Display for MethodSpec {
 impl FromStr for MethodSpec {
     type Err = Error;
 
-    /// `psgd`, `direct`, `mem-sgd`, `two-way`, `double-squeeze`, `cser[:H_c]`,
-    /// `neolithic[:R]`, `ef21p`, `liec[:H]`, `loco[:beta=B][:reset=T][:f32][:log2se=N]`.
+    /// `psgd`, `direct[:sharded]`, `mem-sgd`, `two-way`, `double-squeeze`, `cser[:H_c]`,
+    /// `neolithic[:R]`, `ef21p`, `liec[:H]`,
+    /// `loco[:beta=B][:reset=T][:f32][:log2se=N][:sharded]`.
     fn from_str(text: &str) -> Result<Self> {
         let (name, arg) = match text.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -262,9 +299,9 @@ impl FromStr for MethodSpec {
         };
         let bad = |why: &str| {
             Error::Config(format!(
-                "algorithm {text:?}: {why}; use psgd, direct, mem-sgd, two-way, double-squeeze, \
-                 cser[:H], neolithic[:R], ef21p, liec[:H] or \
-                 loco[:beta=B][:reset=T][:f32][:log2se=N]"
+                "algorithm {text:?}: {why}; use psgd, direct[:sharded], mem-sgd, two-way, \
+                 double-squeeze, cser[:H], neolithic[:R], ef21p, liec[:H] or \
+                 loco[:beta=B][:reset=T][:f32][:log2se=N][:sharded]"
             ))
         };
         let number = |default: u64| -> Result<u64> {
@@ -283,7 +320,11 @@ impl FromStr for MethodSpec {
         };
         match name {
             "psgd" | "p-sgd" => no_arg(MethodSpec::PSgd),
-            "direct" => no_arg(MethodSpec::Direct),
+            "direct" => match arg {
+                None => Ok(MethodSpec::DIRECT),
+                Some("sharded") => Ok(MethodSpec::Direct { sharded: true }),
+                Some(_) => Err(bad("direct takes only :sharded")),
+            },
             "mem-sgd" | "mem" => no_arg(MethodSpec::MemSgd),
             "two-way" => no_arg(MethodSpec::TwoWay),
             "double-squeeze" | "ds" => no_arg(MethodSpec::DoubleSqueeze),
@@ -307,6 +348,7 @@ impl FromStr for MethodSpec {
                     mut reset,
                     mut reference,
                     mut log2se,
+                    mut sharded,
                 } = MethodSpec::LOCO
                 else {
                     unreachable!()
@@ -314,6 +356,7 @@ impl FromStr for MethodSpec {
                 for part in arg.into_iter().flat_map(|a| a.split(':')) {
                     match part.split_once('=') {
                         None if part == "f32" => reference = true,
+                        None if part == "sharded" => sharded = true,
                         Some(("beta", v)) => {
                             beta = v
                                 .parse()
@@ -340,6 +383,7 @@ impl FromStr for MethodSpec {
                     reset,
                     reference,
                     log2se,
+                    sharded,
                 })
             }
             _ => Err(bad("unknown algorithm")),
@@ -378,14 +422,21 @@ mod tests {
             assert!(e.contains("algorithm"), "{bad}: {e}");
         }
         for m in [
-            MethodSpec::Direct,
+            MethodSpec::DIRECT,
+            MethodSpec::Direct { sharded: true },
             MethodSpec::TwoWay,
             MethodSpec::LOCO,
-            "loco:beta=1:reset=0:f32:log2se=12".parse().unwrap(),
+            "loco:beta=1:reset=0:f32:log2se=12:sharded".parse().unwrap(),
         ] {
             assert_eq!(m.to_string().parse::<MethodSpec>().unwrap(), m);
         }
-        for bad in ["loco:beta=2", "loco:reset=x", "loco:zip", "two-way:1"] {
+        for bad in [
+            "loco:beta=2",
+            "loco:reset=x",
+            "loco:zip",
+            "two-way:1",
+            "direct:zip",
+        ] {
             assert!(bad.parse::<MethodSpec>().is_err(), "{bad}");
         }
         let setup = |optimizer| Setup {
@@ -405,6 +456,10 @@ mod tests {
         assert!(MethodSpec::DoubleSqueeze
             .build("sign", &setup(OptimizerSpec::LANS))
             .is_ok());
+        // Owners step blocks on their own: no per-tensor norms.
+        assert!(MethodSpec::Direct { sharded: true }
+            .build("bf16", &setup(OptimizerSpec::LANS))
+            .is_err());
         // LoCo's error scale defaults to 4 s only where the codec has an s.
         assert!(MethodSpec::LOCO.build("blockq:bits=4", &sgd).is_err());
         assert!("loco:log2se=12"

@@ -46,6 +46,9 @@ impl Worker {
     /// One iteration at learning rate `lr`: the gradient of this worker's batch at its model,
     /// then the algorithm's communication and update. Returns the batch's loss.
     pub fn step(&mut self, replica: &mut dyn Replica, lr: f32, weight_decay: f32) -> Result<f32> {
+        if self.steps == 0 {
+            self.method.start(&mut self.exchange, &mut self.x)?;
+        }
         replica.set_params(&self.x)?;
         let (loss, g) = replica.loss_and_gradient(self.steps)?;
         let hyper = Hyper {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rayon::prelude::*;
 
-use super::shard::{KeyState, PushDecoder};
+use super::shard::{KeyState, Push, PushDecoder};
 use super::{Collective, Key, KeySpec};
 use crate::error::{Error, Result};
 
@@ -160,7 +160,7 @@ impl Collective for LocalCollective {
         let decoders = self.fail_on_error(&mut hub, decoders)?;
         // Decoding needs no state: every rank decodes its pushes at once, outside the lock.
         drop(hub);
-        let decoded: Result<Vec<Vec<f32>>> = decoders
+        let decoded: Result<Vec<Push>> = decoders
             .par_iter()
             .zip(&pushes)
             .map(|(d, (_, payload))| d.decode(payload))
@@ -229,6 +229,7 @@ mod tests {
             server_memory: memory.into(),
             seed: 3,
             sync_every: 0,
+            owner: String::new(),
         }
     }
 
@@ -324,6 +325,7 @@ mod tests {
         let mut c = local_collectives(1).pop().unwrap();
         let key = KeySpec {
             sync_every: 3,
+            owner: String::new(),
             push: "topk:2".into(),
             ..spec(5, 3, "topk:1", "ef")
         };

@@ -5,6 +5,7 @@
 //! of the same run in-process.
 
 pub mod local;
+pub mod owner;
 pub mod partition;
 pub mod shard;
 
@@ -33,6 +34,9 @@ pub struct KeySpec {
     /// Makes every `sync_every`-th round of this key a sync round (0: none), see
     /// [`KeySpec::is_sync_round`].
     pub sync_every: u64,
+    /// The optimizer (`sgd`, `nag[:m]`, `adamw`) with which the key's server owns the key's
+    /// parameters, or empty where workers own them: see [`owner`] (loco.md's sharded path).
+    pub owner: String,
 }
 
 impl KeySpec {
@@ -42,6 +46,12 @@ impl KeySpec {
     /// to the mean and resets it, so nothing is held back.
     pub fn is_sync_round(&self, round: u64) -> bool {
         is_sync_round(self.sync_every, round)
+    }
+
+    /// Whether round `round` is an owned key's parameter round (its first): pushes are the
+    /// workers' initial parameters in f32, see [`owner`].
+    pub fn is_param_round(&self, round: u64) -> bool {
+        !self.owner.is_empty() && round == 0
     }
 }
 

@@ -88,6 +88,7 @@ impl PartitionPlan {
                     server_memory: memory,
                     seed: self.seed,
                     sync_every: 0,
+                    owner: String::new(),
                 }
             })
             .collect()

@@ -4,16 +4,27 @@
 //! A round: every push is decoded (and thereby validated) when it arrives; when the round
 //! closes, the decoded pushes are summed in rank order, scaled by 1/count, compensated with the
 //! server's memory, and encoded once with the pull codec: `Δ = mean + ẽ`, `p = C(Δ)`,
-//! `ẽ = Δ − D(p)` (Algorithms 3 and 4 of byteps-clan.md).
+//! `ẽ = Δ − D(p)` (Algorithms 3 and 4 of byteps-clan.md). A server that owns the key's
+//! parameters ([`owner`](super::owner)) instead steps its optimizer with the mean and replies
+//! with the parameters.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::owner::{agreed_header, Owner, StepHeader};
 use super::{codec_context, KeySpec};
 use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::tensor::Device;
+
+/// One decoded push.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Push {
+    pub values: Vec<f32>,
+    /// The step's hyperparameters, in pushes to an owner after its parameter round.
+    pub header: Option<StepHeader>,
+}
 
 /// Decodes one push of a checked round (from [`KeyState::push_decoder`]).
 #[derive(Clone)]
@@ -21,24 +32,37 @@ pub struct PushDecoder {
     codec: Arc<dyn Codec>,
     numel: usize,
     ctx: CodecContext,
+    /// Whether the push starts with a [`StepHeader`].
+    headed: bool,
 }
 
 impl PushDecoder {
-    pub fn decode(&self, payload: &[u8]) -> Result<Vec<f32>> {
-        self.codec.decode(payload, self.numel, &self.ctx)
+    pub fn decode(&self, payload: &[u8]) -> Result<Push> {
+        let (header, payload) = if self.headed {
+            let (h, rest) = StepHeader::split(payload)?;
+            (Some(h), rest)
+        } else {
+            (None, payload)
+        };
+        Ok(Push {
+            values: self.codec.decode(payload, self.numel, &self.ctx)?,
+            header,
+        })
     }
 }
 
 pub struct KeyState {
     pub spec: KeySpec,
     push: Arc<dyn Codec>,
-    /// The codec of both directions in sync rounds.
+    /// The codec of both directions in sync rounds and of pushes in a parameter round.
     plain: Arc<dyn Codec>,
     pull: Feedback,
+    /// Where the server owns the key's parameters.
+    owner: Option<Owner>,
     /// The step of the round now open.
     pub step: u64,
     /// Decoded pushes of this round by rank.
-    pending: BTreeMap<usize, Vec<f32>>,
+    pending: BTreeMap<usize, Push>,
 }
 
 impl KeyState {
@@ -51,11 +75,23 @@ impl KeyState {
             spec.numel as usize,
             &Device::Cpu,
         )?;
+        let owner = if spec.owner.is_empty() {
+            None
+        } else if spec.server_memory != "none" || spec.sync_every != 0 {
+            return Err(Error::Config(format!(
+                "key {:#x}: a server that owns the parameters keeps no error memory and has no \
+                 sync rounds",
+                spec.key
+            )));
+        } else {
+            Some(Owner::new(&spec.owner, spec.numel as usize)?)
+        };
         Ok(KeyState {
             spec,
             push,
             plain: Arc::from(parse("f32")?),
             pull,
+            owner,
             step: 0,
             pending: BTreeMap::new(),
         })
@@ -77,15 +113,13 @@ impl KeyState {
                 self.spec.key
             )));
         }
-        let codec = if self.spec.is_sync_round(step) {
-            &self.plain
-        } else {
-            &self.push
-        };
+        let plain = self.spec.is_sync_round(step) || self.spec.is_param_round(step);
+        let codec = if plain { &self.plain } else { &self.push };
         Ok(PushDecoder {
             codec: codec.clone(),
             numel: self.spec.numel as usize,
             ctx: codec_context(self.spec.seed, step, self.spec.key),
+            headed: self.owner.is_some() && !plain,
         })
     }
 
@@ -95,14 +129,14 @@ impl KeyState {
     }
 
     /// Keeps a decoded push of the open round (decoded with [`KeyState::push_decoder`]).
-    pub fn insert(&mut self, rank: usize, values: Vec<f32>) -> Result<()> {
+    pub fn insert(&mut self, rank: usize, push: Push) -> Result<()> {
         if self.pending.contains_key(&rank) {
             return Err(Error::Data(format!(
                 "key {:#x}: rank {rank} pushed twice in step {}",
                 self.spec.key, self.step
             )));
         }
-        self.pending.insert(rank, values);
+        self.pending.insert(rank, push);
         Ok(())
     }
 
@@ -117,35 +151,63 @@ impl KeyState {
 
     /// Closes the round: the reply every rank receives. Opens the next round.
     pub fn close(&mut self) -> Result<Vec<u8>> {
-        let n = self.spec.numel as usize;
-        // Rank order, whatever the arrival order, starting from the first push itself (so that
-        // one rank's push comes back bit for bit, signed zeros included).
         let pending = std::mem::take(&mut self.pending);
-        let count = pending.len();
-        let mut ranks = pending.into_values();
-        let mut mean = ranks.next().unwrap_or_else(|| vec![0.0f32; n]);
-        for values in ranks {
-            mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
-        }
-        if count > 1 {
-            let scale = 1.0 / count as f32;
-            mean.iter_mut().for_each(|m| *m *= scale);
-        }
         let ctx = codec_context(self.spec.seed, self.step, self.spec.key);
-        let reply = if self.spec.is_sync_round(self.step) {
-            self.pull.flush_into(&mut mean)?;
-            self.plain.encode(&mean, &ctx)
-        } else {
-            self.pull.encode(&mean, &ctx)?
-        };
+        let step = self.step;
         self.step += 1;
-        Ok(reply)
+        if let Some(owner) = &mut self.owner {
+            let params = if step == 0 {
+                let values = pending.into_iter().map(|(r, p)| (r, p.values)).collect();
+                owner.adopt(&values)?
+            } else {
+                let headers = pending
+                    .iter()
+                    .map(|(r, p)| Ok((*r, p.header.ok_or_else(|| unheaded(*r))?)))
+                    .collect::<Result<_>>()?;
+                let header = agreed_header(&headers)?;
+                let mean = rank_order_mean(pending, self.spec.numel as usize);
+                owner.step(&mean, header)?
+            };
+            return self.pull.encode(params, &ctx);
+        }
+        let mut mean = rank_order_mean(pending, self.spec.numel as usize);
+        if self.spec.is_sync_round(step) {
+            self.pull.flush_into(&mut mean)?;
+            Ok(self.plain.encode(&mean, &ctx))
+        } else {
+            self.pull.encode(&mean, &ctx)
+        }
+    }
+
+    /// The parameters the server owns (an owned key after its parameter round).
+    pub fn owned_params(&self) -> Option<&[f32]> {
+        self.owner.as_ref()?.master()
     }
 
     /// The server's error-feedback memory (zeros where it keeps none).
     pub fn server_error(&self) -> Result<Vec<f32>> {
         self.pull.error()
     }
+}
+
+/// The mean of the pushes, summed in rank order whatever the arrival order, starting from the
+/// first push itself (so that one rank's push comes back bit for bit, signed zeros included).
+fn rank_order_mean(pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
+    let count = pending.len();
+    let mut ranks = pending.into_values().map(|p| p.values);
+    let mut mean = ranks.next().unwrap_or_else(|| vec![0.0f32; numel]);
+    for values in ranks {
+        mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
+    }
+    if count > 1 {
+        let scale = 1.0 / count as f32;
+        mean.iter_mut().for_each(|m| *m *= scale);
+    }
+    mean
+}
+
+fn unheaded(rank: usize) -> Error {
+    Error::Data(format!("rank {rank}'s push to an owner has no step header"))
 }
 
 #[cfg(test)]
@@ -162,12 +224,17 @@ mod tests {
             server_memory: "none".into(),
             seed: 0,
             sync_every: 0,
+            owner: String::new(),
         })
         .unwrap();
-        state.insert(0, vec![1.0, 2.0]).unwrap();
+        let push = |values: &[f32]| Push {
+            values: values.to_vec(),
+            header: None,
+        };
+        state.insert(0, push(&[1.0, 2.0])).unwrap();
         assert!(state.push_decoder(0, 0).is_err());
-        assert!(state.insert(0, vec![9.0, 9.0]).is_err());
-        state.insert(1, vec![3.0, 4.0]).unwrap();
+        assert!(state.insert(0, push(&[9.0, 9.0])).is_err());
+        state.insert(1, push(&[3.0, 4.0])).unwrap();
         let reply = state.close().unwrap();
         let mean: Vec<f32> = reply
             .chunks_exact(4)

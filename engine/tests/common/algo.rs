@@ -171,10 +171,19 @@ impl Run {
 impl LeastSquares {
     /// The gradient this replica computes at `x` for `step` (without disturbing it).
     pub fn clone_gradient(&mut self, x: &[f32], step: u64) -> Vec<f32> {
+        self.loss_and_gradient_at(x, step).1
+    }
+
+    /// The loss of `step`'s batch at `x` (without disturbing the replica).
+    pub fn clone_loss(&mut self, x: &[f32], step: u64) -> f32 {
+        self.loss_and_gradient_at(x, step).0
+    }
+
+    fn loss_and_gradient_at(&mut self, x: &[f32], step: u64) -> (f32, Vec<f32>) {
         let saved = std::mem::replace(&mut self.x, x.to_vec());
-        let g = self.loss_and_gradient(step).unwrap().1;
+        let out = self.loss_and_gradient(step).unwrap();
         self.x = saved;
-        g
+        out
     }
 }
 

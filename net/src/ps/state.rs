@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use murmur_engine::comm::shard::{KeyState, PushDecoder};
+use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
 
 use crate::error::{NetError, Result};
@@ -267,13 +267,7 @@ impl ShardState {
 
     /// Keeps a decoded push. Returns false when the push no longer counts (the round closed or
     /// the peer left while it was being decoded).
-    pub fn insert_push(
-        &mut self,
-        id: PeerId,
-        key: Key,
-        step: u64,
-        values: Vec<f32>,
-    ) -> Result<bool> {
+    pub fn insert_push(&mut self, id: PeerId, key: Key, step: u64, push: Push) -> Result<bool> {
         if step != self.open_step {
             return Ok(false);
         }
@@ -282,7 +276,7 @@ impl ShardState {
         };
         let entry = self.keys.get_mut(&key).expect("checked before decoding");
         entry
-            .insert(peer.rank as usize, values)
+            .insert(peer.rank as usize, push)
             .map_err(|e| NetError::Protocol(e.to_string()))?;
         if !peer.active {
             tracing::info!(

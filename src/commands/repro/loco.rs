@@ -63,8 +63,8 @@ fn arms(a: &LocoArgs, log2s: i32) -> Vec<Arm> {
     let sgd = OptimizerSpec::Sgd;
     vec![
         arm("AdamW f32", MethodSpec::PSgd, "f32", adamw),
-        arm("AdamW bf16", MethodSpec::Direct, "bf16", adamw),
-        arm("AdamW naive 4-bit", MethodSpec::Direct, &four, adamw),
+        arm("AdamW bf16", MethodSpec::DIRECT, "bf16", adamw),
+        arm("AdamW naive 4-bit", MethodSpec::DIRECT, &four, adamw),
         arm("AdamW EF (f32 error)", MethodSpec::MemSgd, &four, adamw),
         arm(
             "AdamW EF (8-bit error)",
@@ -85,9 +85,18 @@ fn arms(a: &LocoArgs, log2s: i32) -> Vec<Arm> {
             adamw,
         ),
         arm("AdamW LoCo mode B (int8 only)", loco(""), &four, adamw),
+        // The sharded path (FSDP / ZeRO): the servers own the parameters, step AdamW on the
+        // f32 mean and send bf16 parameters back; the paper's 16-bit baseline beside LoCo.
+        arm(
+            "AdamW bf16, sharded (FSDP baseline)",
+            MethodSpec::Direct { sharded: true },
+            "bf16",
+            adamw,
+        ),
+        arm("AdamW LoCo mode B, sharded", loco(":sharded"), &four, adamw),
         arm(
             "AdamW block-absmax 4-bit",
-            MethodSpec::Direct,
+            MethodSpec::DIRECT,
             "blockq:bits=4",
             adamw,
         ),
@@ -98,7 +107,7 @@ fn arms(a: &LocoArgs, log2s: i32) -> Vec<Arm> {
             adamw,
         ),
         arm("SGD f32", MethodSpec::PSgd, "f32", sgd),
-        arm("SGD naive 4-bit", MethodSpec::Direct, &four, sgd),
+        arm("SGD naive 4-bit", MethodSpec::DIRECT, &four, sgd),
         arm("SGD LoCo mode A", loco(":f32"), &four, sgd),
     ]
 }
@@ -129,7 +138,10 @@ pub fn run(a: LocoArgs) -> anyhow::Result<()> {
          β = {}, T_c = {} \
          steps. The servers return the mean exactly: the integer sum of the 4-bit codes at one \
          byte per element where the number of workers is a power of two up to 16, else f32; \
-         bf16 pushes get a bf16 mean. AdamW: lr {}, weight decay {}; SGD: lr {}, momentum 0. \
+         bf16 pushes get a bf16 mean. The sharded arms (loco.md §2.6) instead let the servers \
+         own the parameters: they average the pushes in f32, step AdamW and send the \
+         parameters back in bf16, which the workers compute with (their bytes include the \
+         one parameter round at the start). AdamW: lr {}, weight decay {}; SGD: lr {}, momentum 0. \
          {} seed(s); accuracy is the best over epochs, mean ± std over seeds. \"error ≠ 0\" is \
          the fraction of worker 0's error entries that are nonzero at the end (loco.md §7.2's \
          diagnostic), mean over epochs.\n",
@@ -227,11 +239,18 @@ fn orderings(results: &[ArmResult]) -> Vec<String> {
         "SGD naive 4-bit",
         "with SGD: LoCo better than naive",
     );
+    better(
+        "AdamW LoCo mode B, sharded",
+        "AdamW naive 4-bit",
+        "sharded LoCo better than naive 4-bit",
+    );
     if let Some(f) = find("AdamW f32") {
         for label in [
             "AdamW bf16",
             "AdamW LoCo mode A (f32 average)",
             "AdamW LoCo mode B (int8 only)",
+            "AdamW bf16, sharded (FSDP baseline)",
+            "AdamW LoCo mode B, sharded",
         ] {
             if let Some(r) = find(label) {
                 let spread = super::report::mean_std(&r.best_accuracy())
