@@ -194,3 +194,47 @@ fn algorithm_3_with_unbiased_dithering_is_unbiased_through_both_compressions() {
     }
     assert!(spread > 0.0, "the codec is stochastic");
 }
+
+#[test]
+fn tensors_under_the_size_threshold_travel_uncompressed() {
+    // byteps-clan.md §5.3: the 5-element tensor (20 bytes) is under a 64-byte threshold and
+    // goes in f32 both ways; the 37-element one is compressed. Under a threshold above both,
+    // Algorithm 4 with top-k is exactly LANS.
+    let thresholded = |threshold| Run {
+        blocking: format!("bucket:100:threshold={threshold}").parse().unwrap(),
+        ..clan(MethodSpec::DoubleSqueeze, "topk:0.25", OptimizerSpec::LANS)
+    };
+    let lans = clan(MethodSpec::PSgd, "f32", OptimizerSpec::LANS).trace();
+    let all_plain = thresholded(1000).trace();
+    let mixed_run = thresholded(64);
+    let mixed = mixed_run.trace();
+    let compressed = clan(MethodSpec::DoubleSqueeze, "topk:0.25", OptimizerSpec::LANS).trace();
+    let small = SIZES[0]..D;
+    for t in 0..lans.x.len() {
+        assert_eq!(bits(&all_plain.x[t][0]), bits(&lans.x[t][0]), "step {t}");
+        // The small tensor keeps no error anywhere; the large one does.
+        assert!(mixed.worker_error[t][0][small.clone()]
+            .iter()
+            .all(|e| *e == 0.0));
+        assert!(mixed.server_error[t][small.clone()]
+            .iter()
+            .all(|e| *e == 0.0));
+        assert!(all_equal_bits(&mixed.x[t]), "replicas differ at {t}");
+    }
+    let last = lans.x.len() - 1;
+    assert!(mixed.worker_error[last][0][..SIZES[0]]
+        .iter()
+        .any(|e| *e != 0.0));
+    assert!(compressed.worker_error[last][0][small]
+        .iter()
+        .any(|e| *e != 0.0));
+    let bl = blocks::blocks(&SIZES, mixed_run.blocking).unwrap();
+    assert_eq!(
+        bl.iter().map(|b| b.plain).collect::<Vec<_>>(),
+        [false, true]
+    );
+    let expected = bytes_over_steps(mixed_run.method, "topk:0.25", &bl, 3, mixed_run.steps);
+    assert_eq!(mixed.bytes, expected.unwrap());
+    // Top-k of 9 of 37 (8-byte pairs) both ways, and 5 plain floats both ways, per worker.
+    assert_eq!(mixed.bytes, 3 * mixed_run.steps * (2 * 9 * 8 + 2 * 5 * 4));
+}

@@ -131,7 +131,19 @@ impl Method for ErrorFeedback {
 
     fn step(&mut self, ex: &mut Exchange, x: &mut [f32], g: &[f32], hyper: Hyper) -> Result<()> {
         let owned = !self.wire.owner.is_empty();
-        let blocks: Vec<usize> = ex.blocks().iter().map(|b| b.len).collect();
+        if let WorkerMemory::Feedback(memory, feedbacks) = &mut self.memory {
+            if feedbacks.is_empty() {
+                // One memory per block, with the codec the block travels in.
+                *feedbacks = ex
+                    .blocks()
+                    .iter()
+                    .map(|b| {
+                        let codec = parse(self.wire.push_codec(b))?;
+                        Feedback::new(codec, *memory, b.len, &Device::Cpu)
+                    })
+                    .collect::<Result<_>>()?;
+            }
+        }
         let header = StepHeader {
             lr: hyper.lr,
             weight_decay: hyper.weight_decay,
@@ -156,17 +168,7 @@ impl Method for ErrorFeedback {
                     .collect();
                 round(&a, Own::Residual(error))?
             }
-            WorkerMemory::Feedback(memory, feedbacks) => {
-                if feedbacks.is_empty() {
-                    *feedbacks = blocks
-                        .iter()
-                        .map(|len| {
-                            Feedback::new(parse(&self.wire.push)?, *memory, *len, &Device::Cpu)
-                        })
-                        .collect::<Result<_>>()?;
-                }
-                round(g, Own::Feedback(feedbacks))?
-            }
+            WorkerMemory::Feedback(_, feedbacks) => round(g, Own::Feedback(feedbacks))?,
         };
         if owned {
             // The owners stepped; this is their parameters.

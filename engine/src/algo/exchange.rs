@@ -25,6 +25,30 @@ pub struct Wire {
     pub owner: String,
 }
 
+/// The codec of blocks that travel uncompressed ([`Block::plain`]), of sync rounds and of
+/// parameter rounds.
+const PLAIN: &str = "f32";
+
+impl Wire {
+    /// The codec of `block`'s pushes outside sync and parameter rounds.
+    pub fn push_codec(&self, block: &Block) -> &str {
+        if block.plain {
+            PLAIN
+        } else {
+            &self.push
+        }
+    }
+
+    /// The codec of the servers' replies for `block` outside sync rounds.
+    pub fn pull_codec(&self, block: &Block) -> &str {
+        if block.plain {
+            PLAIN
+        } else {
+            &self.pull
+        }
+    }
+}
+
 /// What a worker keeps of its own push, besides sending it.
 pub enum Own<'a> {
     Nothing,
@@ -79,9 +103,9 @@ impl Exchange {
             .map(|b| KeySpec {
                 key: b.key,
                 numel: b.len as u32,
-                push: wire.push.clone(),
-                pull: wire.pull.clone(),
-                server_memory: wire.server_memory.clone(),
+                push: wire.push_codec(b).into(),
+                pull: wire.pull_codec(b).into(),
+                server_memory: if b.plain { "none" } else { &wire.server_memory }.into(),
                 seed,
                 sync_every: wire.sync_every,
                 owner: wire.owner.clone(),
@@ -97,7 +121,7 @@ impl Exchange {
             collective,
             push: parse(&wire.push)?,
             pull: parse(&wire.pull)?,
-            plain: parse("f32")?,
+            plain: parse(PLAIN)?,
             blocks,
             wire: wire.clone(),
             seed,
@@ -199,10 +223,13 @@ impl Exchange {
         }
         let (sync, round, seed, rank) = (self.is_sync(), self.round, self.seed, self.rank());
         let plain_push = sync || self.is_param_round();
-        let push: &dyn Codec = if plain_push {
-            &*self.plain
-        } else {
-            &*self.push
+        let (compressed, plain): (&dyn Codec, &dyn Codec) = (&*self.push, &*self.plain);
+        let push_of = |b: &Block| {
+            if plain_push || b.plain {
+                plain
+            } else {
+                compressed
+            }
         };
         let (residual, decoded) = (
             matches!(own, Own::Residual(_)),
@@ -229,6 +256,7 @@ impl Exchange {
                     let ctx = codec_context(seed, round, b.key).sent_by(rank);
                     let x = &q[b.offset..b.offset + b.len];
                     let mut kept = vec![0.0; if residual || decoded { b.len } else { 0 }];
+                    let push = push_of(b);
                     let payload = if residual {
                         push.encode_residual(x, &ctx, &mut kept)
                     } else {
@@ -266,7 +294,13 @@ impl Exchange {
             self.collective.push(round, b.key, payload)?;
         }
         let replies = self.collective.pull(round, &keys)?;
-        let pull: &dyn Codec = if sync { &*self.plain } else { &*self.pull };
+        let pull_of = |b: &Block| -> &dyn Codec {
+            if sync || b.plain {
+                &*self.plain
+            } else {
+                &*self.pull
+            }
+        };
         let mut out = vec![0.0f32; n];
         for (b, (key, reply)) in self.blocks.iter().zip(&replies) {
             if *key != b.key {
@@ -277,7 +311,7 @@ impl Exchange {
             }
             self.traffic.pulled += reply.len() as u64;
             let ctx = codec_context(seed, round, b.key);
-            pull.decode_into(
+            pull_of(b).decode_into(
                 reply,
                 &mut out[b.offset..b.offset + b.len],
                 &ctx,

@@ -27,7 +27,8 @@ pub struct ClanArgs {
     #[arg(long, default_value_t = 1e-4)]
     nag_weight_decay: f32,
     /// Compression blocks: whole tensors grouped up to this many bytes (the spec's ~64 KB
-    /// partitions, scaled down from BytePS's 4 MB).
+    /// partitions, scaled down from BytePS's 4 MB); `:threshold=16k` sends tensors under 16 KB
+    /// uncompressed (BytePS's 1,024,000-byte threshold scaled the same way).
     #[arg(long, default_value = "bucket:64k")]
     blocking: String,
 }
