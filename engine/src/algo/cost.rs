@@ -29,7 +29,8 @@ pub fn paper_mib_per_iteration(method: MethodSpec, d: u64, workers: u64) -> f64 
 }
 
 /// Payload bytes per iteration over all `workers` uplinks and downlinks, averaged over the
-/// algorithm's period, for `blocks` compressed with `codec`.
+/// algorithm's period, for `blocks` compressed with `codec` (in the steady state: the sharded
+/// path's parameter round not counted).
 pub fn bytes_per_iteration(
     method: MethodSpec,
     codec: &str,
@@ -40,7 +41,9 @@ pub fn bytes_per_iteration(
         MethodSpec::Cser { period } | MethodSpec::Liec { period } => period,
         _ => 1,
     };
-    Ok(bytes_over_steps(method, codec, blocks, workers, period)? as f64 / period as f64)
+    // Without the one-time parameter round of the sharded path.
+    let once = bytes_over_steps(method, codec, blocks, workers, 0)?;
+    Ok((bytes_over_steps(method, codec, blocks, workers, period)? - once) as f64 / period as f64)
 }
 
 /// Payload bytes of the first `steps` iterations over all `workers` uplinks and downlinks:

@@ -47,8 +47,8 @@ pub(super) enum Downlink {
     Compressed,
     /// The mean plus the server's error, re-compressed; the rest kept (Algorithm 4).
     CompressedEf,
-    /// The parameters, in bf16, of servers that own them and step them with this optimizer
-    /// on the f32 mean (loco.md §2.6's sharded path).
+    /// The parameters, in bf16 (f32 for blocks that travel plain), of servers that own them
+    /// and step them with this optimizer on the f32 mean (loco.md §2.6's sharded path).
     Owner(OptimizerSpec),
 }
 
@@ -138,8 +138,10 @@ impl Method for ErrorFeedback {
                     .blocks()
                     .iter()
                     .map(|b| {
+                        // Blocks that travel plain keep no error.
+                        let memory = if b.plain { Memory::None } else { *memory };
                         let codec = parse(self.wire.push_codec(b))?;
-                        Feedback::new(codec, *memory, b.len, &Device::Cpu)
+                        Feedback::new(codec, memory, b.len, &Device::Cpu)
                     })
                     .collect::<Result<_>>()?;
             }

@@ -195,19 +195,14 @@ impl Exchange {
     ) -> Result<Vec<f32>> {
         let headed = !self.wire.owner.is_empty() && !self.is_param_round();
         if headed != header.is_some() {
-            return Err(Error::Config(format!(
-                "a round {} step header where the servers {} the parameters",
-                if header.is_some() {
-                    "with a"
-                } else {
-                    "without a"
-                },
-                if self.wire.owner.is_empty() {
-                    "do not own"
-                } else {
-                    "own"
-                }
-            )));
+            let why = if self.wire.owner.is_empty() {
+                "servers that do not own the parameters take no step header"
+            } else if self.is_param_round() {
+                "the parameter round takes no step header"
+            } else {
+                "pushes to servers that own the parameters need a step header"
+            };
+            return Err(Error::Config(why.into()));
         }
         let n = self.len();
         let own_fits = match &own {

@@ -169,6 +169,14 @@ impl MethodSpec {
                     .into(),
             ));
         }
+        // The owners rebuild the optimizer from its name: constants the name does not carry
+        // would silently be the defaults there.
+        if sharded && setup.optimizer.to_string().parse::<OptimizerSpec>()? != setup.optimizer {
+            return Err(Error::Config(format!(
+                "the sharded path runs {} on the servers with its default constants only",
+                setup.optimizer
+            )));
+        }
         let exact = if sharded {
             Downlink::Owner(setup.optimizer)
         } else {
@@ -460,6 +468,17 @@ mod tests {
         assert!(MethodSpec::Direct { sharded: true }
             .build("bf16", &setup(OptimizerSpec::LANS))
             .is_err());
+        let custom_adam = OptimizerSpec::AdamW {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+        };
+        assert!(MethodSpec::Direct { sharded: true }
+            .build("bf16", &setup(custom_adam))
+            .is_err());
+        assert!(MethodSpec::Direct { sharded: true }
+            .build("bf16", &setup(OptimizerSpec::ADAMW))
+            .is_ok());
         // LoCo's error scale defaults to 4 s only where the codec has an s.
         assert!(MethodSpec::LOCO.build("blockq:bits=4", &sgd).is_err());
         assert!("loco:log2se=12"

@@ -9,15 +9,18 @@
 //!
 //! Two things travel that other keys do not carry:
 //! - round 0 is the parameter round: every rank pushes its initial parameters of the block in
-//!   f32 and the owner adopts them, refusing a round whose ranks disagree (replicas must start
-//!   from the same bits);
+//!   f32 and the owner adopts them (replicas must start from the same bits);
 //! - every later push starts with the step's learning rate and weight decay ([`StepHeader`]),
-//!   which the workers' schedule sets; the ranks of a round must agree on them.
+//!   which the workers' schedule sets.
+//!
+//! The pushes of a round must agree on those ([`check_agreement`], as each arrives: a push that
+//! disagrees is refused, and costs its sender, never the round).
 //!
 //! Only element-wise optimizers can own a block: LANS's per-tensor norms need whole tensors.
+//! An owner's master copy and optimizer state live only on its server: owned keys have no
+//! snapshot, so a worker cannot rejoin them and a restarted server cannot resume them.
 
-use std::collections::BTreeMap;
-
+use super::shard::Push;
 use crate::algo::optimizer::{HostOptimizer, OptimizerSpec};
 use crate::algo::Hyper;
 use crate::error::{Error, Result};
@@ -92,22 +95,10 @@ impl Owner {
         })
     }
 
-    /// The parameter round: adopts the ranks' initial parameters, which must be the same bits.
-    pub fn adopt(&mut self, pushes: &BTreeMap<usize, Vec<f32>>) -> Result<&[f32]> {
-        let mut ranks = pushes.iter();
-        let Some((_, first)) = ranks.next() else {
-            return Err(Error::Data(
-                "the parameter round closed without parameters".into(),
-            ));
-        };
-        let same_bits = |v: &Vec<f32>| v.iter().zip(first).all(|(a, b)| a.to_bits() == b.to_bits());
-        if let Some((rank, _)) = ranks.find(|(_, v)| !same_bits(v)) {
-            return Err(Error::Data(format!(
-                "rank {rank} starts from other parameters than the lowest rank; every worker \
-                 must start from the same model (same seed)"
-            )));
-        }
-        Ok(self.master.insert(first.clone()))
+    /// The parameter round: adopts the initial parameters (the ranks agreed on them, see
+    /// [`check_agreement`]).
+    pub fn adopt(&mut self, params: Vec<f32>) -> &[f32] {
+        self.master.insert(params)
     }
 
     /// One optimizer step of the master parameters with the averaged gradient `mean`.
@@ -131,20 +122,34 @@ impl Owner {
     }
 }
 
-/// The header all ranks of a round sent, or an error naming the first rank that disagrees.
-pub fn agreed_header(headers: &BTreeMap<usize, StepHeader>) -> Result<StepHeader> {
-    let mut ranks = headers.iter();
-    let (_, first) = ranks
-        .next()
-        .ok_or_else(|| Error::Data("a round of an owned key without step headers".into()))?;
-    if let Some((rank, other)) = ranks.find(|(_, h)| *h != first) {
-        return Err(Error::Data(format!(
-            "rank {rank} steps with learning rate {} and weight decay {}, the lowest rank with \
-             {} and {}: the workers' schedules disagree",
-            other.lr, other.weight_decay, first.lr, first.weight_decay
-        )));
+/// Whether `push` (from `rank`) agrees with `first`, a push of the same round to an owner: the
+/// same parameter bits in the parameter round, the same step header after it.
+pub fn check_agreement(param_round: bool, first: &Push, rank: usize, push: &Push) -> Result<()> {
+    if param_round {
+        let same_bits = push
+            .values
+            .iter()
+            .zip(&first.values)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same_bits {
+            return Err(Error::Data(format!(
+                "rank {rank} starts from other parameters than the ranks before it; every \
+                 worker must start from the same model (same seed)"
+            )));
+        }
+        return Ok(());
     }
-    Ok(*first)
+    match (push.header, first.header) {
+        (Some(h), Some(f)) if h == f => Ok(()),
+        (Some(h), Some(f)) => Err(Error::Data(format!(
+            "rank {rank} steps with learning rate {} and weight decay {}, the ranks before it \
+             with {} and {}: the workers' schedules disagree",
+            h.lr, h.weight_decay, f.lr, f.weight_decay
+        ))),
+        _ => Err(Error::Data(format!(
+            "rank {rank}'s push to an owner has no step header"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -168,7 +173,7 @@ mod tests {
     }
 
     #[test]
-    fn an_owner_adopts_identical_parameters_only_and_then_steps() {
+    fn an_owner_steps_only_after_adopting_and_pushes_must_agree() {
         let mut owner = Owner::new("sgd", 2).unwrap();
         let header = StepHeader {
             lr: 0.5,
@@ -178,16 +183,24 @@ mod tests {
             owner.step(&[1.0, 1.0], header).is_err(),
             "no parameters yet"
         );
-        let mut pushes = BTreeMap::from([(0, vec![1.0, 2.0]), (1, vec![1.0, 2.5])]);
-        assert!(owner.adopt(&pushes).is_err(), "rank 1 disagrees");
-        pushes.insert(1, vec![1.0, 2.0]);
-        assert_eq!(owner.adopt(&pushes).unwrap(), [1.0, 2.0]);
+        assert_eq!(owner.adopt(vec![1.0, 2.0]), [1.0, 2.0]);
         assert_eq!(owner.step(&[1.0, -2.0], header).unwrap(), [0.5, 3.0]);
         assert!(Owner::new("lans", 2).is_err());
-        let headers = BTreeMap::from([(0, header), (3, StepHeader { lr: 0.4, ..header })]);
-        assert!(agreed_header(&headers)
-            .unwrap_err()
-            .to_string()
-            .contains("rank 3"));
+        let push = |values: &[f32], header| Push {
+            values: values.to_vec(),
+            header,
+        };
+        let first = push(&[1.0, 2.0], None);
+        assert!(check_agreement(true, &first, 1, &push(&[1.0, 2.0], None)).is_ok());
+        let other = check_agreement(true, &first, 1, &push(&[1.0, 2.5], None));
+        assert!(other.unwrap_err().to_string().contains("rank 1"));
+        let negative_zero = push(&[1.0, -0.0], None);
+        assert!(check_agreement(true, &push(&[1.0, 0.0], None), 2, &negative_zero).is_err());
+        let stepped = push(&[0.0; 2], Some(header));
+        let faster = push(&[0.0; 2], Some(StepHeader { lr: 0.4, ..header }));
+        assert!(check_agreement(false, &stepped, 3, &stepped.clone()).is_ok());
+        let e = check_agreement(false, &stepped, 3, &faster).unwrap_err();
+        assert!(e.to_string().contains("rank 3"), "{e}");
+        assert!(check_agreement(false, &stepped, 3, &push(&[0.0; 2], None)).is_err());
     }
 }

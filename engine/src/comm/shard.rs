@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::owner::{agreed_header, Owner, StepHeader};
+use super::owner::{check_agreement, Owner, StepHeader};
 use super::{codec_context, KeySpec};
 use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
@@ -129,12 +129,23 @@ impl KeyState {
     }
 
     /// Keeps a decoded push of the open round (decoded with [`KeyState::push_decoder`]).
+    /// Pushes to an owner must agree with the round's earlier ones: a push that does not is
+    /// refused here, so it costs its sender and never the round.
     pub fn insert(&mut self, rank: usize, push: Push) -> Result<()> {
         if self.pending.contains_key(&rank) {
             return Err(Error::Data(format!(
                 "key {:#x}: rank {rank} pushed twice in step {}",
                 self.spec.key, self.step
             )));
+        }
+        if self.owner.is_some() {
+            let param_round = self.spec.is_param_round(self.step);
+            let agrees = match self.pending.values().next() {
+                Some(first) => check_agreement(param_round, first, rank, &push),
+                None if !param_round && push.header.is_none() => Err(unheaded(rank)),
+                None => Ok(()),
+            };
+            agrees.map_err(|e| Error::Data(format!("key {:#x}: {e}", self.spec.key)))?;
         }
         self.pending.insert(rank, push);
         Ok(())
@@ -149,34 +160,39 @@ impl KeyState {
         self.pending.len()
     }
 
-    /// Closes the round: the reply every rank receives. Opens the next round.
+    /// Closes the round: the reply every rank receives. Opens the next round (the step advances
+    /// only once the reply exists; the round's pushes are consumed either way).
     pub fn close(&mut self) -> Result<Vec<u8>> {
         let pending = std::mem::take(&mut self.pending);
-        let ctx = codec_context(self.spec.seed, self.step, self.spec.key);
-        let step = self.step;
-        self.step += 1;
-        if let Some(owner) = &mut self.owner {
+        let (step, numel) = (self.step, self.spec.numel as usize);
+        let ctx = codec_context(self.spec.seed, step, self.spec.key);
+        let reply = if let Some(owner) = &mut self.owner {
+            // The pushes agree (checked as they arrived): the first speaks for all.
+            let header = pending.values().next().and_then(|p| p.header);
             let params = if step == 0 {
-                let values = pending.into_iter().map(|(r, p)| (r, p.values)).collect();
-                owner.adopt(&values)?
+                let first = pending.into_values().next().ok_or_else(|| {
+                    Error::Data("the parameter round closed without parameters".into())
+                })?;
+                owner.adopt(first.values)
             } else {
-                let headers = pending
-                    .iter()
-                    .map(|(r, p)| Ok((*r, p.header.ok_or_else(|| unheaded(*r))?)))
-                    .collect::<Result<_>>()?;
-                let header = agreed_header(&headers)?;
-                let mean = rank_order_mean(pending, self.spec.numel as usize);
-                owner.step(&mean, header)?
+                let header = header.ok_or_else(|| {
+                    Error::Data(format!(
+                        "key {:#x}: round {step} closed without pushes",
+                        self.spec.key
+                    ))
+                })?;
+                owner.step(&rank_order_mean(pending, numel), header)?
             };
-            return self.pull.encode(params, &ctx);
-        }
-        let mut mean = rank_order_mean(pending, self.spec.numel as usize);
-        if self.spec.is_sync_round(step) {
+            self.pull.encode(params, &ctx)?
+        } else if self.spec.is_sync_round(step) {
+            let mut mean = rank_order_mean(pending, numel);
             self.pull.flush_into(&mut mean)?;
-            Ok(self.plain.encode(&mean, &ctx))
+            self.plain.encode(&mean, &ctx)
         } else {
-            self.pull.encode(&mean, &ctx)
-        }
+            self.pull.encode(&rank_order_mean(pending, numel), &ctx)?
+        };
+        self.step += 1;
+        Ok(reply)
     }
 
     /// The parameters the server owns (an owned key after its parameter round).
@@ -213,20 +229,34 @@ fn unheaded(rank: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::Key;
 
-    #[test]
-    fn a_second_push_of_a_rank_in_one_round_is_refused_not_overwritten() {
-        let mut state = KeyState::new(KeySpec {
-            key: 7,
+    /// A key of 2 elements in f32 both ways, owned with `owner` (empty: not owned).
+    fn plain_key(key: Key, owner: &str) -> KeyState {
+        KeyState::new(KeySpec {
+            key,
             numel: 2,
             push: "f32".into(),
             pull: "f32".into(),
             server_memory: "none".into(),
             seed: 0,
             sync_every: 0,
-            owner: String::new(),
+            owner: owner.into(),
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    /// An f32 reply's values.
+    fn f32s(reply: &[u8]) -> Vec<f32> {
+        reply
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_second_push_of_a_rank_in_one_round_is_refused_not_overwritten() {
+        let mut state = plain_key(7, "");
         let push = |values: &[f32]| Push {
             values: values.to_vec(),
             header: None,
@@ -236,14 +266,38 @@ mod tests {
         assert!(state.insert(0, push(&[9.0, 9.0])).is_err());
         state.insert(1, push(&[3.0, 4.0])).unwrap();
         let reply = state.close().unwrap();
-        let mean: Vec<f32> = reply
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
         assert_eq!(
-            mean,
+            f32s(&reply),
             [2.0, 3.0],
             "the first push counts, the second is dropped"
         );
+    }
+
+    #[test]
+    fn a_push_that_disagrees_with_an_owner_costs_its_sender_not_the_round() {
+        let mut state = plain_key(9, "sgd");
+        let push = |values: &[f32], header| Push {
+            values: values.to_vec(),
+            header,
+        };
+        // The parameter round: rank 2 starts elsewhere and is refused.
+        state.insert(0, push(&[1.0, 2.0], None)).unwrap();
+        state.insert(1, push(&[1.0, 2.0], None)).unwrap();
+        assert!(state.insert(2, push(&[1.0, 3.0], None)).is_err());
+        assert_eq!(f32s(&state.close().unwrap()), [1.0, 2.0]);
+        // A step: rank 1's schedule disagrees, rank 2 sends no header; rank 0's step stands.
+        let header = StepHeader {
+            lr: 0.5,
+            weight_decay: 0.0,
+        };
+        assert!(state.insert(2, push(&[4.0, 4.0], None)).is_err());
+        state.insert(0, push(&[2.0, -2.0], Some(header))).unwrap();
+        let faster = StepHeader { lr: 1.0, ..header };
+        assert!(state.insert(1, push(&[0.0, 0.0], Some(faster))).is_err());
+        assert_eq!(f32s(&state.close().unwrap()), [0.0, 3.0]);
+        assert_eq!(state.step, 2);
+        // A round that closes without pushes is an error and does not advance.
+        assert!(state.close().is_err());
+        assert_eq!(state.step, 2);
     }
 }
