@@ -62,22 +62,21 @@ pub fn bytes_over_steps(
         optimizer: super::OptimizerSpec::Sgd,
     };
     let wire = method.build(codec, &setup)?.wire();
-    let mut round = 0u64;
+    // Per round: every block's push and reply; `down` is the replies alone.
+    let (mut round, mut down, mut elements) = (0u64, 0u64, 0u64);
     for b in blocks {
-        let (push, pull) = (parse(wire.push_codec(b))?, parse(wire.pull_codec(b))?);
-        round += (push.payload_len(b.len) + pull.payload_len(b.len)) as u64;
+        let spec = wire.key_spec(b, 0);
+        let pulled = parse(&spec.pull)?.payload_len(b.len) as u64;
+        round += parse(&spec.push)?.payload_len(b.len) as u64 + pulled;
+        down += pulled;
+        elements += b.len as u64;
     }
-    let full = 8 * blocks.iter().map(|b| b.len).sum::<usize>() as u64;
+    let full = 8 * elements;
     if !wire.owner.is_empty() {
         // The sharded path: a parameter round first (f32 up, the owners' parameters down),
         // then every push carries its step header.
-        let params_up = 4 * blocks.iter().map(|b| b.len).sum::<usize>() as u64;
-        let mut params_down = 0u64;
-        for b in blocks {
-            params_down += parse(wire.pull_codec(b))?.payload_len(b.len) as u64;
-        }
         let headers = (blocks.len() * crate::comm::owner::StepHeader::LEN) as u64;
-        let per_worker = params_up + params_down + (round + headers) * steps;
+        let per_worker = 4 * elements + down + (round + headers) * steps;
         return Ok(per_worker * workers);
     }
     let per_worker = match method {

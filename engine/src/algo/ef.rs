@@ -137,11 +137,11 @@ impl Method for ErrorFeedback {
                 *feedbacks = ex
                     .blocks()
                     .iter()
-                    .map(|b| {
+                    .zip(ex.key_specs())
+                    .map(|(b, spec)| {
                         // Blocks that travel plain keep no error.
                         let memory = if b.plain { Memory::None } else { *memory };
-                        let codec = parse(self.wire.push_codec(b))?;
-                        Feedback::new(codec, memory, b.len, &Device::Cpu)
+                        Feedback::new(parse(&spec.push)?, memory, b.len, &Device::Cpu)
                     })
                     .collect::<Result<_>>()?;
             }

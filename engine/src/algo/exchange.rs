@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::blocks::Block;
 use super::norm2;
 use crate::comm::owner::StepHeader;
-use crate::comm::{codec_context, is_sync_round, Collective, KeySpec};
+use crate::comm::{codec_context, is_param_round, is_sync_round, Collective, KeySpec, PLAIN};
 use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::Feedback;
@@ -25,26 +25,24 @@ pub struct Wire {
     pub owner: String,
 }
 
-/// The codec of blocks that travel uncompressed ([`Block::plain`]), of sync rounds and of
-/// parameter rounds.
-const PLAIN: &str = "f32";
-
 impl Wire {
-    /// The codec of `block`'s pushes outside sync and parameter rounds.
-    pub fn push_codec(&self, block: &Block) -> &str {
+    /// What every peer registers for `block`: these rules, or f32 both ways for a block that
+    /// travels uncompressed ([`Block::plain`]).
+    pub fn key_spec(&self, block: &Block, seed: u64) -> KeySpec {
+        let spec = KeySpec {
+            key: block.key,
+            numel: block.len as u32,
+            push: self.push.clone(),
+            pull: self.pull.clone(),
+            server_memory: self.server_memory.clone(),
+            seed,
+            sync_every: self.sync_every,
+            owner: self.owner.clone(),
+        };
         if block.plain {
-            PLAIN
+            spec.uncompressed()
         } else {
-            &self.push
-        }
-    }
-
-    /// The codec of the servers' replies for `block` outside sync rounds.
-    pub fn pull_codec(&self, block: &Block) -> &str {
-        if block.plain {
-            PLAIN
-        } else {
-            &self.pull
+            spec
         }
     }
 }
@@ -70,6 +68,8 @@ pub struct Traffic {
 
 pub struct Exchange {
     collective: Box<dyn Collective>,
+    /// What was registered for each block.
+    specs: Vec<KeySpec>,
     blocks: Vec<Block>,
     wire: Wire,
     push: Box<dyn Codec>,
@@ -98,19 +98,7 @@ impl Exchange {
         wire: &Wire,
         seed: u64,
     ) -> Result<Self> {
-        let specs: Vec<KeySpec> = blocks
-            .iter()
-            .map(|b| KeySpec {
-                key: b.key,
-                numel: b.len as u32,
-                push: wire.push_codec(b).into(),
-                pull: wire.pull_codec(b).into(),
-                server_memory: if b.plain { "none" } else { &wire.server_memory }.into(),
-                seed,
-                sync_every: wire.sync_every,
-                owner: wire.owner.clone(),
-            })
-            .collect();
+        let specs: Vec<KeySpec> = blocks.iter().map(|b| wire.key_spec(b, seed)).collect();
         if blocks.iter().any(|b| b.len > u32::MAX as usize) {
             return Err(Error::Config(
                 "a block holds more than 2^32 elements".into(),
@@ -119,6 +107,7 @@ impl Exchange {
         collective.register(&specs)?;
         Ok(Exchange {
             collective,
+            specs,
             push: parse(&wire.push)?,
             pull: parse(&wire.pull)?,
             plain: parse(PLAIN)?,
@@ -145,6 +134,11 @@ impl Exchange {
         &self.blocks
     }
 
+    /// What every peer registered for each block, in block order.
+    pub fn key_specs(&self) -> &[KeySpec] {
+        &self.specs
+    }
+
     /// Elements of the flat vector.
     pub fn len(&self) -> usize {
         self.blocks.iter().map(|b| b.len).sum()
@@ -167,7 +161,7 @@ impl Exchange {
     /// Whether the next round is the parameter round of servers that own the parameters:
     /// the workers push their parameters in f32 and get the owners' back.
     pub fn is_param_round(&self) -> bool {
-        !self.wire.owner.is_empty() && self.round == 0
+        is_param_round(&self.wire.owner, self.round)
     }
 
     /// One round: pushes `q` block by block (compressed, or plain in a sync or parameter
@@ -230,6 +224,11 @@ impl Exchange {
             matches!(own, Own::Residual(_)),
             matches!(own, Own::Decoded(_)),
         );
+        // Pushes to owners start with the step header; framed where each push is encoded.
+        let frame = |payload: Vec<u8>| match header {
+            Some(h) => [&h.to_bytes()[..], &payload].concat(),
+            None => payload,
+        };
         let encoded: Vec<(Vec<u8>, Vec<f32>)> = if let Own::Feedback(memories) = &mut own {
             if plain_push {
                 return Err(Error::Config(
@@ -241,7 +240,8 @@ impl Exchange {
                 .zip(memories.par_iter_mut())
                 .map(|(b, m)| {
                     let ctx = codec_context(seed, round, b.key).sent_by(rank);
-                    Ok((m.encode(&q[b.offset..b.offset + b.len], &ctx)?, Vec::new()))
+                    let payload = m.encode(&q[b.offset..b.offset + b.len], &ctx)?;
+                    Ok((frame(payload), Vec::new()))
                 })
                 .collect::<Result<_>>()?
         } else {
@@ -260,7 +260,7 @@ impl Exchange {
                     if decoded {
                         push.decode_into(&payload, &mut kept, &ctx, DecodeMode::Set)?;
                     }
-                    Ok((payload, kept))
+                    Ok((frame(payload), kept))
                 })
                 .collect::<Result<_>>()?
         };
@@ -279,13 +279,6 @@ impl Exchange {
             }
         }
         for (b, (payload, _)) in self.blocks.iter().zip(encoded) {
-            let payload = match header {
-                Some(h) => {
-                    self.traffic.pushed += StepHeader::LEN as u64;
-                    [&h.to_bytes()[..], &payload].concat()
-                }
-                None => payload,
-            };
             self.collective.push(round, b.key, payload)?;
         }
         let replies = self.collective.pull(round, &keys)?;

@@ -51,8 +51,27 @@ impl KeySpec {
     /// Whether round `round` is an owned key's parameter round (its first): pushes are the
     /// workers' initial parameters in f32, see [`owner`].
     pub fn is_param_round(&self, round: u64) -> bool {
-        !self.owner.is_empty() && round == 0
+        is_param_round(&self.owner, round)
     }
+
+    /// This key travelling uncompressed: f32 both ways, no server memory (BytePS's small
+    /// tensors, byteps-clan.md §5.3).
+    pub fn uncompressed(self) -> KeySpec {
+        KeySpec {
+            push: PLAIN.into(),
+            pull: PLAIN.into(),
+            server_memory: "none".into(),
+            ..self
+        }
+    }
+}
+
+/// The codec of uncompressed keys, of sync rounds and of parameter rounds.
+pub const PLAIN: &str = "f32";
+
+/// The parameter-round rule of [`KeySpec::is_param_round`], for workers that know the owner.
+pub fn is_param_round(owner: &str, round: u64) -> bool {
+    !owner.is_empty() && round == 0
 }
 
 /// The sync-round rule of [`KeySpec::is_sync_round`], for workers that know the period.

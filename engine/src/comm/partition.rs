@@ -1,6 +1,6 @@
 //! Cutting parameter tensors into keyed partitions (byteps-clan.md §5.2).
 
-use super::{Key, KeySpec};
+use super::{Key, KeySpec, PLAIN};
 
 /// How gradients are cut and compressed.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,8 +20,8 @@ impl Default for PartitionPlan {
         PartitionPlan {
             partition_bytes: 4_096_000,
             min_compress_bytes: 1_024_000,
-            push: "f32".into(),
-            pull: "f32".into(),
+            push: PLAIN.into(),
+            pull: PLAIN.into(),
             server_memory: "none".into(),
             seed: 0,
         }
@@ -71,24 +71,20 @@ impl PartitionPlan {
         parts
             .iter()
             .map(|p| {
-                let (push, pull, memory) = if p.compressed {
-                    (
-                        self.push.clone(),
-                        self.pull.clone(),
-                        self.server_memory.clone(),
-                    )
-                } else {
-                    ("f32".into(), "f32".into(), "none".into())
-                };
-                KeySpec {
+                let spec = KeySpec {
                     key: p.key,
                     numel: p.len as u32,
-                    push,
-                    pull,
-                    server_memory: memory,
+                    push: self.push.clone(),
+                    pull: self.pull.clone(),
+                    server_memory: self.server_memory.clone(),
                     seed: self.seed,
                     sync_every: 0,
                     owner: String::new(),
+                };
+                if p.compressed {
+                    spec
+                } else {
+                    spec.uncompressed()
                 }
             })
             .collect()

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::owner::{check_agreement, Owner, StepHeader};
-use super::{codec_context, KeySpec};
+use super::{codec_context, KeySpec, PLAIN};
 use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
@@ -89,7 +89,7 @@ impl KeyState {
         Ok(KeyState {
             spec,
             push,
-            plain: Arc::from(parse("f32")?),
+            plain: Arc::from(parse(PLAIN)?),
             pull,
             owner,
             step: 0,
