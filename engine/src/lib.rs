@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod nn;
 pub mod optim;
+pub mod pipeline;
 pub mod rng;
 pub mod tensor;
 pub mod train;

@@ -33,7 +33,7 @@ use std::str::FromStr;
 pub use blocks::{Block, Blocking};
 pub use ef::downlink_for;
 pub use exchange::{Exchange, Own, Traffic, Wire};
-pub use optimizer::OptimizerSpec;
+pub use optimizer::{HostOptimizer, OptimizerSpec};
 pub use replica::{ClassifierReplica, Replica};
 pub use worker::Worker;
 

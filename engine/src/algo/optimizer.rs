@@ -17,6 +17,11 @@ pub enum OptimizerSpec {
     Sgd,
     /// torch.optim.SGD with Nesterov momentum μ, weight decay added to the gradient.
     Nag { momentum: f32 },
+    /// Momentum in the moving-average form of clapping.md eq. (3): `u ← (1−m)u + m(g + λx)`,
+    /// `x ← x − η u`, with `u` starting at zero and no bias correction (so the first step
+    /// moves by `η m g`). PyTorch's momentum μ with learning rate `lr` is `m = 1 − μ`,
+    /// `η = lr / m`.
+    Ema { m: f32 },
     /// torch.optim.AdamW (decoupled weight decay, bias correction).
     AdamW { beta1: f32, beta2: f32, eps: f32 },
     /// LANS without gradient normalization, φ = identity, ε outside the square root
@@ -53,6 +58,7 @@ impl fmt::Display for OptimizerSpec {
         match *self {
             OptimizerSpec::Sgd => write!(f, "sgd"),
             OptimizerSpec::Nag { momentum } => write!(f, "nag:{momentum}"),
+            OptimizerSpec::Ema { m } => write!(f, "ema:{m}"),
             OptimizerSpec::AdamW { .. } => write!(f, "adamw"),
             OptimizerSpec::Lans { .. } => write!(f, "lans"),
         }
@@ -62,11 +68,13 @@ impl fmt::Display for OptimizerSpec {
 impl FromStr for OptimizerSpec {
     type Err = Error;
 
-    /// `sgd`, `nag[:momentum]`, `adamw` or `lans` (constants as byteps-clan.md §8 and PyTorch).
+    /// `sgd`, `nag[:momentum]`, `ema:m`, `adamw` or `lans` (constants as byteps-clan.md §8
+    /// and PyTorch).
     fn from_str(text: &str) -> Result<Self> {
         let bad = || {
             Error::Config(format!(
-                "optimizer {text:?}: use sgd, nag[:momentum] (default 0.9), adamw or lans"
+                "optimizer {text:?}: use sgd, nag[:momentum] (default 0.9), ema:<m in (0, 1]>, \
+                 adamw or lans"
             ))
         };
         match text.split_once(':') {
@@ -81,6 +89,10 @@ impl FromStr for OptimizerSpec {
                 Ok(momentum) if (0.0..1.0).contains(&momentum) => {
                     Ok(OptimizerSpec::Nag { momentum })
                 }
+                _ => Err(bad()),
+            },
+            Some(("ema", m)) => match m.parse::<f32>() {
+                Ok(m) if m > 0.0 && m <= 1.0 => Ok(OptimizerSpec::Ema { m }),
                 _ => Err(bad()),
             },
             _ => Err(bad()),
@@ -140,6 +152,7 @@ impl HostOptimizer {
                 };
                 sgd_ref(x, u, &mut self.m, &step);
             }
+            OptimizerSpec::Ema { m } => ema_momentum_step(x, u, &mut self.m, m, hyper),
             OptimizerSpec::AdamW { beta1, beta2, eps }
             | OptimizerSpec::Lans { beta1, beta2, eps } => {
                 let constants = AdamWStep {
@@ -169,6 +182,16 @@ impl HostOptimizer {
             }
         }
         Ok(())
+    }
+}
+
+/// One step of clapping.md eq. (3), the moving-average momentum (weight decay added to the
+/// gradient, as torch.optim.SGD does).
+fn ema_momentum_step(x: &mut [f32], g: &[f32], u: &mut [f32], m: f32, hyper: Hyper) {
+    for ((x, &g), u) in x.iter_mut().zip(g).zip(u) {
+        let g = g + hyper.weight_decay * *x;
+        *u = (1.0 - m) * *u + m * g;
+        *x -= hyper.lr * *u;
     }
 }
 
@@ -232,11 +255,39 @@ mod tests {
     }
 
     #[test]
+    fn moving_average_momentum_starts_at_m_times_the_gradient() {
+        // clapping.md invariant 11: u(1) = m g with no bias correction; m = 1 is plain SGD.
+        let mut opt = OptimizerSpec::Ema { m: 0.25 }.build(&[2]);
+        let mut x = vec![1.0f32, -2.0];
+        let g = [0.5f32, 4.0];
+        let h = Hyper {
+            step: 0,
+            lr: 0.5,
+            weight_decay: 0.0,
+        };
+        opt.step(&mut x, &g, h).unwrap();
+        assert_eq!(x, [1.0 - 0.5 * 0.125, -2.0 - 0.5 * 1.0]);
+        opt.step(&mut x, &g, h).unwrap();
+        // u(2) = 0.75 u(1) + 0.25 g = 0.4375 g
+        assert_eq!(x, [1.0 - 0.5 * 0.125 - 0.5 * 0.21875, -2.5 - 0.5 * 1.75]);
+        let mut sgd = OptimizerSpec::Ema { m: 1.0 }.build(&[2]);
+        let mut plain = OptimizerSpec::Sgd.build(&[2]);
+        let (mut a, mut b) = (vec![0.3f32, 0.7], vec![0.3f32, 0.7]);
+        for step in 0..3 {
+            let h = hyper(step);
+            sgd.step(&mut a, &g, h).unwrap();
+            plain.step(&mut b, &g, h).unwrap();
+        }
+        assert_eq!(a, b);
+    }
+
+    #[test]
     fn names_round_trip_and_bad_ones_explain() {
         for o in [
             OptimizerSpec::Sgd,
             OptimizerSpec::NAG,
             OptimizerSpec::Nag { momentum: 0.5 },
+            OptimizerSpec::Ema { m: 0.1 },
         ] {
             assert_eq!(o.to_string().parse::<OptimizerSpec>().unwrap(), o);
         }
@@ -248,7 +299,9 @@ mod tests {
             "lans".parse::<OptimizerSpec>().unwrap(),
             OptimizerSpec::LANS
         );
-        for bad in ["", "adam", "nag:1.5", "nag:x", "lans:3"] {
+        for bad in [
+            "", "adam", "nag:1.5", "nag:x", "lans:3", "ema", "ema:0", "ema:1.5",
+        ] {
             assert!(bad.parse::<OptimizerSpec>().is_err(), "{bad}");
         }
     }

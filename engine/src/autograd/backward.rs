@@ -11,21 +11,38 @@ use crate::kernels::unary::{unary, unary_backward, Unary};
 use crate::kernels::{conv, dropout, embedding, layernorm, permute, pool, softmax};
 use crate::tensor::Tensor;
 
-pub(super) fn run(graph: Graph, loss: Var) -> Result<Grads> {
+/// Backpropagates `seed`, the gradient of some scalar with respect to `output` (ones for a
+/// one-element loss), through the tape.
+pub(super) fn run(graph: Graph, output: Var, seed: Option<Tensor>) -> Result<Grads> {
     let nodes = graph.nodes.into_inner();
     let params = graph.params.into_inner();
-    let loss_value = &nodes[loss.0].value;
-    if loss_value.numel() != 1 {
-        return shape_err(
-            "backward",
-            format!(
-                "the loss must have one element, has shape {:?}",
-                loss_value.shape()
-            ),
-        );
-    }
+    let loss = output;
+    let out_value = &nodes[loss.0].value;
+    let seed = match seed {
+        Some(seed) if seed.shape() == out_value.shape() => seed,
+        Some(seed) => {
+            return shape_err(
+                "backward",
+                format!(
+                    "a seed of shape {:?} for an output of shape {:?}",
+                    seed.shape(),
+                    out_value.shape()
+                ),
+            )
+        }
+        None if out_value.numel() == 1 => Tensor::full(out_value.device(), out_value.shape(), 1.0)?,
+        None => {
+            return shape_err(
+                "backward",
+                format!(
+                    "the loss must have one element, has shape {:?}",
+                    out_value.shape()
+                ),
+            )
+        }
+    };
     let mut grads: Vec<Option<Tensor>> = vec![None; nodes.len()];
-    grads[loss.0] = Some(Tensor::full(loss_value.device(), loss_value.shape(), 1.0)?);
+    grads[loss.0] = Some(seed);
 
     for i in (0..=loss.0).rev() {
         let node = &nodes[i];

@@ -484,6 +484,12 @@ impl Graph {
     /// Gradients of the one-element `loss` with respect to every parameter. Consumes the
     /// graph so that parameters are no longer shared when the optimizer updates them in place.
     pub fn backward(self, loss: Var) -> Result<Grads> {
-        backward::run(self, loss)
+        backward::run(self, loss, None)
+    }
+
+    /// Gradients of `sum(output ⊙ seed)`: the vector-Jacobian product a pipeline stage
+    /// computes from the activation gradient its successor sent back (clapping.md §3.7).
+    pub fn backward_with(self, output: Var, seed: Tensor) -> Result<Grads> {
+        backward::run(self, output, Some(seed))
     }
 }

@@ -1,13 +1,14 @@
-//! The seams between algorithms and transports: [`Collective`] for data-parallel rounds
-//! (`StageLink` for pipelines comes with the pipeline issue). The engine ships an in-process
-//! implementation ([`local`]); `murmur-net` implements the same trait over QUIC. Both run the
-//! servers' arithmetic through [`shard::KeyState`], which is why a run over QUIC gives the bits
-//! of the same run in-process.
+//! The seams between algorithms and transports: [`Collective`] for data-parallel rounds and
+//! [`stage::StageLink`] between pipeline stages. The engine ships in-process implementations
+//! ([`local`], [`stage::local_links`]); `murmur-net` implements the same traits over QUIC.
+//! Both run the servers' arithmetic through [`shard::KeyState`], which is why a run over QUIC
+//! gives the bits of the same run in-process.
 
 pub mod local;
 pub mod owner;
 pub mod partition;
 pub mod shard;
+pub mod stage;
 
 use serde::{Deserialize, Serialize};
 

@@ -28,8 +28,10 @@ pub struct ClanArgs {
     nag_weight_decay: f32,
     /// Compression blocks: whole tensors grouped up to this many bytes (the spec's ~64 KB
     /// partitions, scaled down from BytePS's 4 MB); `:threshold=16k` sends tensors under 16 KB
-    /// uncompressed (BytePS's 1,024,000-byte threshold scaled the same way).
-    #[arg(long, default_value = "bucket:64k")]
+    /// uncompressed, as BytePS-Compress does under its 1,024,000-byte threshold (scaled the same
+    /// way). Without the threshold the biases and the output layer share one compressed block
+    /// and the biased codecs collapse (docs/results/clan-no-threshold.md).
+    #[arg(long, default_value = "bucket:64k:threshold=16k")]
     blocking: String,
 }
 
