@@ -11,6 +11,11 @@ use rayon::prelude::*;
 /// Elements per parallel task.
 const TASK: usize = 1 << 16;
 
+/// Up to this many elements, sorting beats the radix select, whose two 65,536-bin histograms
+/// cost more than the selection itself on short vectors (a pipeline compresses activations
+/// row by row, hundreds of rows of a few hundred values per step).
+const SMALL: usize = 4096;
+
 /// The k-th largest key, and how many elements with exactly that key belong to the top k
 /// (the lowest-indexed ones). Requires `0 < k <= n`.
 pub(crate) fn threshold(n: usize, k: usize, key: &(impl Fn(usize) -> u32 + Sync)) -> (u32, usize) {
@@ -65,6 +70,16 @@ pub(crate) fn select_top(n: usize, k: usize, key: impl Fn(usize) -> u32 + Sync) 
     if k >= n {
         return (0..n as u32).collect();
     }
+    if n <= SMALL {
+        // The definition itself: largest keys first, ties to the lower index.
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.select_nth_unstable_by(k - 1, |&a, &b| {
+            key(b as usize).cmp(&key(a as usize)).then(a.cmp(&b))
+        });
+        let mut top = order[..k].to_vec();
+        top.sort_unstable();
+        return top;
+    }
     let (t, take_equal) = threshold(n, k, &key);
     let tasks = n.div_ceil(TASK);
     let range = |task: usize| task * TASK..((task + 1) * TASK).min(n);
@@ -118,6 +133,8 @@ mod tests {
             (1usize, 5u32),
             (10, 3),
             (1000, 4),
+            (SMALL, 7),
+            (SMALL + 1, 7),
             (70_000, 50),
             (200_000, 1 << 30),
             (131_073, 1),

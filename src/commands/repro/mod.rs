@@ -3,6 +3,7 @@
 
 mod arms;
 mod clan;
+mod clapping;
 mod liec;
 mod loco;
 mod report;
@@ -20,6 +21,10 @@ pub enum ReproCommand {
     /// LoCo against f32, bf16, naive 4-bit, error feedback with f32 and 8-bit errors and
     /// block-absmax 4-bit, with AdamW and SGD (shared/specs/loco.md §5.4).
     Loco(loco::LocoArgs),
+    /// Clapping-FC and -FU with a sweep over p against the uncompressed pipeline, direct
+    /// compression, EF21 and AQ-SGD, a sweep over the number of stages and a one-pass run
+    /// (shared/specs/clapping.md §7).
+    Clapping(clapping::ClappingArgs),
 }
 
 pub fn run(command: ReproCommand) -> anyhow::Result<()> {
@@ -27,5 +32,6 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::Liec(a) => liec::run(a),
         ReproCommand::Clan(a) => clan::run(a),
         ReproCommand::Loco(a) => loco::run(a),
+        ReproCommand::Clapping(a) => clapping::run(a),
     }
 }
