@@ -1,12 +1,14 @@
 //! murmur-net: nodes that find each other, prove they belong to the swarm, and move framed,
 //! compressed tensors over QUIC. It knows nothing of autodiff: it implements the engine's
 //! `Collective` over the parameter-server protocol, with the servers' arithmetic taken from
-//! the engine so that a run over QUIC gives the bits of the same run in-process.
+//! the engine so that a run over QUIC gives the bits of the same run in-process, and the
+//! engine's `StageLink` between pipeline stages.
 
 pub mod error;
 pub mod identity;
 pub mod ps;
 pub mod relay;
+pub mod stage;
 pub mod throughput;
 pub mod tls;
 pub mod transport;

@@ -48,6 +48,9 @@ pub enum Kind {
     /// replies of every round it logged since, and [`Catchup`].
     CatchupRequest = 8,
     Catchup = 9,
+    /// Pipeline stage → neighbouring stage: one step's activations (key 0, forward) or
+    /// activation gradients (key 1, backward), on a stage link only (`stage.rs`).
+    Stage = 10,
 }
 
 impl Kind {
@@ -61,6 +64,7 @@ impl Kind {
             7 => Kind::Snapshot,
             8 => Kind::CatchupRequest,
             9 => Kind::Catchup,
+            10 => Kind::Stage,
             _ => return None,
         })
     }

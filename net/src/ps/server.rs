@@ -216,6 +216,11 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 frame.kind
             )))
         }
+        Kind::Stage => {
+            return Err(NetError::Protocol(
+                "a pipeline stage frame sent to a parameter server".into(),
+            ))
+        }
     }
     Ok(())
 }
