@@ -3,6 +3,7 @@
 mod bench;
 mod info;
 mod machine;
+mod pipeline;
 mod relay;
 mod repro;
 mod server;
@@ -38,6 +39,12 @@ enum Command {
     Server(server::ServerArgs),
     /// Run one worker of a data-parallel swarm.
     Worker(worker::WorkerArgs),
+    /// Train one model cut into pipeline stages, each a process on this machine linked over
+    /// loopback QUIC, with Clapping's compressed activations (or a baseline).
+    Pipeline(pipeline::PipelineArgs),
+    /// One stage of `murmur pipeline` (started by it).
+    #[command(hide = true)]
+    PipelineStage(pipeline::stage::StageArgs),
     /// Forward a QUIC link through added delay, a rate limit and loss (for trying bad paths).
     Relay(relay::RelayArgs),
     /// Reproduce a paper's experiments at small scale; tables go to docs/results/.
@@ -67,6 +74,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Server(a) => server::run(a),
         Command::Worker(a) => worker::run(a),
         Command::Relay(a) => relay::run(a),
+        Command::Pipeline(a) => pipeline::run(a),
+        Command::PipelineStage(a) => pipeline::stage::run(a),
         Command::Repro(r) => repro::run(r),
         Command::Bench(b) => bench::run(b),
     }

@@ -309,6 +309,11 @@ impl Stage {
         &self.layers
     }
 
+    /// This stage's parameters, layer by layer (weight then bias), as one vector.
+    pub fn weights(&self) -> &[f32] {
+        &self.weights
+    }
+
     pub fn weight_bits(&self) -> Vec<u32> {
         self.weights.iter().map(|w| w.to_bits()).collect()
     }

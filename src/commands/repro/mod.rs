@@ -8,6 +8,8 @@ mod liec;
 mod loco;
 mod report;
 
+pub use arms::open_device;
+
 use clap::Subcommand;
 
 #[derive(Subcommand)]
