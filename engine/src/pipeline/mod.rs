@@ -10,6 +10,9 @@
 //! activations cross the [`StageLink`](crate::comm::stage::StageLink)s.
 //! [`Pipeline`] runs the stages in one process over in-process links; `murmur-net` runs each
 //! stage in its own process over QUIC with the same code, hence the same bits.
+//!
+//! shared/DESIGN.md lists the pipeline variants under `algo/`; they live here because they
+//! share nothing with the data-parallel exchange there (no collective, no parameter servers).
 
 pub mod message;
 pub mod mirror;
