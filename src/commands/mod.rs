@@ -4,6 +4,7 @@ mod bench;
 mod info;
 mod machine;
 mod pipeline;
+mod processes;
 mod relay;
 mod repro;
 mod server;

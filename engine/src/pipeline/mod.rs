@@ -24,7 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use mirror::{OnFresh, Policy};
-pub use run::{Pipeline, StepReport};
+pub use run::{mlp_accuracy, Pipeline, StepReport};
 pub use sampler::{LazySampler, PSchedule, Rule};
 pub use stage::Stage;
 

@@ -12,6 +12,7 @@ use crate::autograd::Graph;
 use crate::comm::stage::{local_links, StageLink};
 use crate::data::ImageSet;
 use crate::error::Result;
+use crate::nn::Linear;
 use crate::tensor::{Device, Tensor};
 
 /// What one pipeline step did.
@@ -88,28 +89,8 @@ impl Pipeline {
     /// Fraction of `set` classified correctly by the whole model, without compression (the
     /// paper's "C. off"; there is no error-feedback state at evaluation).
     pub fn accuracy(&self, set: &ImageSet, batch: usize) -> Result<f64> {
-        let layers: Vec<_> = self.stages.iter().flat_map(|s| s.layers()).collect();
-        let indices: Vec<usize> = (0..set.len()).collect();
-        let mut correct = 0;
-        for chunk in indices.chunks(batch.max(1)) {
-            let (x, labels) = set.batch(chunk);
-            let g = Graph::new(&self.device);
-            let t = Tensor::from_vec(&self.device, &[chunk.len(), set.features()], x)?;
-            let mut h = g.input(&t);
-            for (i, layer) in layers.iter().enumerate() {
-                h = layer.forward(&g, h)?;
-                if i + 1 < layers.len() {
-                    h = g.relu(h)?;
-                }
-            }
-            let predicted = g.value(h).argmax()?.to_vec_u32()?;
-            correct += predicted
-                .iter()
-                .zip(&labels)
-                .filter(|(p, y)| p == y)
-                .count();
-        }
-        Ok(correct as f64 / set.len().max(1) as f64)
+        let layers: Vec<&Linear> = self.stages.iter().flat_map(|s| s.layers()).collect();
+        mlp_accuracy(&layers, &self.device, set, batch)
     }
 
     /// Error-feedback state of the whole pipeline, in f32 values.
@@ -121,4 +102,35 @@ impl Pipeline {
     pub fn weight_bits(&self) -> Vec<u32> {
         self.stages.iter().flat_map(Stage::weight_bits).collect()
     }
+}
+
+/// Fraction of `set` that the MLP made of `layers` (ReLU between them) classifies correctly,
+/// evaluated in batches of `batch`.
+pub fn mlp_accuracy(
+    layers: &[&Linear],
+    device: &Device,
+    set: &ImageSet,
+    batch: usize,
+) -> Result<f64> {
+    let indices: Vec<usize> = (0..set.len()).collect();
+    let mut correct = 0;
+    for chunk in indices.chunks(batch.max(1)) {
+        let (x, labels) = set.batch(chunk);
+        let g = Graph::new(device);
+        let t = Tensor::from_vec(device, &[chunk.len(), set.features()], x)?;
+        let mut h = g.input(&t);
+        for (i, layer) in layers.iter().enumerate() {
+            h = layer.forward(&g, h)?;
+            if i + 1 < layers.len() {
+                h = g.relu(h)?;
+            }
+        }
+        let predicted = g.value(h).argmax()?.to_vec_u32()?;
+        correct += predicted
+            .iter()
+            .zip(&labels)
+            .filter(|(p, y)| p == y)
+            .count();
+    }
+    Ok(correct as f64 / set.len().max(1) as f64)
 }

@@ -7,16 +7,17 @@ pub mod stage;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
 use murmur_engine::nn::{Activation, Mlp, Module};
-use murmur_engine::{Device, Graph, Tensor};
+use murmur_engine::pipeline::mlp_accuracy;
+use murmur_engine::{Device, Tensor};
 use murmur_net::identity::Swarm;
 
+use crate::commands::processes::{log_tail, spawn_logged, Children};
 use job::PipelineJob;
 use stage::StageEvent;
 
@@ -28,24 +29,6 @@ pub struct PipelineArgs {
     /// temp folder, removed after a successful run).
     #[arg(long)]
     dir: Option<PathBuf>,
-}
-
-/// Stage processes, killed if the launcher stops early.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
 /// Reads a stage's weights file: exactly `expected` finite f32 values.
@@ -119,17 +102,9 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
         }
         args.extend(a.job.to_args());
         let log = logs.join(format!("stage-{e}.log"));
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut child = Command::new(&exe)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
+        let mut child = spawn_logged(&exe, &args, &log)?;
         let stdout = child.stdout.take().expect("piped");
-        children.0.push(child);
+        children.0.push((format!("stage {e}"), child));
         let (addr_tx, addr_rx) = mpsc::channel();
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -192,10 +167,10 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
             }
         }
     }
-    for child in &mut children.0 {
+    for (name, child) in &mut children.0 {
         let status = child.wait()?;
         if !status.success() {
-            bail!("a stage failed with {status}");
+            bail!("{name} failed with {status}");
         }
     }
 
@@ -222,7 +197,8 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
         )?;
         offset += n;
     }
-    let accuracy = test_accuracy(&mlp, &test)?;
+    let layers: Vec<_> = mlp.layers.iter().collect();
+    let accuracy = mlp_accuracy(&layers, &Device::Cpu, &test, 1000)?;
     let bytes: u64 = done.iter().flatten().map(|d| d.0).sum();
     let memory: usize = done.iter().flatten().map(|d| d.1).sum();
     let widths: usize = (0..e_count - 1).map(|e| config.cut_width(e)).sum();
@@ -250,26 +226,4 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
-}
-
-fn test_accuracy(mlp: &Mlp, test: &murmur_engine::data::ImageSet) -> anyhow::Result<f64> {
-    let indices: Vec<usize> = (0..test.len()).collect();
-    let mut correct = 0;
-    for chunk in indices.chunks(1000) {
-        let (x, labels) = test.batch(chunk);
-        let g = Graph::new(&Device::Cpu);
-        let input = g.input(&Tensor::from_vec(
-            &Device::Cpu,
-            &[chunk.len(), test.features()],
-            x,
-        )?);
-        let logits = mlp.forward(&g, input)?;
-        let predicted = g.value(logits).argmax()?.to_vec_u32()?;
-        correct += predicted
-            .iter()
-            .zip(&labels)
-            .filter(|(p, y)| p == y)
-            .count();
-    }
-    Ok(correct as f64 / test.len().max(1) as f64)
 }

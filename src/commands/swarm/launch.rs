@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,7 @@ use murmur_net::identity::Swarm;
 
 use super::args::{CompressionArgs, JobArgs, LinkArgs, Listening, WorkerEvent};
 use super::progress::Dashboard;
+use crate::commands::processes::{log_tail, spawn_logged, Children};
 
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
@@ -40,24 +40,6 @@ pub struct LaunchArgs {
     quiet: bool,
 }
 
-/// Child processes, killed if the launcher stops early.
-struct Children(Vec<(String, Child)>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
-}
-
 /// Credentials for every process, in `dir`.
 fn prepare(dir: &Path, servers: u16, workers: u16) -> anyhow::Result<()> {
     let swarm = if dir.join("ca.key").exists() {
@@ -75,18 +57,6 @@ fn prepare(dir: &Path, servers: u16, workers: u16) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(dir.join("logs"))?;
     Ok(())
-}
-
-fn spawn(exe: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
-    let log_file =
-        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    Command::new(exe)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log_file)
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))
 }
 
 pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
@@ -138,7 +108,7 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
         args.extend(["--deadline".into(), a.deadline.to_string()]);
         args.extend(a.link.to_args());
         let log = logs.join(format!("server-{shard}.log"));
-        let mut child = spawn(&exe, &args, &log)?;
+        let mut child = spawn_logged(&exe, &args, &log)?;
         let stdout = child.stdout.take().expect("piped");
         children.0.push((format!("server {shard}"), child));
         let (tx, rx) = mpsc::channel();
@@ -168,7 +138,7 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
         args.extend(a.compression.to_args());
         args.extend(a.link.to_args());
         args.push("--json".into());
-        let mut child = spawn(&exe, &args, &logs.join(format!("worker-{rank}.log")))?;
+        let mut child = spawn_logged(&exe, &args, &logs.join(format!("worker-{rank}.log")))?;
         let stdout = child.stdout.take().expect("piped");
         children.0.push((format!("worker {rank}"), child));
         let tx = tx.clone();
