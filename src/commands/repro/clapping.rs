@@ -16,6 +16,7 @@ use murmur_engine::Device;
 use serde::Serialize;
 
 use super::arms::{load_images, open_device};
+use super::clapping_logistic;
 use super::report::{command_line, mean_std, pm, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
@@ -63,6 +64,13 @@ pub struct ClappingArgs {
     m: f32,
     #[arg(long, default_value_t = 1e-4)]
     weight_decay: f32,
+    /// Steps of the logistic regression (E = 2) [default: 30000, quick 6000; 0 skips it].
+    #[arg(long)]
+    logistic_steps: Option<u64>,
+    /// Quantizers of the logistic regression's batch vector y_1, one table each (the spec's
+    /// 2-bit and 4-bit choices).
+    #[arg(long, value_delimiter = ',', default_value = "qsgd:bits=2,qsgd:bits=4")]
+    logistic_codecs: Vec<String>,
     /// Arms to run, by label, separated by semicolons [default: all].
     #[arg(long, value_delimiter = ';')]
     arms: Option<Vec<String>>,
@@ -342,6 +350,7 @@ pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
         steps_per_epoch,
     };
     let started = Instant::now();
+    let logistic = logistic_table(&a, seeds)?;
     let arms = arms(&a);
     eprintln!(
         "Clapping reproduction: {} arms x {seeds} seeds, {epochs} epochs of {steps_per_epoch} \
@@ -453,6 +462,7 @@ pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
         }
         w(String::new());
     }
+    w(logistic);
     w("## Expected orderings (clapping.md §7)\n".into());
     for line in orderings(&results) {
         w(format!("- {line}"));
@@ -534,4 +544,101 @@ fn orderings(results: &[ArmResult]) -> Vec<String> {
         ));
     }
     out
+}
+
+/// The logistic-regression tables (R1), one per quantizer, with their orderings, as markdown.
+fn logistic_table(a: &ClappingArgs, seeds: u64) -> anyhow::Result<String> {
+    let steps = a
+        .logistic_steps
+        .unwrap_or(if a.quick { 6000 } else { 30_000 });
+    let mut out = String::new();
+    if steps == 0 {
+        return Ok(out);
+    }
+    let problems: Vec<_> = (0..seeds).map(clapping_logistic::Problem::new).collect();
+    for codec in &a.logistic_codecs {
+        out.push_str(&logistic_codec_table(&problems, codec, steps)?);
+    }
+    Ok(out)
+}
+
+fn logistic_codec_table(
+    problems: &[clapping_logistic::Problem],
+    codec: &str,
+    steps: u64,
+) -> anyhow::Result<String> {
+    use clapping_logistic::{gaps, Method, DIM, SAMPLES};
+    let batch = 128;
+    let checkpoints = [steps / 6, steps / 2, steps];
+    let methods = [
+        Method::NoCompression,
+        Method::Compression,
+        Method::CompressionEf,
+        Method::Fc(0.5),
+        Method::Fu(0.5),
+        Method::Fc(0.2),
+        Method::Fu(0.2),
+    ];
+    let mut gaps_by_method = vec![vec![Vec::new(); checkpoints.len()]; methods.len()];
+    for (seed, problem) in problems.iter().enumerate() {
+        for (m, &method) in methods.iter().enumerate() {
+            let g = gaps(
+                problem,
+                method,
+                codec,
+                batch,
+                steps,
+                &checkpoints,
+                seed as u64,
+            )?;
+            let shown: Vec<String> = g.iter().map(|v| format!("{v:.2e}")).collect();
+            eprintln!(
+                "logistic regression, {codec}, seed {seed}: {}: gaps {}",
+                method.label(),
+                shown.join(", ")
+            );
+            for (c, v) in g.into_iter().enumerate() {
+                gaps_by_method[m][c].push(v);
+            }
+        }
+    }
+    let mut t = format!(
+        "## Logistic regression, E = 2, `{codec}` (R1)\n\nThe paper's synthetic problem (§6 E1; \
+         generator choices in `src/commands/repro/clapping_logistic.rs`): {SAMPLES} samples of \
+         dimension {DIM}, batch {batch}, {steps} steps of moving-average momentum (m = 0.1, γ = \
+         0.1 halved every {} steps, momentum cleared at each halving). The cut carries y_1 = \
+         −ζ(ξᵀw + b), one value per sample, compressed forward as one vector by `{codec}`; the \
+         gradient travels back exactly. Optimality gap f(w) − f*, mean ± std over {} seed(s) \
+         (f* by full-batch gradient descent).\n\n| method | gap at step {} | at step {} | at \
+         step {} |\n|---|---|---|---|\n",
+        (steps / 6).max(1),
+        problems.len(),
+        checkpoints[0],
+        checkpoints[1],
+        checkpoints[2]
+    );
+    let sci = |v: &[f64]| {
+        let (m, s) = mean_std(v);
+        if v.len() > 1 {
+            format!("{m:.2e} ± {s:.1e}")
+        } else {
+            format!("{m:.2e}")
+        }
+    };
+    for (m, method) in methods.iter().enumerate() {
+        let cells: Vec<String> = gaps_by_method[m].iter().map(|v| sci(v)).collect();
+        t.push_str(&format!("| {} | {} |\n", method.label(), cells.join(" | ")));
+    }
+    let last = |m: usize| mean_std(&gaps_by_method[m][checkpoints.len() - 1]).0;
+    let shown = |ok: bool| if ok { "shown" } else { "NOT shown" };
+    let (none, direct, ef, fc, fu) = (last(0), last(1), last(2), last(3), last(4));
+    t.push_str(&format!(
+        "\nExpected (§7 R1), at p = 0.5: FU below FC at the end ({fu:.2e} vs {fc:.2e}): {}; FC \
+         and FU below direct compression ({direct:.2e}) and compression + EF ({ef:.2e}): {}; no \
+         compression lowest ({none:.2e}): {}.\n\n",
+        shown(fu < fc),
+        shown(fc.max(fu) < direct.min(ef)),
+        shown(none <= fc.min(fu).min(direct).min(ef)),
+    ));
+    Ok(t)
 }

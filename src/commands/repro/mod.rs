@@ -4,6 +4,7 @@
 mod arms;
 mod clan;
 mod clapping;
+mod clapping_logistic;
 mod liec;
 mod loco;
 mod report;
