@@ -22,6 +22,10 @@ pub enum OptimizerSpec {
     /// moves by `η m g`). PyTorch's momentum μ with learning rate `lr` is `m = 1 − μ`,
     /// `η = lr / m`.
     Ema { m: f32 },
+    /// Adam as clapping.md eq. (107) writes it (Algorithm 5): `β1` and `β2` weigh the *new*
+    /// gradient, ε sits inside the square root, no bias correction, no weight decay:
+    /// `u ← (1−β1)u + β1 g`, `s ← (1−β2)s + β2 g²`, `x ← x − η u / √(s + ε)`.
+    AdamPaper { beta1: f32, beta2: f32, eps: f32 },
     /// torch.optim.AdamW (decoupled weight decay, bias correction).
     AdamW { beta1: f32, beta2: f32, eps: f32 },
     /// LANS without gradient normalization, φ = identity, ε outside the square root
@@ -34,6 +38,12 @@ impl OptimizerSpec {
     pub const ADAMW: OptimizerSpec = OptimizerSpec::AdamW {
         beta1: 0.9,
         beta2: 0.999,
+        eps: 1e-8,
+    };
+    /// Eq. (107) with PyTorch's default constants mapped to the paper's convention.
+    pub const ADAM_PAPER: OptimizerSpec = OptimizerSpec::AdamPaper {
+        beta1: 0.1,
+        beta2: 0.001,
         eps: 1e-8,
     };
     pub const LANS: OptimizerSpec = OptimizerSpec::Lans {
@@ -59,6 +69,7 @@ impl fmt::Display for OptimizerSpec {
             OptimizerSpec::Sgd => write!(f, "sgd"),
             OptimizerSpec::Nag { momentum } => write!(f, "nag:{momentum}"),
             OptimizerSpec::Ema { m } => write!(f, "ema:{m}"),
+            OptimizerSpec::AdamPaper { .. } => write!(f, "adam-paper"),
             OptimizerSpec::AdamW { .. } => write!(f, "adamw"),
             OptimizerSpec::Lans { .. } => write!(f, "lans"),
         }
@@ -74,7 +85,7 @@ impl FromStr for OptimizerSpec {
         let bad = || {
             Error::Config(format!(
                 "optimizer {text:?}: use sgd, nag[:momentum] (default 0.9), ema:<m in (0, 1]>, \
-                 adamw or lans"
+                 adamw, adam-paper or lans"
             ))
         };
         match text.split_once(':') {
@@ -82,6 +93,7 @@ impl FromStr for OptimizerSpec {
                 "sgd" => Ok(OptimizerSpec::Sgd),
                 "nag" => Ok(OptimizerSpec::NAG),
                 "adamw" => Ok(OptimizerSpec::ADAMW),
+                "adam-paper" => Ok(OptimizerSpec::ADAM_PAPER),
                 "lans" => Ok(OptimizerSpec::LANS),
                 _ => Err(bad()),
             },
@@ -134,7 +146,9 @@ impl HostOptimizer {
             self.m = vec![0.0; x.len()];
             if matches!(
                 self.spec,
-                OptimizerSpec::AdamW { .. } | OptimizerSpec::Lans { .. }
+                OptimizerSpec::AdamW { .. }
+                    | OptimizerSpec::Lans { .. }
+                    | OptimizerSpec::AdamPaper { .. }
             ) {
                 self.v = vec![0.0; x.len()];
             }
@@ -153,6 +167,14 @@ impl HostOptimizer {
                 sgd_ref(x, u, &mut self.m, &step);
             }
             OptimizerSpec::Ema { m } => ema_momentum_step(x, u, &mut self.m, m, hyper),
+            OptimizerSpec::AdamPaper { beta1, beta2, eps } => {
+                for i in 0..x.len() {
+                    let g = u[i];
+                    self.m[i] = (1.0 - beta1) * self.m[i] + beta1 * g;
+                    self.v[i] = (1.0 - beta2) * self.v[i] + beta2 * g * g;
+                    x[i] -= hyper.lr * self.m[i] / (self.v[i] + eps).sqrt();
+                }
+            }
             OptimizerSpec::AdamW { beta1, beta2, eps }
             | OptimizerSpec::Lans { beta1, beta2, eps } => {
                 let constants = AdamWStep {
@@ -270,6 +292,22 @@ mod tests {
         opt.step(&mut x, &g, h).unwrap();
         // u(2) = 0.75 u(1) + 0.25 g = 0.4375 g
         assert_eq!(x, [1.0 - 0.5 * 0.125 - 0.5 * 0.21875, -2.5 - 0.5 * 1.75]);
+        // Eq. (107) with β1 = β2 = 1 steps by g / √(g² + ε) (invariant 11).
+        let mut adam = OptimizerSpec::AdamPaper {
+            beta1: 1.0,
+            beta2: 1.0,
+            eps: 1e-3,
+        }
+        .build(&[2]);
+        let mut y = vec![0.0f32, 0.0];
+        adam.step(&mut y, &g, h).unwrap();
+        assert_eq!(
+            y,
+            [
+                -0.5 * 0.5 / (0.25f32 + 1e-3).sqrt(),
+                -0.5 * 4.0 / (16.0f32 + 1e-3).sqrt()
+            ]
+        );
         let mut sgd = OptimizerSpec::Ema { m: 1.0 }.build(&[2]);
         let mut plain = OptimizerSpec::Sgd.build(&[2]);
         let (mut a, mut b) = (vec![0.3f32, 0.7], vec![0.3f32, 0.7]);

@@ -51,6 +51,10 @@ pub struct PipelineJob {
     /// Weight of the new gradient in the momentum (PyTorch's momentum is 1 − m).
     #[arg(long, default_value_t = 0.1)]
     pub m: f32,
+    /// ema (momentum in the paper's moving-average form, with --m), adamw (PyTorch's), or
+    /// adam-paper (the paper's eq. 107).
+    #[arg(long, default_value = "ema")]
+    pub optimizer: String,
     #[arg(long, default_value_t = 1e-4)]
     pub weight_decay: f32,
     #[arg(long, default_value_t = 0)]
@@ -87,6 +91,7 @@ impl PipelineJob {
             ),
             format!("--lr={}", self.lr),
             format!("--m={}", self.m),
+            format!("--optimizer={}", self.optimizer),
             format!("--weight-decay={}", self.weight_decay),
             format!("--seed={}", self.seed),
             format!(
@@ -146,7 +151,12 @@ impl PipelineJob {
                 Rule::Batch
             },
             warmup: self.warmup,
-            optimizer: OptimizerSpec::Ema { m: self.m },
+            optimizer: match self.optimizer.as_str() {
+                "ema" => OptimizerSpec::Ema { m: self.m },
+                "adamw" => OptimizerSpec::ADAMW,
+                "adam-paper" => OptimizerSpec::ADAM_PAPER,
+                other => anyhow::bail!("--optimizer {other}: use ema, adamw or adam-paper"),
+            },
             lr: self.lr,
             weight_decay: self.weight_decay,
             lr_drop_at: (self.epochs > 1).then(|| steps * 2 / 3),
