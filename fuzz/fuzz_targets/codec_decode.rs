@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
         seed: 1,
         step: 2,
         key: 3,
+        ..CodecContext::default()
     };
     let mut acc = vec![0.25f32; n];
     match codec.decode_into(payload, &mut acc, &ctx, DecodeMode::Add) {

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::message::{self, Part, RowCodec};
 use super::sampler::Draw;
 use crate::compress::DecodeMode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a fresh sample does to a carried buffer (clapping.md §3.9 and §3.12).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +183,13 @@ impl Mirror {
             })
             .collect::<Result<_>>()?;
         let recon: Vec<f32> = rows.concat();
+        // Finite differences can still add up to infinity on a buffer a peer has pushed far.
+        if let Some(v) = recon.iter().find(|v| !v.is_finite()) {
+            return Err(Error::Payload {
+                codec: format!("stage message ({})", self.codec),
+                detail: format!("the reconstruction holds {v}"),
+            });
+        }
         self.remember(draw, &recon);
         Ok(recon)
     }
@@ -315,5 +322,13 @@ mod tests {
         assert!(rx.receive(&nan, &d, true).is_err());
         assert_eq!(rx.state_bits(), before);
         assert!(rx.receive(&payload, &d, true).is_ok());
+        // Deltas that are each finite but overflow the buffer are refused too.
+        let (mut tx, mut rx) = pair(Policy::Carried(OnFresh::Compress), "topk:5");
+        let d = draw(1, &[0, 1], &[false, false]);
+        let (big, _) = tx.send(&[3e38; 10], &d, true);
+        rx.receive(&big, &d, true).unwrap();
+        let before = rx.state_bits();
+        assert!(rx.receive(&big, &d, true).is_err(), "3e38 + 3e38 overflows");
+        assert_eq!(rx.state_bits(), before);
     }
 }
