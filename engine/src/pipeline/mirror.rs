@@ -331,4 +331,36 @@ mod tests {
         assert!(rx.receive(&big, &d, true).is_err(), "3e38 + 3e38 overflows");
         assert_eq!(rx.state_bits(), before);
     }
+
+    #[test]
+    fn random_bytes_of_the_right_length_cost_an_error_or_decode_to_finite_values() {
+        // What the stage_decode fuzz target does at length, in a few thousand cases: payloads
+        // of exactly the expected length get past the length check into the decoders.
+        let mut rng = crate::rng::Rng::new(3, 0);
+        let policies = [
+            Policy::Direct,
+            Policy::Carried(OnFresh::Raw),
+            Policy::PerSample,
+        ];
+        for codec in [
+            "topk:0.4",
+            "qsgd:bits=4",
+            "natural",
+            "hybrid:bits=6:topk=0.3",
+        ] {
+            for policy in policies {
+                let (_, mut rx) = pair(policy, codec);
+                for step in 0..300u64 {
+                    let d = draw(step, &[rng.below(3), 5], &[rng.below(2) == 0, false]);
+                    let len = rx.payload_len(&d, true);
+                    let payload: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
+                    let before = rx.state_bits();
+                    match rx.receive(&payload, &d, true) {
+                        Ok(v) => assert!(v.iter().all(|x| x.is_finite())),
+                        Err(_) => assert_eq!(rx.state_bits(), before, "{codec} {policy:?}"),
+                    }
+                }
+            }
+        }
+    }
 }
