@@ -11,7 +11,7 @@ use common::{have_mnist, RemovedOnDrop};
 use murmur::engine::algo::OptimizerSpec;
 use murmur::engine::data::{default_root, ImageDataset, Split};
 use murmur::engine::pipeline::message::RowCodec;
-use murmur::engine::pipeline::{PSchedule, Pipeline, PipelineConfig, Rule, Variant};
+use murmur::engine::pipeline::{ModelSpec, PSchedule, Pipeline, PipelineConfig, Rule, Variant};
 use murmur::engine::Device;
 
 fn murmur() -> Command {
@@ -46,7 +46,7 @@ fn stage_processes_over_quic_train_the_in_process_bits() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
 
     let config = PipelineConfig {
-        sizes: vec![784, 32, 16, 10],
+        model: ModelSpec::Mlp(vec![784, 32, 16, 10]),
         stages: 3,
         batch: 128,
         variant: Variant::Fu,
@@ -65,7 +65,7 @@ fn stage_processes_over_quic_train_the_in_process_bits() {
     let mut train = ImageDataset::Mnist.load(&root, Split::Train).unwrap();
     train.truncate(1280);
     let test = ImageDataset::Mnist.load(&root, Split::Test).unwrap();
-    let mut p = Pipeline::new(config.clone(), &Device::Cpu, Arc::new(train)).unwrap();
+    let mut p = Pipeline::new(config.clone(), &Device::Cpu, Arc::new(train.into())).unwrap();
     let mut bytes = 0;
     for _ in 0..10 {
         bytes += p.step().unwrap().bytes;

@@ -7,11 +7,13 @@ use murmur_engine::algo::{Hyper, OptimizerSpec};
 use murmur_engine::data::ImageSet;
 use murmur_engine::nn::{Activation, Mlp, Module};
 use murmur_engine::pipeline::message::RowCodec;
-use murmur_engine::pipeline::{LazySampler, PSchedule, Pipeline, PipelineConfig, Rule, Variant};
+use murmur_engine::pipeline::{
+    LazySampler, ModelSpec, PSchedule, Pipeline, PipelineConfig, PipelineData, Rule, Variant,
+};
 use murmur_engine::{Device, Graph, Tensor};
 
 /// 6x6 images of 4 bands; the label's band is brighter on average, so a model can learn it.
-fn data(n: usize) -> Arc<ImageSet> {
+fn images(n: usize) -> ImageSet {
     let mut rng = murmur_engine::rng::Rng::new(42, 0);
     let mut images = Vec::with_capacity(n * 36);
     let mut labels = Vec::with_capacity(n);
@@ -23,18 +25,24 @@ fn data(n: usize) -> Arc<ImageSet> {
         }
         labels.push(label as u8);
     }
-    Arc::new(ImageSet {
+    ImageSet {
         images,
         labels,
         rows: 6,
         cols: 6,
         classes: 4,
-    })
+    }
 }
+
+fn data(n: usize) -> Arc<PipelineData> {
+    Arc::new(images(n).into())
+}
+
+const SIZES: [usize; 5] = [36, 20, 16, 12, 4];
 
 fn config(variant: Variant, codec: &str, stages: usize, p: f32) -> PipelineConfig {
     PipelineConfig {
-        sizes: vec![36, 20, 16, 12, 4],
+        model: ModelSpec::Mlp(SIZES.to_vec()),
         stages,
         batch: 6,
         variant,
@@ -85,8 +93,8 @@ fn uncompressed_at_p_one_and_m_one_is_plain_sgd_on_the_unsplit_model() {
     c.stages = 1;
     assert_eq!(run(c.clone(), steps).weight_bits(), split, "E = 1");
 
-    let set = data(300);
-    let mut mlp = Mlp::new(&Device::Cpu, &c.sizes, Activation::Relu, c.seed).unwrap();
+    let set = images(300);
+    let mut mlp = Mlp::new(&Device::Cpu, &SIZES, Activation::Relu, c.seed).unwrap();
     let mut sampler = LazySampler::new(set.len(), c.batch, Rule::Batch, c.p, c.seed);
     let mut sgd = OptimizerSpec::Sgd.build(
         &mlp.parameters()
@@ -131,19 +139,17 @@ fn uncompressed_at_p_one_and_m_one_is_plain_sgd_on_the_unsplit_model() {
 /// The gradient of the unsplit model at the pipeline's current weights on `ids`, every
 /// layer's parameters in order (what the stages' `last_gradient`s concatenate to).
 fn exact_gradient(p: &Pipeline, set: &ImageSet, ids: &[usize]) -> Vec<f32> {
-    let layers: Vec<_> = p.stages().iter().flat_map(|s| s.layers()).collect();
     let (x, y) = set.batch(ids);
     let g = Graph::new(&Device::Cpu);
-    let mut h = g.input(&Tensor::from_vec(&Device::Cpu, &[ids.len(), 36], x).unwrap());
-    for (i, layer) in layers.iter().enumerate() {
-        h = layer.forward(&g, h).unwrap();
-        if i + 1 < layers.len() {
-            h = g.relu(h).unwrap();
-        }
-    }
+    let x = Tensor::from_vec(&Device::Cpu, &[ids.len(), 36], x).unwrap();
+    let h = p.logits(&g, &x).unwrap();
     let labels = Tensor::from_u32(&Device::Cpu, &[ids.len()], y).unwrap();
     let loss = g.cross_entropy_mean(h, &labels).unwrap();
-    let params: Vec<&Tensor> = layers.iter().flat_map(|l| l.parameters()).collect();
+    let params: Vec<&Tensor> = p
+        .stages()
+        .iter()
+        .flat_map(|s| s.model().parameters())
+        .collect();
     let grads = g.backward(loss).unwrap().for_params(&params).unwrap();
     Tensor::read_many(&grads.iter().collect::<Vec<_>>())
         .unwrap()
@@ -154,9 +160,9 @@ fn exact_gradient(p: &Pipeline, set: &ImageSet, ids: &[usize]) -> Vec<f32> {
 fn fu_steps_on_fresh_samples_take_the_exact_gradient() {
     // Invariant 6: on a fresh step FU's gradient is the unsplit model's at the same weights,
     // bit for bit; on kept steps (the weights having moved) it is not.
-    let set = data(300);
+    let set = images(300);
     let c = config(Variant::Fu, "topk:0.25", 3, 0.4);
-    let mut fu = Pipeline::new(c.clone(), &Device::Cpu, set.clone()).unwrap();
+    let mut fu = Pipeline::new(c.clone(), &Device::Cpu, Arc::new(set.clone().into())).unwrap();
     let mut sampler = LazySampler::new(set.len(), c.batch, c.rule, c.p, c.seed);
     let (mut fresh_steps, mut kept_differ) = (0, 0);
     for _ in 0..30 {
@@ -314,6 +320,6 @@ fn clapping_trains_and_the_run_is_reproducible() {
     let early: f32 = losses[..50].iter().sum::<f32>() / 50.0;
     let late: f32 = losses[350..].iter().sum::<f32>() / 50.0;
     assert!(late < 0.7 * early, "loss {early} -> {late}");
-    assert!(p.accuracy(&data(300), 64).unwrap() > 0.5);
+    assert!(p.accuracy(&images(300), 64).unwrap() > 0.5);
     assert_eq!(run(c, 400).weight_bits(), p.weight_bits());
 }

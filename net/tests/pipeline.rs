@@ -9,15 +9,21 @@ use std::thread;
 use murmur_engine::algo::OptimizerSpec;
 use murmur_engine::comm::stage::{Direction, StageLink, StageMessage};
 use murmur_engine::data::ImageSet;
-use murmur_engine::pipeline::{PSchedule, Pipeline, PipelineConfig, Rule, Stage, Variant};
+use murmur_engine::nn::GptConfig;
+use murmur_engine::pipeline::{
+    ModelSpec, PSchedule, Pipeline, PipelineConfig, PipelineData, Rule, Stage, TextWindows, Variant,
+};
 use murmur_engine::Device;
 use murmur_net::identity::Swarm;
 use murmur_net::stage::{connect_stage, QuicStageLink, StageListener, StageOptions};
 
 const STEPS: usize = 8;
 
+/// Builds a case's training data (each side of a comparison gets its own copy).
+type DataFn = fn() -> Arc<PipelineData>;
+
 /// 4x4 images of 3 classes: pixels whose index is the label mod 4 are bright.
-fn data() -> Arc<ImageSet> {
+fn data() -> Arc<PipelineData> {
     let mut rng = murmur_engine::rng::Rng::new(11, 0);
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     for _ in 0..120 {
@@ -28,18 +34,56 @@ fn data() -> Arc<ImageSet> {
         }
         labels.push(label as u8);
     }
-    Arc::new(ImageSet {
-        images,
-        labels,
-        rows: 4,
-        cols: 4,
-        classes: 3,
-    })
+    Arc::new(
+        ImageSet {
+            images,
+            labels,
+            rows: 4,
+            cols: 4,
+            classes: 3,
+        }
+        .into(),
+    )
+}
+
+/// A phrase repeated with seeded letter changes, as windows of 8 bytes.
+fn text() -> Arc<PipelineData> {
+    let mut rng = murmur_engine::rng::Rng::new(12, 0);
+    let bytes: Vec<u8> = b"pipelines pass activations along. "
+        .iter()
+        .cycle()
+        .take(700)
+        .map(|&b| {
+            if rng.below(10) == 0 {
+                b'a' + rng.below(26) as u8
+            } else {
+                b
+            }
+        })
+        .collect();
+    Arc::new(TextWindows::new(bytes, 8).unwrap().into())
+}
+
+/// A GPT of three blocks, one per stage.
+fn gpt_config(variant: Variant, codec: &str) -> PipelineConfig {
+    PipelineConfig {
+        model: ModelSpec::Gpt(GptConfig {
+            vocab: 256,
+            context: 8,
+            layers: 3,
+            dim: 16,
+            heads: 2,
+            dropout: 0.0,
+        }),
+        batch: 4,
+        lr: 0.003,
+        ..config(variant, codec)
+    }
 }
 
 fn config(variant: Variant, codec: &str) -> PipelineConfig {
     PipelineConfig {
-        sizes: vec![16, 12, 10, 8, 3],
+        model: ModelSpec::Mlp(vec![16, 12, 10, 8, 3]),
         stages: 3,
         batch: 5,
         variant,
@@ -57,7 +101,7 @@ fn config(variant: Variant, codec: &str) -> PipelineConfig {
 }
 
 /// Every stage's weights after each step, stages in order.
-fn over_quic(config: PipelineConfig) -> Vec<Vec<Vec<u32>>> {
+fn over_quic(config: PipelineConfig, data: DataFn) -> Vec<Vec<Vec<u32>>> {
     let swarm = Swarm::generate("pipeline").unwrap();
     let config = Arc::new(config);
     let stages = config.stages;
@@ -108,7 +152,7 @@ fn over_quic(config: PipelineConfig) -> Vec<Vec<Vec<u32>>> {
         .collect()
 }
 
-fn in_process(config: PipelineConfig) -> Vec<Vec<Vec<u32>>> {
+fn in_process(config: PipelineConfig, data: DataFn) -> Vec<Vec<Vec<u32>>> {
     let mut p = Pipeline::new(config, &Device::Cpu, data()).unwrap();
     (0..STEPS)
         .map(|_| {
@@ -120,18 +164,24 @@ fn in_process(config: PipelineConfig) -> Vec<Vec<Vec<u32>>> {
 
 #[test]
 fn stages_over_quic_give_the_bits_of_the_in_process_pipeline() {
-    for (variant, codec) in [
-        (Variant::Fc, "natural"),
-        (Variant::Fu, "topk:0.3"),
-        (Variant::AqSgd, "qsgd:bits=4"),
-    ] {
-        let quic = over_quic(config(variant, codec));
-        let local = in_process(config(variant, codec));
+    let cases: [(PipelineConfig, DataFn); 4] = [
+        (config(Variant::Fc, "natural"), data),
+        (config(Variant::Fu, "topk:0.3"), data),
+        (config(Variant::AqSgd, "qsgd:bits=4"), data),
+        (gpt_config(Variant::Fc, "topk:0.4"), text),
+    ];
+    for (config, data) in cases {
+        let name = format!(
+            "{} {} on {}",
+            config.variant, config.forward_codec, config.model
+        );
+        let quic = over_quic(config.clone(), data);
+        let local = in_process(config, data);
         assert_eq!(quic.len(), STEPS);
         for t in 0..STEPS {
-            assert_eq!(quic[t], local[t], "{variant} {codec}: step {t}");
+            assert_eq!(quic[t], local[t], "{name}: step {t}");
         }
-        assert_ne!(local[0], local[STEPS - 1], "the weights moved");
+        assert_ne!(local[0], local[STEPS - 1], "{name}: the weights moved");
     }
 }
 

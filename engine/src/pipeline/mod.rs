@@ -2,7 +2,8 @@
 //! cache reset) against the uncompressed pipeline, direct compression, EF21 and AQ-SGD
 //! (shared/specs/clapping.md).
 //!
-//! An MLP is cut into E stages ([`stage::Stage`]). Each step, stage e receives its input
+//! A model ([`model::ModelSpec`]: an MLP, or a GPT cut between blocks) is cut into E stages
+//! ([`stage::Stage`]). Each step, stage e receives its input
 //! across cut e−1 ([`mirror::Mirror`] turns the payload back into `ỹ_{e−1}`), sends its output
 //! across cut e, and later receives `ṽ_e` and sends `v_{e−1}` back; both gradients are taken at
 //! the weights of the forward pass, then its optimizer steps. Every stage draws the same
@@ -14,8 +15,10 @@
 //! shared/DESIGN.md lists the pipeline variants under `algo/`; they live here because they
 //! share nothing with the data-parallel exchange there (no collective, no parameter servers).
 
+pub mod data;
 pub mod message;
 pub mod mirror;
+pub mod model;
 pub mod run;
 pub mod sampler;
 pub mod stage;
@@ -23,8 +26,10 @@ pub mod stage;
 use std::fmt;
 use std::str::FromStr;
 
+pub use data::{PipelineData, TextWindows};
 pub use mirror::{OnFresh, Policy};
-pub use run::{mlp_accuracy, Pipeline, StepReport};
+pub use model::ModelSpec;
+pub use run::{image_accuracy, Pipeline, StepReport};
 pub use sampler::{LazySampler, PSchedule, Rule};
 pub use stage::Stage;
 
@@ -122,9 +127,9 @@ impl FromStr for Variant {
 /// Everything every stage must agree on.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
-    /// MLP widths, input first, classes last (ReLU between layers).
-    pub sizes: Vec<usize>,
-    /// E: the layers are split into this many contiguous stages.
+    pub model: ModelSpec,
+    /// E: the model's layers (an MLP's) or blocks (a GPT's) are split into this many
+    /// contiguous stages.
     pub stages: usize,
     /// Samples per step.
     pub batch: usize,
@@ -147,28 +152,23 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
-    /// Which of the MLP's layers stage `e` holds: contiguous, as even as possible, the earlier
-    /// stages taking the remainder.
+    /// Which of the model's layers or blocks stage `e` holds: contiguous, as even as
+    /// possible, the earlier stages taking the remainder.
     pub fn layers_of(&self, e: usize) -> std::ops::Range<usize> {
-        let layers = self.sizes.len() - 1;
+        let layers = self.model.units();
         let (base, extra) = (layers / self.stages, layers % self.stages);
         let start = e * base + e.min(extra);
         start..start + base + usize::from(e < extra)
     }
 
-    /// Width of cut `e` (between stages e and e+1).
+    /// Values per sample across cut `e` (between stages e and e+1).
     pub fn cut_width(&self, e: usize) -> usize {
-        self.sizes[self.layers_of(e).end]
+        self.model.activation_width(self.layers_of(e).end)
     }
 
     pub fn check(&self) -> Result<()> {
-        let layers = self.sizes.len().saturating_sub(1);
-        if layers == 0 || self.sizes.contains(&0) {
-            return Err(Error::Config(format!(
-                "an MLP needs at least two non-zero widths, got {:?}",
-                self.sizes
-            )));
-        }
+        self.model.check()?;
+        let layers = self.model.units();
         if self.stages == 0 || self.stages > layers {
             return Err(Error::Config(format!(
                 "{} stages for {layers} layers: each stage needs at least one layer",
@@ -202,7 +202,7 @@ mod tests {
 
     fn config(sizes: &[usize], stages: usize) -> PipelineConfig {
         PipelineConfig {
-            sizes: sizes.to_vec(),
+            model: ModelSpec::Mlp(sizes.to_vec()),
             stages,
             batch: 4,
             variant: Variant::Fc,

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::data::{PipelineData, TextWindows};
+use super::model::{ModelSpec, StageInput};
 use super::stage::{Stage, StageStep};
 use super::PipelineConfig;
-use crate::autograd::Graph;
+use crate::autograd::{Graph, Var};
 use crate::comm::stage::{local_links, StageLink};
 use crate::data::ImageSet;
-use crate::error::Result;
-use crate::nn::Linear;
+use crate::error::{Error, Result};
 use crate::tensor::{Device, Tensor};
 
 /// What one pipeline step did.
@@ -31,7 +32,7 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(config: PipelineConfig, device: &Device, data: Arc<ImageSet>) -> Result<Self> {
+    pub fn new(config: PipelineConfig, device: &Device, data: Arc<PipelineData>) -> Result<Self> {
         config.check()?;
         let config = Arc::new(config);
         let mut prev: Option<Box<dyn StageLink>> = None;
@@ -86,11 +87,47 @@ impl Pipeline {
         &self.stages
     }
 
-    /// Fraction of `set` classified correctly by the whole model, without compression (the
-    /// paper's "C. off"; there is no error-feedback state at evaluation).
+    /// The logits of the whole model for stage 0's input `x`, every stage in turn with
+    /// nothing compressed: evaluation is the paper's "C. off", with no error-feedback state.
+    pub fn logits(&self, g: &Graph, x: &Tensor) -> Result<Var> {
+        let mut h = self.stages[0].model().forward(g, StageInput::Data(x))?;
+        for s in &self.stages[1..] {
+            h = s.model().forward(g, StageInput::Received(h))?;
+        }
+        Ok(h)
+    }
+
+    /// Fraction of `set` classified correctly by the whole model, without compression.
     pub fn accuracy(&self, set: &ImageSet, batch: usize) -> Result<f64> {
-        let layers: Vec<&Linear> = self.stages.iter().flat_map(|s| s.layers()).collect();
-        mlp_accuracy(&layers, &self.device, set, batch)
+        image_accuracy(&self.device, set, batch, |g, x| self.logits(g, x))
+    }
+
+    /// Mean next-byte loss in nats over the windows of `text` (at most `max_windows`, evenly
+    /// spread), without compression.
+    pub fn text_loss(&self, text: &TextWindows, max_windows: usize, batch: usize) -> Result<f64> {
+        if !matches!(&self.config.model, ModelSpec::Gpt(c) if c.context == text.context()) {
+            return Err(Error::Config(format!(
+                "windows of {} bytes for {}",
+                text.context(),
+                self.config.model
+            )));
+        }
+        let stride = text.len().div_ceil(max_windows.max(1));
+        let picked: Vec<usize> = (0..text.len()).step_by(stride.max(1)).collect();
+        if picked.is_empty() {
+            return Err(Error::Data("no window of text to evaluate".into()));
+        }
+        let mut total = 0.0;
+        for chunk in picked.chunks(batch.max(1)) {
+            let (inputs, targets) = text.batch(chunk);
+            let c = text.context();
+            let x = Tensor::from_u32(&self.device, &[chunk.len(), c], inputs)?;
+            let targets = Tensor::from_u32(&self.device, &[chunk.len() * c], targets)?;
+            let g = Graph::new(&self.device);
+            let loss = g.cross_entropy_mean(self.logits(&g, &x)?, &targets)?;
+            total += g.value(loss).item()? as f64 * chunk.len() as f64;
+        }
+        Ok(total / picked.len() as f64)
     }
 
     /// Error-feedback state of the whole pipeline, in f32 values.
@@ -104,28 +141,21 @@ impl Pipeline {
     }
 }
 
-/// Fraction of `set` that the MLP made of `layers` (ReLU between them) classifies correctly,
-/// evaluated in batches of `batch`.
-pub fn mlp_accuracy(
-    layers: &[&Linear],
+/// Fraction of `set` that `logits` (a model's forward pass from `[samples, features]`)
+/// classifies correctly, evaluated in batches of `batch`.
+pub fn image_accuracy(
     device: &Device,
     set: &ImageSet,
     batch: usize,
+    logits: impl Fn(&Graph, &Tensor) -> Result<Var>,
 ) -> Result<f64> {
     let indices: Vec<usize> = (0..set.len()).collect();
     let mut correct = 0;
     for chunk in indices.chunks(batch.max(1)) {
         let (x, labels) = set.batch(chunk);
+        let x = Tensor::from_vec(device, &[chunk.len(), set.features()], x)?;
         let g = Graph::new(device);
-        let t = Tensor::from_vec(device, &[chunk.len(), set.features()], x)?;
-        let mut h = g.input(&t);
-        for (i, layer) in layers.iter().enumerate() {
-            h = layer.forward(&g, h)?;
-            if i + 1 < layers.len() {
-                h = g.relu(h)?;
-            }
-        }
-        let predicted = g.value(h).argmax()?.to_vec_u32()?;
+        let predicted = g.value(logits(&g, &x)?).argmax()?.to_vec_u32()?;
         correct += predicted
             .iter()
             .zip(&labels)

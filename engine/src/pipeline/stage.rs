@@ -1,19 +1,20 @@
-//! One pipeline stage: a contiguous slice of the MLP, its optimizer, its copy of the sampler
+//! One pipeline stage: a contiguous slice of the model, its optimizer, its copy of the sampler
 //! and its ends of the error-feedback buffers at the cuts on either side (clapping.md
 //! Algorithms 2–4). The same code runs a stage in-process and as a peer over QUIC.
 
 use std::sync::Arc;
 
+use super::data::PipelineData;
 use super::message::RowCodec;
 use super::mirror::Mirror;
+use super::model::{StageInput, StageModel};
 use super::sampler::{Draw, LazySampler};
 use super::PipelineConfig;
 use crate::algo::{HostOptimizer, Hyper};
 use crate::autograd::{Graph, Var};
 use crate::comm::stage::{Direction, StageLink, StageMessage};
-use crate::data::ImageSet;
 use crate::error::{Error, Result};
-use crate::nn::{Activation, Linear, Mlp, Module};
+use crate::nn::Module;
 use crate::tensor::{Device, Tensor};
 
 /// The forward pass of a step, kept for its backward pass.
@@ -41,12 +42,12 @@ pub struct Stage {
     pub index: usize,
     config: Arc<PipelineConfig>,
     device: Device,
-    layers: Vec<Linear>,
-    /// The layers' parameters as one host vector, which the optimizer updates.
+    model: StageModel,
+    /// The model's parameters as one host vector, which the optimizer updates.
     weights: Vec<f32>,
     optimizer: HostOptimizer,
     sampler: LazySampler,
-    data: Arc<ImageSet>,
+    data: Arc<PipelineData>,
     prev: Option<Box<dyn StageLink>>,
     next: Option<Box<dyn StageLink>>,
     /// Cut e−1's forward buffer (receiving end) and backward buffer (sending end).
@@ -69,13 +70,13 @@ fn channel(cut: usize, d: Direction) -> u32 {
 
 impl Stage {
     /// Stage `index` of `config.stages`, with links to its neighbours (`None` at the ends).
-    /// Every stage builds the whole MLP from the seed and keeps its own layers, so the
+    /// Every stage builds the whole model from the seed and keeps its own part, so the
     /// stages' initial weights are those of the unsplit model.
     pub fn new(
         index: usize,
         config: Arc<PipelineConfig>,
         device: &Device,
-        data: Arc<ImageSet>,
+        data: Arc<PipelineData>,
         prev: Option<Box<dyn StageLink>>,
         next: Option<Box<dyn StageLink>>,
     ) -> Result<Stage> {
@@ -87,24 +88,15 @@ impl Stage {
                 config.stages
             )));
         }
-        if data.features() != config.sizes[0] || data.is_empty() {
-            return Err(Error::Config(format!(
-                "the data has {} samples of {} features; the model takes {}",
-                data.len(),
-                data.features(),
-                config.sizes[0]
-            )));
-        }
-        let mlp = Mlp::new(device, &config.sizes, Activation::Relu, config.seed)?;
-        let range = config.layers_of(index);
-        let layers: Vec<Linear> = mlp
-            .layers
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| range.contains(i))
-            .map(|(_, l)| l)
-            .collect();
-        let params: Vec<&Tensor> = layers.iter().flat_map(|l| l.parameters()).collect();
+        data.check_fits(&config.model)?;
+        let model = StageModel::build(
+            &config.model,
+            config.layers_of(index),
+            index == last,
+            device,
+            config.seed,
+        )?;
+        let params = model.parameters();
         let sizes: Vec<usize> = params.iter().map(|p| p.numel()).collect();
         let weights = Tensor::read_many(&params)?.concat();
         let (fwd, bwd) = config.variant.policies();
@@ -134,7 +126,7 @@ impl Stage {
         Ok(Stage {
             index,
             device: device.clone(),
-            layers,
+            model,
             optimizer: config.optimizer.build(&sizes),
             weights,
             sampler,
@@ -153,12 +145,8 @@ impl Stage {
         })
     }
 
-    fn is_last(&self) -> bool {
-        self.index + 1 == self.config.stages
-    }
-
     /// This step's forward pass (Algorithm 2): draw the batch, receive `ỹ_{e−1}` (or read the
-    /// images), compute `y_e` and send it on.
+    /// data), compute `y_e` and send it on.
     pub fn forward(&mut self) -> Result<()> {
         if self.pending.is_some() {
             return Err(Error::Config(format!(
@@ -175,23 +163,19 @@ impl Stage {
             (Some(link), Some(mirror)) => {
                 let payload = link.expect(step, Direction::Forward)?;
                 let values = mirror.receive(&payload, &draw, compress)?;
-                let width = self.config.sizes[self.config.layers_of(self.index).start];
-                let t = Tensor::from_vec(&self.device, &[batch, width], values)?;
-                (g.param(&t), Some(t))
+                let shape = self
+                    .config
+                    .model
+                    .activation_shape(self.config.layers_of(self.index).start, batch);
+                let t = Tensor::from_vec(&self.device, &shape, values)?;
+                let x = g.param(&t);
+                (self.model.forward(&g, StageInput::Received(x))?, Some(t))
             }
             _ => {
-                let (x, _) = self.data.batch(&draw.ids);
-                let t = Tensor::from_vec(&self.device, &[batch, self.config.sizes[0]], x)?;
-                (g.input(&t), None)
+                let (x, _) = self.data.batch(&self.device, &draw.ids)?;
+                (self.model.forward(&g, StageInput::Data(&x))?, None)
             }
         };
-        let mut h = h;
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(&g, h)?;
-            if i + 1 < self.layers.len() || !self.is_last() {
-                h = g.relu(h)?;
-            }
-        }
         let mut loss = None;
         if let (Some(link), Some(mirror)) = (&mut self.next, &mut self.forward_out) {
             let y = g.value(h).to_vec()?;
@@ -203,8 +187,7 @@ impl Stage {
                 payload,
             })?;
         } else {
-            let (_, labels) = self.data.batch(&draw.ids);
-            let labels = Tensor::from_u32(&self.device, &[batch], labels)?;
+            let (_, labels) = self.data.batch(&self.device, &draw.ids)?;
             loss = Some(g.cross_entropy_mean(h, &labels)?);
         }
         self.pending = Some(Pending {
@@ -259,7 +242,7 @@ impl Stage {
                 payload,
             })?;
         }
-        let params: Vec<&Tensor> = self.layers.iter().flat_map(|l| l.parameters()).collect();
+        let params = self.model.parameters();
         let gradient =
             Tensor::read_many(&grads.for_params(&params)?.iter().collect::<Vec<_>>())?.concat();
         drop(grads);
@@ -281,7 +264,7 @@ impl Stage {
 
     fn upload_weights(&mut self) -> Result<()> {
         let mut offset = 0;
-        for p in self.layers.iter_mut().flat_map(|l| l.parameters_mut()) {
+        for p in self.model.parameters_mut() {
             let n = p.numel();
             *p = Tensor::from_vec(
                 &self.device,
@@ -304,12 +287,12 @@ impl Stage {
         self.step
     }
 
-    /// This stage's layers, for evaluating the whole model.
-    pub fn layers(&self) -> &[Linear] {
-        &self.layers
+    /// This stage's part of the model, for evaluating the whole model.
+    pub fn model(&self) -> &StageModel {
+        &self.model
     }
 
-    /// This stage's parameters, layer by layer (weight then bias), as one vector.
+    /// This stage's parameters in the order of [`Module::parameters`], as one vector.
     pub fn weights(&self) -> &[f32] {
         &self.weights
     }

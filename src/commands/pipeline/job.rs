@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use murmur_engine::algo::OptimizerSpec;
 use murmur_engine::data::{default_root, ImageDataset, ImageSet, Split};
-use murmur_engine::pipeline::{PSchedule, PipelineConfig, Rule};
+use murmur_engine::pipeline::{ModelSpec, PSchedule, PipelineConfig, Rule};
 
 use crate::commands::train::DeviceKind;
 
@@ -132,13 +132,18 @@ impl PipelineJob {
         self.epochs as u64 * (train.len() / self.batch.max(1)) as u64
     }
 
-    pub fn config(&self, train: &ImageSet) -> anyhow::Result<PipelineConfig> {
+    /// The MLP's widths: the images' features, the hidden widths, the classes.
+    pub fn sizes(&self, train: &ImageSet) -> Vec<usize> {
         let mut sizes = vec![train.features()];
         sizes.extend(&self.hidden);
         sizes.push(train.classes);
+        sizes
+    }
+
+    pub fn config(&self, train: &ImageSet) -> anyhow::Result<PipelineConfig> {
         let steps = self.steps(train);
         let config = PipelineConfig {
-            sizes,
+            model: ModelSpec::Mlp(self.sizes(train)),
             stages: self.stages,
             batch: self.batch,
             variant: self.variant.parse()?,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use murmur_engine::nn::{Activation, Mlp, Module};
-use murmur_engine::pipeline::mlp_accuracy;
+use murmur_engine::pipeline::image_accuracy;
 use murmur_engine::{Device, Tensor};
 use murmur_net::identity::Swarm;
 
@@ -55,6 +55,7 @@ fn read_weights(path: &Path, expected: usize) -> anyhow::Result<Vec<f32>> {
 pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
     let (dataset, train, test) = a.job.load()?;
     let config = a.job.config(&train)?;
+    let sizes = a.job.sizes(&train);
     let steps = a.job.steps(&train);
     let e_count = config.stages;
     let dir = a.dir.clone().unwrap_or_else(|| {
@@ -70,7 +71,7 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
     eprintln!(
         "murmur pipeline: {e_count} stages of an MLP {:?} on {}, {} with activations `{}` and \
          gradients `{}`, p = {}, {steps} steps; logs in {}",
-        config.sizes,
+        sizes,
         dataset.name(),
         config.variant,
         config.forward_codec,
@@ -175,7 +176,7 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
     }
 
     // Put the stages' weights back into one model and test it.
-    let mut mlp = Mlp::new(&Device::Cpu, &config.sizes, Activation::Relu, config.seed)?;
+    let mut mlp = Mlp::new(&Device::Cpu, &sizes, Activation::Relu, config.seed)?;
     let mut weights = Vec::new();
     for e in 0..e_count {
         let count: usize = mlp.layers[config.layers_of(e)]
@@ -197,8 +198,7 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
         )?;
         offset += n;
     }
-    let layers: Vec<_> = mlp.layers.iter().collect();
-    let accuracy = mlp_accuracy(&layers, &Device::Cpu, &test, 1000)?;
+    let accuracy = image_accuracy(&Device::Cpu, &test, 1000, |g, x| mlp.forward(g, g.input(x)))?;
     let bytes: u64 = done.iter().flatten().map(|d| d.0).sum();
     let memory: usize = done.iter().flatten().map(|d| d.1).sum();
     let widths: usize = (0..e_count - 1).map(|e| config.cut_width(e)).sum();

@@ -108,7 +108,7 @@ pub fn run(a: StageArgs) -> anyhow::Result<()> {
         Some(l) => Some(Box::new(l.accept().context("waiting for the next stage")?)),
         None => None,
     };
-    let mut stage = Stage::new(e, config, &device, Arc::new(train), prev, next)?;
+    let mut stage = Stage::new(e, config, &device, Arc::new(train.into()), prev, next)?;
     let started = Instant::now();
     let every = (steps / 100).max(1);
     let (mut bytes, mut loss_sum, mut losses) = (0u64, 0f64, 0u64);

@@ -11,12 +11,15 @@ use anyhow::Context;
 use clap::Args;
 use murmur_engine::algo::OptimizerSpec;
 use murmur_engine::data::ImageSet;
-use murmur_engine::pipeline::{PSchedule, Pipeline, PipelineConfig, Rule, Variant};
+use murmur_engine::pipeline::{
+    ModelSpec, PSchedule, Pipeline, PipelineConfig, PipelineData, Rule, Variant,
+};
 use murmur_engine::Device;
 use serde::Serialize;
 
 use super::arms::{load_images, open_device};
 use super::clapping_logistic;
+use super::pipeline_steps::checked_step;
 use super::report::{command_line, mean_std, pm, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
@@ -227,7 +230,9 @@ impl ArmResult {
 }
 
 struct Setup {
-    train: Arc<ImageSet>,
+    train: Arc<PipelineData>,
+    /// The MLP's widths: features, hidden widths, classes.
+    sizes: Vec<usize>,
     test: ImageSet,
     device: Device,
     epochs: u32,
@@ -235,9 +240,6 @@ struct Setup {
 }
 
 fn config(a: &ClappingArgs, s: &Setup, arm: &Arm, seed: u64) -> anyhow::Result<PipelineConfig> {
-    let mut sizes = vec![s.train.features()];
-    sizes.extend(&a.hidden);
-    sizes.push(s.train.classes);
     let epochs = if arm.table == Table::Stream {
         1
     } else {
@@ -245,7 +247,7 @@ fn config(a: &ClappingArgs, s: &Setup, arm: &Arm, seed: u64) -> anyhow::Result<P
     };
     let steps = epochs as u64 * s.steps_per_epoch;
     Ok(PipelineConfig {
-        sizes,
+        model: ModelSpec::Mlp(s.sizes.clone()),
         stages: arm.stages,
         batch: a.batch,
         variant: arm.variant.parse()?,
@@ -287,18 +289,13 @@ fn train_one(
     'epochs: for epoch in 0..epochs {
         let (mut loss, mut bytes) = (0.0f64, 0usize);
         for step in 0..s.steps_per_epoch {
-            match pipeline.step() {
-                Ok(r) if r.loss.is_finite() => {
+            match checked_step(&mut pipeline) {
+                Ok(r) => {
                     loss += r.loss as f64;
                     bytes += r.bytes;
                 }
-                Ok(_) => {
-                    run.failed_at =
-                        Some(format!("epoch {} step {step}: loss not finite", epoch + 1));
-                    break 'epochs;
-                }
-                Err(e) => {
-                    run.failed_at = Some(format!("epoch {} step {step}: {e}", epoch + 1));
+                Err(why) => {
+                    run.failed_at = Some(format!("epoch {} step {step}: {why}", epoch + 1));
                     break 'epochs;
                 }
             }
@@ -342,8 +339,12 @@ pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
         load_images(&a.dataset, a.train_limit.or(a.quick.then_some(10_000)))?;
     let (device, adapter) = open_device(a.device)?;
     let steps_per_epoch = (train.len() / a.batch) as u64;
+    let mut sizes = vec![train.features()];
+    sizes.extend(&a.hidden);
+    sizes.push(train.classes);
     let setup = Setup {
-        train: Arc::new(train),
+        train: Arc::new(train.into()),
+        sizes,
         test,
         device,
         epochs,

@@ -4,9 +4,11 @@
 mod arms;
 mod clan;
 mod clapping;
+mod clapping_gpt;
 mod clapping_logistic;
 mod liec;
 mod loco;
+mod pipeline_steps;
 mod report;
 
 pub use arms::open_device;
@@ -28,6 +30,9 @@ pub enum ReproCommand {
     /// compression, EF21 and AQ-SGD, a sweep over the number of stages and a one-pass run
     /// (shared/specs/clapping.md §7).
     Clapping(clapping::ClappingArgs),
+    /// Clapping-FC with a sweep over p against the uncompressed pipeline, direct compression
+    /// and EF21 on a byte-level GPT cut between its blocks (shared/specs/clapping.md §7 R4).
+    ClappingGpt(clapping_gpt::ClappingGptArgs),
 }
 
 pub fn run(command: ReproCommand) -> anyhow::Result<()> {
@@ -36,5 +41,6 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::Clan(a) => clan::run(a),
         ReproCommand::Loco(a) => loco::run(a),
         ReproCommand::Clapping(a) => clapping::run(a),
+        ReproCommand::ClappingGpt(a) => clapping_gpt::run(a),
     }
 }
