@@ -4,16 +4,29 @@
 /// Whether MNIST is in `data/`; a test that needs it skips with a visible notice, or fails
 /// under CI, where a missing dataset is a set-up error.
 pub fn have_mnist() -> bool {
+    have_data("MNIST", |root| {
+        let mnist = root.join("mnist");
+        mnist.join("train-images-idx3-ubyte").exists()
+            || mnist.join("train-images-idx3-ubyte.gz").exists()
+    })
+}
+
+/// Whether the Shakespeare plays are in `data/text`, with the same rule as [`have_mnist`].
+pub fn have_shakespeare() -> bool {
+    have_data("the Shakespeare texts", |root| {
+        std::fs::read_dir(root.join("text")).is_ok_and(|mut d| d.next().is_some())
+    })
+}
+
+fn have_data(name: &str, present: impl Fn(&std::path::Path) -> bool) -> bool {
     // Where the binary looks: tests run from the package root, and MURMUR_DATA overrides it.
-    let root = murmur::engine::data::default_root().join("mnist");
-    let ok = root.join("train-images-idx3-ubyte").exists()
-        || root.join("train-images-idx3-ubyte.gz").exists();
+    let ok = present(&murmur::engine::data::default_root());
     if !ok {
         assert!(
             std::env::var_os("CI").is_none(),
-            "MNIST missing under CI: run scripts/fetch-data.sh"
+            "{name} missing under CI: run scripts/fetch-data.sh"
         );
-        eprintln!("NOTICE: skipping: MNIST not fetched (scripts/fetch-data.sh)");
+        eprintln!("NOTICE: skipping: {name} not fetched (scripts/fetch-data.sh)");
     }
     ok
 }

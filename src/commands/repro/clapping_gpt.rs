@@ -66,6 +66,10 @@ pub struct ClappingGptArgs {
     lr: f32,
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f32,
+    /// Steps at the start that travel uncompressed (clapping.md §3.12's compression warm-up;
+    /// the paper's GPT-2 runs fine-tune a pretrained model, which this approximates).
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
     /// Held-out windows in each validation [default: 512, quick 128].
     #[arg(long)]
     eval_windows: Option<usize>,
@@ -196,7 +200,7 @@ fn config(a: &ClappingGptArgs, s: &Setup, arm: &Arm, seed: u64) -> anyhow::Resul
         backward_codec: a.codec.clone(),
         p: PSchedule::Constant(arm.p),
         rule: Rule::Batch,
-        warmup: 0,
+        warmup: a.warmup,
         optimizer: OptimizerSpec::ADAMW,
         lr: a.lr,
         weight_decay: a.weight_decay,
@@ -401,7 +405,7 @@ fn report(a: &ClappingGptArgs, results: &[ArmResult], f: &ReportFacts) -> String
          the training plays ({}, {} windows); {} windows per step, batch-wise lazy \
          sampling, {} steps for every arm ({:.2} passes' worth), AdamW (γ = {}, weight decay \
          {}, γ dropping 10x after two thirds). Activations and activation gradients `{}` per \
-         sample at every cut. Validation: mean next-byte loss in nats on {} of the {} windows \
+         sample at every cut{}. Validation: mean next-byte loss in nats on {} of the {} windows \
          of the held-out plays, evaluated without compression; byte perplexity is its \
          exponential. Mean ± std over {} seed(s).\n",
         a.layers,
@@ -422,6 +426,11 @@ fn report(a: &ClappingGptArgs, results: &[ArmResult], f: &ReportFacts) -> String
         a.lr,
         a.weight_decay,
         a.codec,
+        if a.warmup > 0 {
+            format!(" after {} uncompressed warm-up steps", a.warmup)
+        } else {
+            String::new()
+        },
         f.eval_windows.min(f.valid_windows),
         f.valid_windows,
         f.seeds
@@ -471,10 +480,12 @@ fn report(a: &ClappingGptArgs, results: &[ArmResult], f: &ReportFacts) -> String
     if !split.is_empty() {
         w(String::new());
         w("## Where Clapping-FC's gap comes from\n".into());
-        w("Validation loss above the uncompressed pipeline at p = 1, split into what lazy \
+        w(
+            "Validation loss above the uncompressed pipeline at p = 1, split into what lazy \
            sampling alone costs (the uncompressed arm at the same p) and what compression adds \
            on top (Clapping-FC against that arm), in nats per byte:\n"
-            .into());
+                .into(),
+        );
         w("| p | lazy sampling alone | compression on top | Clapping-FC in all |".into());
         w("|---|---|---|---|".into());
         for line in split {
