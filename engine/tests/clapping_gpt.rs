@@ -2,6 +2,8 @@
 //! compression, the untied head starts as the tied model, and compressed cuts keep both ends
 //! of every buffer equal while the model learns.
 
+mod common;
+
 use std::sync::Arc;
 
 use murmur_engine::algo::OptimizerSpec;
@@ -67,6 +69,43 @@ fn config(variant: Variant, codec: &str, stages: usize) -> PipelineConfig {
 
 fn pipeline(c: PipelineConfig) -> Pipeline {
     Pipeline::new(c, &Device::Cpu, Arc::new(windows().into())).unwrap()
+}
+
+#[test]
+fn a_compressed_gpt_pipeline_on_the_gpu_follows_the_cpu_reference() {
+    // The GPT's stages on a GPU train what the CPU reference trains. On lavapipe, which
+    // evaluates every kernel with the reference's arithmetic, the runs agree bit for bit (so
+    // peers on either device would send the same payloads); elsewhere they stay close.
+    let run = |device: &Device| {
+        let mut p = Pipeline::new(
+            config(Variant::Fc, "topk:0.4", 3),
+            device,
+            Arc::new(windows().into()),
+        )
+        .unwrap();
+        let losses: Vec<f32> = (0..5).map(|_| p.step().unwrap().loss).collect();
+        let valid = p.text_loss(&windows(), 16, 8).unwrap();
+        (losses, valid, p.weight_bits())
+    };
+    let (cpu, gpu) = (run(&Device::Cpu), run(&common::gpu()));
+    if common::exact_adapter() {
+        assert_eq!(cpu, gpu, "lavapipe computes the CPU reference's bits");
+    } else {
+        for (c, g) in cpu.0.iter().zip(&gpu.0) {
+            assert!(
+                (c - g).abs() < 1e-3 * c.abs().max(1.0),
+                "losses {:?} {:?}",
+                cpu.0,
+                gpu.0
+            );
+        }
+        assert!(
+            (cpu.1 - gpu.1).abs() < 1e-2,
+            "validation {} {}",
+            cpu.1,
+            gpu.1
+        );
+    }
 }
 
 #[test]
