@@ -41,17 +41,29 @@ impl TextWindows {
         self.context
     }
 
-    /// Inputs and targets of windows `ids`, each `[ids.len() * context]`.
-    pub fn batch(&self, ids: &[usize]) -> (Vec<u32>, Vec<u32>) {
+    /// Window `i`: its `context` inputs followed by the byte after them.
+    fn window(&self, i: usize) -> &[u8] {
+        &self.text[i * self.context..][..self.context + 1]
+    }
+
+    /// Input bytes of windows `ids`, `[ids.len() * context]`.
+    pub fn inputs(&self, ids: &[usize]) -> Vec<u32> {
         let c = self.context;
-        let mut inputs = Vec::with_capacity(ids.len() * c);
-        let mut targets = Vec::with_capacity(ids.len() * c);
-        for &i in ids {
-            let window = &self.text[i * c..i * c + c + 1];
-            inputs.extend(window[..c].iter().map(|&b| u32::from(b)));
-            targets.extend(window[1..].iter().map(|&b| u32::from(b)));
-        }
-        (inputs, targets)
+        ids.iter()
+            .flat_map(|&i| self.window(i)[..c].iter().map(|&b| u32::from(b)))
+            .collect()
+    }
+
+    /// Next-byte targets of windows `ids`: each input shifted by one, `[ids.len() * context]`.
+    pub fn targets(&self, ids: &[usize]) -> Vec<u32> {
+        ids.iter()
+            .flat_map(|&i| self.window(i)[1..].iter().map(|&b| u32::from(b)))
+            .collect()
+    }
+
+    /// Inputs and targets of windows `ids`.
+    pub fn batch(&self, ids: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        (self.inputs(ids), self.targets(ids))
     }
 }
 
@@ -103,22 +115,29 @@ impl PipelineData {
         Err(Error::Config(format!("{data} do not fit {model}")))
     }
 
-    /// Stage 0's input for samples `ids` (features or token ids) and the last stage's labels.
-    pub fn batch(&self, device: &Device, ids: &[usize]) -> Result<(Tensor, Tensor)> {
+    /// Stage 0's input for samples `ids`: features `[ids.len(), features]` or token ids
+    /// `[ids.len(), context]`.
+    pub fn inputs(&self, device: &Device, ids: &[usize]) -> Result<Tensor> {
         match self {
             PipelineData::Images(s) => {
-                let (x, labels) = s.batch(ids);
-                Ok((
-                    Tensor::from_vec(device, &[ids.len(), s.features()], x)?,
-                    Tensor::from_u32(device, &[ids.len()], labels)?,
-                ))
+                Tensor::from_vec(device, &[ids.len(), s.features()], s.batch(ids).0)
             }
             PipelineData::Text(t) => {
-                let (inputs, targets) = t.batch(ids);
-                Ok((
-                    Tensor::from_u32(device, &[ids.len(), t.context], inputs)?,
-                    Tensor::from_u32(device, &[ids.len() * t.context], targets)?,
-                ))
+                Tensor::from_u32(device, &[ids.len(), t.context], t.inputs(ids))
+            }
+        }
+    }
+
+    /// The last stage's labels for samples `ids`: one class per image, one next byte per
+    /// input byte.
+    pub fn labels(&self, device: &Device, ids: &[usize]) -> Result<Tensor> {
+        match self {
+            PipelineData::Images(s) => {
+                let labels = ids.iter().map(|&i| u32::from(s.labels[i])).collect();
+                Tensor::from_u32(device, &[ids.len()], labels)
+            }
+            PipelineData::Text(t) => {
+                Tensor::from_u32(device, &[ids.len() * t.context], t.targets(ids))
             }
         }
     }

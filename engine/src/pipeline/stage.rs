@@ -172,7 +172,7 @@ impl Stage {
                 (self.model.forward(&g, StageInput::Received(x))?, Some(t))
             }
             _ => {
-                let (x, _) = self.data.batch(&self.device, &draw.ids)?;
+                let x = self.data.inputs(&self.device, &draw.ids)?;
                 (self.model.forward(&g, StageInput::Data(&x))?, None)
             }
         };
@@ -187,7 +187,7 @@ impl Stage {
                 payload,
             })?;
         } else {
-            let (_, labels) = self.data.batch(&self.device, &draw.ids)?;
+            let labels = self.data.labels(&self.device, &draw.ids)?;
             loss = Some(g.cross_entropy_mean(h, &labels)?);
         }
         self.pending = Some(Pending {

@@ -15,7 +15,7 @@ use murmur_engine::train::{Classifier, ClassifierConfig};
 use murmur_engine::Device;
 use serde::Serialize;
 
-use super::report::{command_line, mean_std, write_keeping_notes};
+use super::report::{command_line, keep_arms, mean_std, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
 
@@ -80,14 +80,7 @@ impl Bench {
     pub fn new(args: CommonArgs, paper: &str) -> anyhow::Result<Self> {
         let seeds = args.seeds.unwrap_or(if args.quick { 1 } else { 2 });
         let epochs = args.epochs.unwrap_or(if args.quick { 2 } else { 6 });
-        let out = args.out.clone().unwrap_or_else(|| {
-            let dir = if args.quick {
-                "target/repro"
-            } else {
-                "docs/results"
-            };
-            PathBuf::from(format!("{dir}/{paper}.md"))
-        });
+        let out = results_path(&args.out, args.quick, &format!("{paper}.md"));
         let (dataset, train, test) = load_images(
             &args.dataset,
             args.train_limit.or(args.quick.then_some(30_000)),
@@ -164,13 +157,7 @@ impl Bench {
     /// Runs every arm the options select over the seeds, announcing the plan as `title`
     /// (with `detail`) and showing progress on stderr.
     pub fn run(&self, title: &str, detail: &str, arms: Vec<Arm>) -> anyhow::Result<Vec<ArmResult>> {
-        let arms: Vec<Arm> = match &self.args.arms {
-            Some(keep) => arms
-                .into_iter()
-                .filter(|a| keep.contains(&a.label))
-                .collect(),
-            None => arms,
-        };
+        let arms = keep_arms(arms, &self.args.arms, |a| &a.label);
         eprintln!(
             "{title}: {} arms x {} seeds, {} workers, {} epochs of {} steps on {}{detail}, {}",
             arms.len(),

@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::arms::{load_images, open_device};
 use super::clapping_logistic;
 use super::pipeline_steps::checked_step;
-use super::report::{command_line, mean_std, pm, write_keeping_notes};
+use super::report::{command_line, keep_arms, mean_std, pm, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
 
@@ -173,13 +173,7 @@ fn arms(a: &ClappingArgs) -> Vec<Arm> {
             out.push(arm(label.into(), Table::Stream, v, p, e));
         }
     }
-    match &a.arms {
-        Some(keep) => out
-            .into_iter()
-            .filter(|x| keep.contains(&x.label))
-            .collect(),
-        None => out,
-    }
+    keep_arms(out, &a.arms, |x| &x.label)
 }
 
 /// One seed of one arm, epoch by epoch.
@@ -328,13 +322,7 @@ fn train_one(
 pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 3 });
     let epochs = a.epochs.unwrap_or(if a.quick { 2 } else { 3 });
-    let out = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from(if a.quick {
-            "target/repro/clapping.md"
-        } else {
-            "docs/results/clapping.md"
-        })
-    });
+    let out = results_path(&a.out, a.quick, "clapping.md");
     let (dataset, train, test) =
         load_images(&a.dataset, a.train_limit.or(a.quick.then_some(10_000)))?;
     let (device, adapter) = open_device(a.device)?;

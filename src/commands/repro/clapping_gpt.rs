@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::arms::open_device;
 use super::pipeline_steps::{checked_step, evaluates_after};
-use super::report::{command_line, mean_std, pm, write_keeping_notes};
+use super::report::{command_line, keep_arms, mean_std, pm, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
 
@@ -166,13 +166,7 @@ fn arms(a: &ClappingGptArgs) -> Vec<Arm> {
             p,
         ));
     }
-    match &a.arms {
-        Some(keep) => out
-            .into_iter()
-            .filter(|x| keep.contains(&x.label))
-            .collect(),
-        None => out,
-    }
+    keep_arms(out, &a.arms, |x| &x.label)
 }
 
 struct Setup {
@@ -267,13 +261,7 @@ pub fn run(a: ClappingGptArgs) -> anyhow::Result<()> {
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 2 });
     let steps = a.steps.unwrap_or(if a.quick { 150 } else { 2000 });
     let eval_windows = a.eval_windows.unwrap_or(if a.quick { 128 } else { 512 });
-    let out = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from(if a.quick {
-            "target/repro/clapping-gpt.md"
-        } else {
-            "docs/results/clapping-gpt.md"
-        })
-    });
+    let out = results_path(&a.out, a.quick, "clapping-gpt.md");
     let corpus = TextCorpus::load_shakespeare(&default_root())?;
     let mut train_text = corpus.train;
     if a.train_bytes > 0 {
@@ -435,10 +423,7 @@ fn report(a: &ClappingGptArgs, results: &[ArmResult], f: &ReportFacts) -> String
         f.valid_windows,
         f.seeds
     ));
-    let uncompressed = results
-        .iter()
-        .find(|r| r.arm.variant == "none" && r.arm.p == 1.0);
-    let f32_bytes = uncompressed.map(|r| mean_std(&bytes(r)).0);
+    let f32_bytes = arm_at(results, "none", 1.0).map(|r| mean_std(&bytes(r)).0);
     w("| Arm | variant | p | validation loss (nats/byte) | byte perplexity | final train loss | bytes/step | vs uncompressed | EF state (floats) | samples drawn (passes) |".into());
     w("|---|---|---|---|---|---|---|---|---|---|".into());
     for r in results {
@@ -498,19 +483,14 @@ fn report(a: &ClappingGptArgs, results: &[ArmResult], f: &ReportFacts) -> String
 /// For each p with both a Clapping-FC arm and an uncompressed arm: the FC arm's gap to the
 /// uncompressed pipeline at p = 1, split into lazy sampling's share and compression's.
 fn cost_split(results: &[ArmResult]) -> Vec<String> {
-    let Some(full) = results
-        .iter()
-        .find(|r| r.arm.variant == "none" && r.arm.p == 1.0)
-    else {
+    let Some(full) = arm_at(results, "none", 1.0) else {
         return vec![];
     };
     results
         .iter()
         .filter(|fc| fc.arm.variant == "fc")
         .filter_map(|fc| {
-            let lazy = results
-                .iter()
-                .find(|r| r.arm.variant == "none" && r.arm.p == fc.arm.p)?;
+            let lazy = arm_at(results, "none", fc.arm.p)?;
             let (f, l, u) = (fc.loss(), lazy.loss(), full.loss());
             Some(format!(
                 "| {} | {:+.4} | {:+.4} | {:+.4} |",
@@ -523,6 +503,13 @@ fn cost_split(results: &[ArmResult]) -> Vec<String> {
         .collect()
 }
 
+/// The arm of `variant` at constant `p`, if it ran.
+fn arm_at<'a>(results: &'a [ArmResult], variant: &str, p: f32) -> Option<&'a ArmResult> {
+    results
+        .iter()
+        .find(|r| r.arm.variant == variant && r.arm.p == p)
+}
+
 fn bytes(r: &ArmResult) -> Vec<f64> {
     r.runs.iter().map(|x| x.bytes_per_step).collect()
 }
@@ -530,11 +517,7 @@ fn bytes(r: &ArmResult) -> Vec<f64> {
 /// R4: no compression ≤ Clapping at its best p < Clapping at p = 1 (EF21) < direct, and a
 /// U-shape in p.
 fn orderings(results: &[ArmResult]) -> Vec<String> {
-    let by = |variant: &str| {
-        results
-            .iter()
-            .find(|r| r.arm.variant == variant && r.arm.p == 1.0)
-    };
+    let by = |variant| arm_at(results, variant, 1.0);
     let fc: Vec<&ArmResult> = results.iter().filter(|r| r.arm.variant == "fc").collect();
     let best = fc
         .iter()

@@ -18,7 +18,7 @@ use murmur_engine::Device;
 use serde::Serialize;
 
 use super::arms::{load_images, open_device};
-use super::report::{command_line, mean_std, pm, write_keeping_notes};
+use super::report::{command_line, mean_std, pm, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 use crate::commands::train::DeviceKind;
 
@@ -121,13 +121,7 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 3 });
     let epochs = a.epochs.unwrap_or(if a.quick { 3 } else { 12 });
     let train_limit = a.train_limit.or(a.quick.then_some(30_000));
-    let out = a.out.clone().unwrap_or_else(|| {
-        if a.quick {
-            PathBuf::from("target/repro/liec-sgd.md")
-        } else {
-            PathBuf::from("docs/results/liec-sgd.md")
-        }
-    });
+    let out = results_path(&a.out, a.quick, "liec-sgd.md");
     let methods: Vec<MethodSpec> = match &a.methods {
         Some(names) => names
             .iter()

@@ -1,7 +1,7 @@
 //! Pieces every reproduction report shares: statistics over seeds, the machine line, and
 //! writing a results file without losing the notes a person added below its tables.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -27,6 +27,34 @@ pub fn pm(values: &[f64], digits: usize) -> String {
         format!("{m:.digits$} ± {s:.digits$}")
     } else {
         format!("{m:.digits$}")
+    }
+}
+
+/// Where a reproduction writes its table: `--out` if given, else `file` under docs/results/
+/// (a quick run's under target/repro/, so it never overwrites a full table).
+pub fn results_path(out: &Option<PathBuf>, quick: bool, file: &str) -> PathBuf {
+    out.clone().unwrap_or_else(|| {
+        let dir = if quick {
+            "target/repro"
+        } else {
+            "docs/results"
+        };
+        Path::new(dir).join(file)
+    })
+}
+
+/// The arms that `--arms` names by label (all of them without it), in their order.
+pub fn keep_arms<A>(
+    arms: Vec<A>,
+    keep: &Option<Vec<String>>,
+    label: impl Fn(&A) -> &str,
+) -> Vec<A> {
+    match keep {
+        Some(keep) => arms
+            .into_iter()
+            .filter(|a| keep.iter().any(|k| k == label(a)))
+            .collect(),
+        None => arms,
     }
 }
 
@@ -74,5 +102,31 @@ mod tests {
         assert!(text.contains("new table") && !text.contains("old table"));
         assert!(text.ends_with("## Notes\n\nwhy\n"), "{text}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn quick_runs_never_write_over_the_full_tables_and_arms_are_kept_by_label() {
+        assert_eq!(
+            results_path(&None, false, "x.md"),
+            Path::new("docs/results/x.md")
+        );
+        assert_eq!(
+            results_path(&None, true, "x.md"),
+            Path::new("target/repro/x.md")
+        );
+        let chosen = Some(PathBuf::from("elsewhere.md"));
+        assert_eq!(
+            results_path(&chosen, true, "x.md"),
+            Path::new("elsewhere.md")
+        );
+
+        let arms = vec!["a", "b", "c"];
+        assert_eq!(keep_arms(arms.clone(), &None, |x| x), arms);
+        let keep = Some(vec!["c".to_string(), "a".to_string(), "z".to_string()]);
+        assert_eq!(
+            keep_arms(arms, &keep, |x| x),
+            ["a", "c"],
+            "the arms' own order"
+        );
     }
 }
