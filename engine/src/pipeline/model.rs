@@ -138,9 +138,15 @@ impl StageModel {
             ModelSpec::Gpt(config) => {
                 let gpt = Gpt::new(device, config, seed)?;
                 // A copy, not a clone: the graph knows parameters by their storage, and a
-                // shared one would tie the two again when one stage holds both.
-                let wte = &gpt.token_embedding;
-                let head_weight = Tensor::from_vec(device, wte.shape(), wte.to_vec()?)?;
+                // shared one would tie the two again when one stage holds both. Only the last
+                // stage reads the embedding back to make it.
+                let head = if last {
+                    let wte = &gpt.token_embedding;
+                    let head_weight = Tensor::from_vec(device, wte.shape(), wte.to_vec()?)?;
+                    Some((gpt.ln_f, head_weight))
+                } else {
+                    None
+                };
                 let first = units.start == 0;
                 StageModel::Gpt(Box::new(GptSlice {
                     embeddings: first
@@ -152,7 +158,7 @@ impl StageModel {
                         .filter(|(i, _)| units.contains(i))
                         .map(|(_, b)| b)
                         .collect(),
-                    head: last.then_some((gpt.ln_f, head_weight)),
+                    head,
                 }))
             }
         })
