@@ -120,11 +120,6 @@ impl Tensor {
         })
     }
 
-    /// An f32 tensor with every element `value`.
-    pub fn full(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
-        crate::kernels::fill::full(device, shape, value)
-    }
-
     pub(crate) fn from_gpu(gpu: &Arc<Gpu>, shape: &[usize], dtype: DType, buf: GpuBuf) -> Tensor {
         debug_assert_eq!(buf.bytes(), 4 * numel(shape) as u64);
         Tensor {

@@ -1,12 +1,18 @@
-//! Method syntax for the kernels: `x.matmul(&w)?.add(&b)?.relu()?`.
+//! Method syntax for the kernels: `x.matmul(&w)?.add(&b)?.relu()?`, and `Tensor::full`, the
+//! one constructor that launches a kernel (the tensor core below stays free of kernels).
 
-use super::Tensor;
+use super::{Device, Tensor};
 use crate::error::Result;
 use crate::kernels::binary::{binary, Binary};
 use crate::kernels::unary::{unary, Unary};
-use crate::kernels::{copy, matmul, reduce, softmax};
+use crate::kernels::{copy, fill, matmul, reduce, softmax};
 
 impl Tensor {
+    /// An f32 tensor with every element `value`.
+    pub fn full(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
+        fill::full(device, shape, value)
+    }
+
     /// Matrix product `self * rhs` (batched over leading axes).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         matmul::matmul(self, rhs, false, false)
