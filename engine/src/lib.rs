@@ -18,6 +18,7 @@ pub mod nn;
 pub mod optim;
 pub mod pipeline;
 pub mod rng;
+pub mod shaders;
 pub mod tensor;
 pub mod train;
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use murmur_engine::kernels::all_shaders;
+use murmur_engine::shaders::all_shaders;
 
 fn wgsl_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("shaders/ is readable") {

@@ -21,14 +21,12 @@
 
 use rayon::prelude::*;
 
-use super::gpu::{dense_decode_gpu, dense_encode_gpu};
+use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties};
+use super::gpu::{dense_decode_gpu, dense_encode_gpu, DenseLayout};
+use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::{
     canonical_sum, check_padding, check_payload_len, clean, max_abs, packed_len, payload_err,
     read_scale, rne, sign_extend, to_pattern, MAX_FACTOR,
-};
-use super::{
-    bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Levels, Norm, Properties,
-    Rounding,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -96,6 +94,16 @@ impl DenseCodec {
             CodecSpec::Dither { .. } | CodecSpec::Qsgd { .. } => 1,
             CodecSpec::BlockQ { group, .. } => n.div_ceil(group),
             _ => 0,
+        }
+    }
+
+    /// What the GPU kernels need to know of this codec for `n` elements.
+    fn gpu_layout(&self, n: usize) -> DenseLayout {
+        DenseLayout {
+            spec: self.spec,
+            bits: self.bits,
+            header: self.header_count(n),
+            payload_len: self.payload_len(n),
         }
     }
 
@@ -576,7 +584,7 @@ impl Codec for DenseCodec {
     }
 
     fn encode_gpu(&self, gpu: &Gpu, x: &GpuBuf, n: usize, ctx: &CodecContext) -> Result<GpuBuf> {
-        dense_encode_gpu(self, gpu, x, n, ctx)
+        dense_encode_gpu(&self.gpu_layout(n), gpu, x, n, ctx)
     }
 
     fn decode_gpu(
@@ -588,6 +596,6 @@ impl Codec for DenseCodec {
         _ctx: &CodecContext,
         mode: DecodeMode,
     ) -> Result<()> {
-        dense_decode_gpu(self, gpu, payload, out, n, mode)
+        dense_decode_gpu(&self.gpu_layout(n), gpu, payload, out, n, mode)
     }
 }

@@ -7,10 +7,11 @@
 //! R scaled-sign payloads (sign.rs layout, 8 * ceil(n/64) + 4 bytes each), in round order
 //! ```
 
+use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties};
 use super::plain::Plain;
 use super::sign::ScaledSign;
+use super::spec::CodecSpec;
 use super::support::{check_payload_len, clean, payload_err};
-use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 

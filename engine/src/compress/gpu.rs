@@ -3,25 +3,32 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::dense::DenseCodec;
+use super::codec::{CodecContext, DecodeMode};
+use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::CHUNK;
-use super::{CodecContext, CodecSpec, DecodeMode, Levels, Norm, Rounding};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf, Shader};
-use crate::kernels::{grid_1d, grid_groups, GRID};
+use crate::kernels::{grid_1d, grid_groups, CODEC_COMMON, GRID};
 use crate::wgsl;
 
-pub(crate) static COMMON: Shader = wgsl!("compress/common.wgsl");
-pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, COMMON]);
-pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, COMMON]);
-pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, COMMON]);
-pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, COMMON]);
-pub(crate) static SELECT: Shader = wgsl!("compress/select.wgsl", includes: [GRID, COMMON]);
-pub(crate) static SPARSE: Shader = wgsl!("compress/sparse.wgsl", includes: [GRID, COMMON]);
+pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static SELECT: Shader = wgsl!("compress/select.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static SPARSE: Shader = wgsl!("compress/sparse.wgsl", includes: [GRID, CODEC_COMMON]);
 
 /// Every codec shader, for validation tests.
 pub fn shaders() -> Vec<&'static Shader> {
-    vec![&COMMON, &REDUCE, &PLAIN, &SIGN, &DENSE, &SELECT, &SPARSE]
+    vec![
+        &CODEC_COMMON,
+        &REDUCE,
+        &PLAIN,
+        &SIGN,
+        &DENSE,
+        &SELECT,
+        &SPARSE,
+    ]
 }
 
 fn mode_code(mode: DecodeMode) -> f64 {
@@ -235,6 +242,17 @@ pub(super) mod sign_gpu {
 // ---------------------------------------------------------------------------------------------
 // Dense quantizers (dense.wgsl)
 
+/// What the dense kernels need to know of a dense codec for `n` elements.
+pub(super) struct DenseLayout {
+    pub spec: CodecSpec,
+    /// Bits per code.
+    pub bits: u32,
+    /// f32 scales in front of the codes.
+    pub header: usize,
+    /// Payload bytes.
+    pub payload_len: usize,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct DenseParams {
@@ -268,8 +286,8 @@ fn dense_op(spec: CodecSpec) -> (f64, bool) {
     }
 }
 
-fn dense_params(codec: &DenseCodec, n: usize, ctx: &CodecContext) -> DenseParams {
-    let (s, group, log2s) = match codec.spec {
+fn dense_params(layout: &DenseLayout, n: usize, ctx: &CodecContext) -> DenseParams {
+    let (s, group, log2s) = match layout.spec {
         CodecSpec::Dither { s, .. } => (s, 1, 0),
         CodecSpec::BlockQ { group, .. } => (0, group as u32, 0),
         CodecSpec::Loco { log2s, .. } => (0, 1, log2s),
@@ -277,8 +295,8 @@ fn dense_params(codec: &DenseCodec, n: usize, ctx: &CodecContext) -> DenseParams
     };
     DenseParams {
         n: n as u32,
-        bits: codec.bits,
-        header: codec.header_count(n) as u32,
+        bits: layout.bits,
+        header: layout.header as u32,
         s,
         group,
         log2s,
@@ -290,15 +308,14 @@ fn dense_params(codec: &DenseCodec, n: usize, ctx: &CodecContext) -> DenseParams
 }
 
 pub(super) fn dense_encode_gpu(
-    codec: &DenseCodec,
+    layout: &DenseLayout,
     gpu: &Gpu,
     x: &GpuBuf,
     n: usize,
     ctx: &CodecContext,
 ) -> Result<GpuBuf> {
-    use super::Codec;
-    let payload = payload_buffer(gpu, codec.payload_len(n))?;
-    match codec.spec {
+    let payload = payload_buffer(gpu, layout.payload_len)?;
+    match layout.spec {
         CodecSpec::Dither {
             norm: Norm::Max, ..
         }
@@ -334,7 +351,7 @@ pub(super) fn dense_encode_gpu(
         }
         _ => {}
     }
-    let (op, stochastic) = dense_op(codec.spec);
+    let (op, stochastic) = dense_op(layout.spec);
     let pipeline = gpu.pipeline(
         &DENSE,
         "encode",
@@ -342,7 +359,7 @@ pub(super) fn dense_encode_gpu(
     );
     gpu.launch(
         &pipeline,
-        &dense_params(codec, n, ctx),
+        &dense_params(layout, n, ctx),
         &[x, &payload],
         grid_groups(n.div_ceil(32).div_ceil(64)),
     );
@@ -350,20 +367,20 @@ pub(super) fn dense_encode_gpu(
 }
 
 pub(super) fn dense_decode_gpu(
-    codec: &DenseCodec,
+    layout: &DenseLayout,
     gpu: &Gpu,
     payload: &GpuBuf,
     out: &GpuBuf,
     n: usize,
     mode: DecodeMode,
 ) -> Result<()> {
-    let (op, stochastic) = dense_op(codec.spec);
+    let (op, stochastic) = dense_op(layout.spec);
     let constants = [
         ("OP", op),
         ("STOCHASTIC", stochastic as u8 as f64),
         ("MODE", mode_code(mode)),
     ];
-    let params = dense_params(codec, n, &CodecContext::default());
+    let params = dense_params(layout, n, &CodecContext::default());
     gpu.launch(
         &gpu.pipeline(&DENSE, "decode", &constants),
         &params,
@@ -378,8 +395,15 @@ pub(super) fn dense_decode_gpu(
 
 pub(super) mod sparse_gpu {
     use super::*;
-    use crate::compress::sparse::Sparse;
-    use crate::compress::Codec;
+
+    /// What the sparse kernels need to know of a sparsifier for `n` elements.
+    pub struct SparseLayout {
+        pub spec: CodecSpec,
+        /// Elements kept.
+        pub k: usize,
+        /// Payload bytes.
+        pub payload_len: usize,
+    }
 
     #[repr(C)]
     #[derive(Clone, Copy, Pod, Zeroable)]
@@ -483,8 +507,8 @@ pub(super) mod sparse_gpu {
         }
     }
 
-    fn params(s: &Sparse, n: usize) -> SparseParams {
-        let k = s.k(n);
+    fn params(s: &SparseLayout, n: usize) -> SparseParams {
+        let k = s.k;
         let (bits, factor) = match s.spec {
             CodecSpec::Hybrid { bits, .. } => (bits, 1.0),
             CodecSpec::RandK { scaled: true, .. } if k > 0 => (0, n as f32 / k as f32),
@@ -503,14 +527,14 @@ pub(super) mod sparse_gpu {
     }
 
     pub fn encode(
-        s: &Sparse,
+        s: &SparseLayout,
         gpu: &Gpu,
         x: &GpuBuf,
         n: usize,
         ctx: &CodecContext,
     ) -> Result<GpuBuf> {
-        let k = s.k(n);
-        let payload = payload_buffer(gpu, s.payload_len(n))?;
+        let k = s.k;
+        let payload = payload_buffer(gpu, s.payload_len)?;
         if k == 0 {
             return Ok(payload);
         }
@@ -555,7 +579,7 @@ pub(super) mod sparse_gpu {
     }
 
     pub fn decode(
-        s: &Sparse,
+        s: &SparseLayout,
         gpu: &Gpu,
         payload: &GpuBuf,
         out: &GpuBuf,
@@ -563,7 +587,7 @@ pub(super) mod sparse_gpu {
         ctx: &CodecContext,
         mode: DecodeMode,
     ) -> Result<()> {
-        let k = s.k(n);
+        let k = s.k;
         if mode == DecodeMode::Set {
             gpu.clear(out);
         }

@@ -10,11 +10,12 @@
 
 use rayon::prelude::*;
 
+use super::codec::{Codec, CodecContext, DecodeMode, Properties};
 use super::gpu::plain_gpu;
+use super::spec::CodecSpec;
 use super::support::{
     bf16_to_f32, check_payload_len, clean, f16_to_f32, f32_to_bf16, f32_to_f16, payload_err,
 };
-use super::{Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 

@@ -9,9 +9,10 @@
 
 use rayon::prelude::*;
 
+use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties};
 use super::gpu::sign_gpu;
+use super::spec::CodecSpec;
 use super::support::{canonical_sum, check_payload_len, clean, payload_err, read_scale};
-use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 

@@ -16,13 +16,14 @@
 
 use rayon::prelude::*;
 
-use super::gpu::sparse_gpu;
+use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties};
+use super::gpu::sparse_gpu::{self, SparseLayout};
 use super::select::select_top;
+use super::spec::CodecSpec;
 use super::support::{
     clean, f16_to_f32, pack, packed_len, payload_err, read_scale, sign_extend, to_pattern, unpack,
     MAX_FACTOR,
 };
-use super::{bits_per_element, Codec, CodecContext, CodecSpec, DecodeMode, Properties};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 use crate::rng::element_words;
@@ -58,6 +59,15 @@ impl Sparse {
         match self.spec {
             CodecSpec::RandK { .. } => random_indices(n, k, ctx),
             _ => select_top(n, k, |i| magnitude_key(x[i])),
+        }
+    }
+
+    /// What the GPU kernels need to know of this sparsifier for `n` elements.
+    fn gpu_layout(&self, n: usize) -> SparseLayout {
+        SparseLayout {
+            spec: self.spec,
+            k: self.k(n),
+            payload_len: self.payload_len(n),
         }
     }
 
@@ -310,7 +320,7 @@ impl Codec for Sparse {
     }
 
     fn encode_gpu(&self, gpu: &Gpu, x: &GpuBuf, n: usize, ctx: &CodecContext) -> Result<GpuBuf> {
-        sparse_gpu::encode(self, gpu, x, n, ctx)
+        sparse_gpu::encode(&self.gpu_layout(n), gpu, x, n, ctx)
     }
 
     fn decode_gpu(
@@ -322,6 +332,6 @@ impl Codec for Sparse {
         ctx: &CodecContext,
         mode: DecodeMode,
     ) -> Result<()> {
-        sparse_gpu::decode(self, gpu, payload, out, n, ctx, mode)
+        sparse_gpu::decode(&self.gpu_layout(n), gpu, payload, out, n, ctx, mode)
     }
 }

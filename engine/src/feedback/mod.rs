@@ -19,12 +19,11 @@ use crate::compress::support::{clean, rne};
 use crate::compress::{Codec, CodecContext, DecodeMode};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuf, Shader};
-use crate::kernels::{grid_1d, GRID};
+use crate::kernels::{grid_1d, CODEC_COMMON, GRID};
 use crate::tensor::Device;
 use crate::wgsl;
 
-pub(crate) static FEEDBACK: Shader =
-    wgsl!("feedback.wgsl", includes: [GRID, crate::compress::gpu::COMMON]);
+pub(crate) static FEEDBACK: Shader = wgsl!("feedback.wgsl", includes: [GRID, CODEC_COMMON]);
 
 /// Which memory, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -26,6 +26,9 @@ use crate::wgsl;
 pub static GRID: Shader = wgsl!("common/grid.wgsl");
 pub(crate) static MATH: Shader = wgsl!("common/math.wgsl");
 pub(crate) static ROWS: Shader = wgsl!("common/rows.wgsl");
+/// The counter-based generator and the bit helpers of the codecs, which dropout and error
+/// feedback draw on too: declared here, below all three.
+pub(crate) static CODEC_COMMON: Shader = wgsl!("compress/common.wgsl");
 pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl");
 pub(crate) static MATMUL_ROWS: Shader = wgsl!("matmul_rows.wgsl");
 pub(crate) static COPY2D: Shader = wgsl!("copy2d.wgsl", includes: [GRID]);
@@ -40,14 +43,12 @@ pub(crate) static OPTIM: Shader = wgsl!("optim.wgsl", includes: [GRID]);
 pub(crate) static CONV: Shader = wgsl!("conv.wgsl", includes: [GRID]);
 pub(crate) static POOL: Shader = wgsl!("pool.wgsl", includes: [GRID]);
 pub(crate) static PERMUTE: Shader = wgsl!("permute.wgsl", includes: [GRID]);
-pub(crate) static DROPOUT: Shader =
-    wgsl!("dropout.wgsl", includes: [GRID, crate::compress::gpu::COMMON]);
+pub(crate) static DROPOUT: Shader = wgsl!("dropout.wgsl", includes: [GRID, CODEC_COMMON]);
 
-/// Every shader the engine compiles, for validation tests.
-pub fn all_shaders() -> Vec<&'static Shader> {
-    let mut all = crate::compress::gpu_shaders();
-    all.push(&crate::feedback::FEEDBACK);
-    all.extend([
+/// The kernels' shaders, for validation tests (`crate::shaders` lists every one; the codecs
+/// list their common.wgsl).
+pub(crate) fn shaders() -> Vec<&'static Shader> {
+    vec![
         &GRID,
         &MATH,
         &ROWS,
@@ -66,8 +67,7 @@ pub fn all_shaders() -> Vec<&'static Shader> {
         &POOL,
         &PERMUTE,
         &DROPOUT,
-    ]);
-    all
+    ]
 }
 
 /// Workgroup width of the flat elementwise kernels (`WG` in common/grid.wgsl).
