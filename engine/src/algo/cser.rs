@@ -13,6 +13,7 @@
 
 use super::{Exchange, Hyper, Method, Own, Wire};
 use crate::error::Result;
+use crate::optim::host::sgd_step;
 
 pub(super) struct Cser {
     codec: String,
@@ -62,7 +63,7 @@ impl Method for Cser {
                 dir[i] += own[i] - q[i];
             }
         }
-        super::sgd_step(x, &dir, hyper);
+        sgd_step(x, &dir, hyper);
         Ok(())
     }
 

@@ -19,8 +19,7 @@
 //!   ([`owner`](crate::comm::owner)): they average in f32, step the optimizer and send bf16
 //!   parameters back, which the workers compute with.
 
-use super::optimizer::{HostOptimizer, OptimizerSpec};
-use super::{Exchange, Hyper, Method, Own, Wire};
+use super::{Exchange, HostOptimizer, Hyper, Method, OptimizerSpec, Own, Wire};
 use crate::comm::owner::StepHeader;
 use crate::compress::support::clean;
 use crate::compress::{parse, CodecSpec};

@@ -22,7 +22,6 @@ mod ef;
 mod ef21p;
 pub mod exchange;
 mod liec;
-pub mod optimizer;
 pub mod replica;
 pub mod sim;
 pub mod worker;
@@ -30,26 +29,18 @@ pub mod worker;
 use std::fmt;
 use std::str::FromStr;
 
+/// The host optimizers live in [`crate::optim::host`], below both the algorithms and the
+/// parameter servers that own blocks (`comm::owner`); their paths here stay as they were.
+pub use crate::optim::host as optimizer;
 pub use blocks::{Block, Blocking};
 pub use ef::downlink_for;
 pub use exchange::{Exchange, Own, Traffic, Wire};
-pub use optimizer::{HostOptimizer, OptimizerSpec};
+pub use optimizer::{HostOptimizer, Hyper, OptimizerSpec};
 pub use replica::{ClassifierReplica, Replica};
 pub use worker::Worker;
 
 use crate::error::{Error, Result};
 use crate::feedback::Memory;
-
-/// The step's hyperparameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Hyper {
-    /// Global iteration t (never reset at epoch ends).
-    pub step: u64,
-    /// η_t.
-    pub lr: f32,
-    /// λ, applied locally and uncompressed except where an algorithm says otherwise.
-    pub weight_decay: f32,
-}
 
 /// One worker's side of an algorithm.
 pub trait Method: Send {
@@ -402,14 +393,6 @@ impl FromStr for MethodSpec {
 /// `|v|²`, summed in f64.
 pub(crate) fn norm2(v: &[f32]) -> f64 {
     v.iter().map(|v| (*v as f64).powi(2)).sum()
-}
-
-/// The local SGD step every method ends with: `x ← x − η(u + λx)`.
-fn sgd_step(x: &mut [f32], u: &[f32], hyper: Hyper) {
-    let (lr, wd) = (hyper.lr, hyper.weight_decay);
-    x.iter_mut()
-        .zip(u)
-        .for_each(|(x, u)| *x -= lr * (u + wd * *x));
 }
 
 #[cfg(test)]

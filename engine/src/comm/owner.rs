@@ -13,17 +13,15 @@
 //! - every later push starts with the step's learning rate and weight decay ([`StepHeader`]),
 //!   which the workers' schedule sets.
 //!
-//! The pushes of a round must agree on those ([`check_agreement`], as each arrives: a push that
+//! The pushes of a round must agree on those (the shard checks each as it arrives: a push that
 //! disagrees is refused, and costs its sender, never the round).
 //!
 //! Only element-wise optimizers can own a block: LANS's per-tensor norms need whole tensors.
 //! An owner's master copy and optimizer state live only on its server: owned keys have no
 //! snapshot, so a worker cannot rejoin them and a restarted server cannot resume them.
 
-use super::shard::Push;
-use crate::algo::optimizer::{HostOptimizer, OptimizerSpec};
-use crate::algo::Hyper;
 use crate::error::{Error, Result};
+use crate::optim::host::{HostOptimizer, Hyper, OptimizerSpec};
 
 /// The learning rate and weight decay a push carries to its owner, 8 bytes before the codec's
 /// payload: two little-endian f32.
@@ -95,8 +93,8 @@ impl Owner {
         })
     }
 
-    /// The parameter round: adopts the initial parameters (the ranks agreed on them, see
-    /// [`check_agreement`]).
+    /// The parameter round: adopts the initial parameters (the shard checked that the ranks
+    /// agree on them).
     pub fn adopt(&mut self, params: Vec<f32>) -> &[f32] {
         self.master.insert(params)
     }
@@ -122,36 +120,6 @@ impl Owner {
     }
 }
 
-/// Whether `push` (from `rank`) agrees with `first`, a push of the same round to an owner: the
-/// same parameter bits in the parameter round, the same step header after it.
-pub fn check_agreement(param_round: bool, first: &Push, rank: usize, push: &Push) -> Result<()> {
-    if param_round {
-        let same_bits = push
-            .values
-            .iter()
-            .zip(&first.values)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        if !same_bits {
-            return Err(Error::Data(format!(
-                "rank {rank} starts from other parameters than the ranks before it; every \
-                 worker must start from the same model (same seed)"
-            )));
-        }
-        return Ok(());
-    }
-    match (push.header, first.header) {
-        (Some(h), Some(f)) if h == f => Ok(()),
-        (Some(h), Some(f)) => Err(Error::Data(format!(
-            "rank {rank} steps with learning rate {} and weight decay {}, the ranks before it \
-             with {} and {}: the workers' schedules disagree",
-            h.lr, h.weight_decay, f.lr, f.weight_decay
-        ))),
-        _ => Err(Error::Data(format!(
-            "rank {rank}'s push to an owner has no step header"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn an_owner_steps_only_after_adopting_and_pushes_must_agree() {
+    fn an_owner_steps_only_after_adopting() {
         let mut owner = Owner::new("sgd", 2).unwrap();
         let header = StepHeader {
             lr: 0.5,
@@ -186,21 +154,5 @@ mod tests {
         assert_eq!(owner.adopt(vec![1.0, 2.0]), [1.0, 2.0]);
         assert_eq!(owner.step(&[1.0, -2.0], header).unwrap(), [0.5, 3.0]);
         assert!(Owner::new("lans", 2).is_err());
-        let push = |values: &[f32], header| Push {
-            values: values.to_vec(),
-            header,
-        };
-        let first = push(&[1.0, 2.0], None);
-        assert!(check_agreement(true, &first, 1, &push(&[1.0, 2.0], None)).is_ok());
-        let other = check_agreement(true, &first, 1, &push(&[1.0, 2.5], None));
-        assert!(other.unwrap_err().to_string().contains("rank 1"));
-        let negative_zero = push(&[1.0, -0.0], None);
-        assert!(check_agreement(true, &push(&[1.0, 0.0], None), 2, &negative_zero).is_err());
-        let stepped = push(&[0.0; 2], Some(header));
-        let faster = push(&[0.0; 2], Some(StepHeader { lr: 0.4, ..header }));
-        assert!(check_agreement(false, &stepped, 3, &stepped.clone()).is_ok());
-        let e = check_agreement(false, &stepped, 3, &faster).unwrap_err();
-        assert!(e.to_string().contains("rank 3"), "{e}");
-        assert!(check_agreement(false, &stepped, 3, &push(&[0.0; 2], None)).is_err());
     }
 }

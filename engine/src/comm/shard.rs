@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::owner::{check_agreement, Owner, StepHeader};
+use super::owner::{Owner, StepHeader};
 use super::{codec_context, KeySpec, PLAIN};
 use crate::compress::{parse, Codec, CodecContext};
 use crate::error::{Error, Result};
@@ -222,6 +222,34 @@ fn rank_order_mean(pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
     mean
 }
 
+/// Whether `push` (from `rank`) agrees with `first`, a push of the same round to an owner: the
+/// same parameter bits in the parameter round, the same step header after it.
+pub fn check_agreement(param_round: bool, first: &Push, rank: usize, push: &Push) -> Result<()> {
+    if param_round {
+        let same_bits = push
+            .values
+            .iter()
+            .zip(&first.values)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same_bits {
+            return Err(Error::Data(format!(
+                "rank {rank} starts from other parameters than the ranks before it; every \
+                 worker must start from the same model (same seed)"
+            )));
+        }
+        return Ok(());
+    }
+    match (push.header, first.header) {
+        (Some(h), Some(f)) if h == f => Ok(()),
+        (Some(h), Some(f)) => Err(Error::Data(format!(
+            "rank {rank} steps with learning rate {} and weight decay {}, the ranks before it \
+             with {} and {}: the workers' schedules disagree",
+            h.lr, h.weight_decay, f.lr, f.weight_decay
+        ))),
+        _ => Err(unheaded(rank)),
+    }
+}
+
 fn unheaded(rank: usize) -> Error {
     Error::Data(format!("rank {rank}'s push to an owner has no step header"))
 }
@@ -246,6 +274,13 @@ mod tests {
         .unwrap()
     }
 
+    fn push(values: &[f32], header: Option<StepHeader>) -> Push {
+        Push {
+            values: values.to_vec(),
+            header,
+        }
+    }
+
     /// An f32 reply's values.
     fn f32s(reply: &[u8]) -> Vec<f32> {
         reply
@@ -257,14 +292,10 @@ mod tests {
     #[test]
     fn a_second_push_of_a_rank_in_one_round_is_refused_not_overwritten() {
         let mut state = plain_key(7, "");
-        let push = |values: &[f32]| Push {
-            values: values.to_vec(),
-            header: None,
-        };
-        state.insert(0, push(&[1.0, 2.0])).unwrap();
+        state.insert(0, push(&[1.0, 2.0], None)).unwrap();
         assert!(state.push_decoder(0, 0).is_err());
-        assert!(state.insert(0, push(&[9.0, 9.0])).is_err());
-        state.insert(1, push(&[3.0, 4.0])).unwrap();
+        assert!(state.insert(0, push(&[9.0, 9.0], None)).is_err());
+        state.insert(1, push(&[3.0, 4.0], None)).unwrap();
         let reply = state.close().unwrap();
         assert_eq!(
             f32s(&reply),
@@ -276,10 +307,6 @@ mod tests {
     #[test]
     fn a_push_that_disagrees_with_an_owner_costs_its_sender_not_the_round() {
         let mut state = plain_key(9, "sgd");
-        let push = |values: &[f32], header| Push {
-            values: values.to_vec(),
-            header,
-        };
         // The parameter round: rank 2 starts elsewhere and is refused.
         state.insert(0, push(&[1.0, 2.0], None)).unwrap();
         state.insert(1, push(&[1.0, 2.0], None)).unwrap();
@@ -299,5 +326,25 @@ mod tests {
         // A round that closes without pushes is an error and does not advance.
         assert!(state.close().is_err());
         assert_eq!(state.step, 2);
+    }
+
+    #[test]
+    fn pushes_to_an_owner_agree_on_the_parameter_bits_then_on_the_header() {
+        let header = StepHeader {
+            lr: 0.5,
+            weight_decay: 0.0,
+        };
+        let first = push(&[1.0, 2.0], None);
+        assert!(check_agreement(true, &first, 1, &push(&[1.0, 2.0], None)).is_ok());
+        let other = check_agreement(true, &first, 1, &push(&[1.0, 2.5], None));
+        assert!(other.unwrap_err().to_string().contains("rank 1"));
+        let negative_zero = push(&[1.0, -0.0], None);
+        assert!(check_agreement(true, &push(&[1.0, 0.0], None), 2, &negative_zero).is_err());
+        let stepped = push(&[0.0; 2], Some(header));
+        let faster = push(&[0.0; 2], Some(StepHeader { lr: 0.4, ..header }));
+        assert!(check_agreement(false, &stepped, 3, &stepped.clone()).is_ok());
+        let e = check_agreement(false, &stepped, 3, &faster).unwrap_err();
+        assert!(e.to_string().contains("rank 3"), "{e}");
+        assert!(check_agreement(false, &stepped, 3, &push(&[0.0; 2], None)).is_err());
     }
 }

@@ -1,4 +1,7 @@
 //! Optimizers: state per parameter, updated in place by the kernels of `kernels::optim`.
+//! [`host`] holds the ones over flat host vectors that algorithms and parameter servers step.
+
+pub mod host;
 
 use crate::error::{shape_err, Error, Result};
 use crate::kernels::optim::{adamw_step, sgd_step, AdamWStep, SgdStep};

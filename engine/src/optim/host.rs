@@ -2,13 +2,35 @@
 //! the servers: plain SGD (liec-sgd.md), Nesterov momentum (byteps-clan.md's NAG suite), AdamW
 //! (loco.md) or LANS (byteps-clan.md Algorithm 2, CLAN's optimizer). Every worker applies it
 //! to the same bytes on flat host vectors in a fixed order, so replicas stay bit-identical.
+//!
+//! The algorithms (`crate::algo`, which re-exports these as `algo::optimizer`), the servers
+//! that own their key's parameters (`crate::comm::owner`) and pipeline stages all step it, so it
+//! lives here, below all of them.
 
 use std::fmt;
 use std::str::FromStr;
 
-use super::Hyper;
 use crate::error::{Error, Result};
 use crate::kernels::optim::{adamw_ref, sgd_ref, AdamWStep, SgdStep};
+
+/// The step's hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hyper {
+    /// Global iteration t (never reset at epoch ends).
+    pub step: u64,
+    /// η_t.
+    pub lr: f32,
+    /// λ, applied locally and uncompressed except where an algorithm says otherwise.
+    pub weight_decay: f32,
+}
+
+/// The local SGD step every method ends with: `x ← x − η(u + λx)`.
+pub(crate) fn sgd_step(x: &mut [f32], u: &[f32], hyper: Hyper) {
+    let (lr, wd) = (hyper.lr, hyper.weight_decay);
+    x.iter_mut()
+        .zip(u)
+        .for_each(|(x, u)| *x -= lr * (u + wd * *x));
+}
 
 /// Which update, with its constants (the learning rate and weight decay come per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,7 +176,7 @@ impl HostOptimizer {
             }
         }
         match self.spec {
-            OptimizerSpec::Sgd => super::sgd_step(x, u, hyper),
+            OptimizerSpec::Sgd => sgd_step(x, u, hyper),
             OptimizerSpec::Nag { momentum } => {
                 let step = SgdStep {
                     lr: hyper.lr,
