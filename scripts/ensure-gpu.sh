@@ -45,5 +45,7 @@ if ! "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev
     "${as_root[@]}" apt-get update -qq >/dev/null
     "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 fi
+# The loader was just installed: refresh the linker cache that has_vulkan reads.
+"${as_root[@]}" env PATH="$PATH:/sbin:/usr/sbin" ldconfig 2>/dev/null || true
 has_vulkan || { say "mesa-vulkan-drivers installed but no Vulkan driver is visible"; exit 1; }
 say "lavapipe installed"

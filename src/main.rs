@@ -3,13 +3,14 @@
 mod commands;
 mod env;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 fn main() {
     env::quiet_mesa_wsi();
-    let cli = commands::Cli::parse();
+    let matches = commands::Cli::command().get_matches();
+    let cli = commands::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     env::init_logging(cli.default_log_filter());
-    if let Err(e) = commands::run(cli) {
+    if let Err(e) = commands::run(cli, &matches) {
         eprintln!("murmur: error: {e:#}");
         std::process::exit(1);
     }

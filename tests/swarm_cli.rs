@@ -37,9 +37,12 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
         (9.0..10.5).contains(&reduction),
         "top-5% should send about a tenth of f32's bytes, got {reduction}x less"
     );
-    // Both shards took part: their logs name both workers by fingerprint.
+    // Both shards took part: each heard both workers introduce their rank, and shard 0
+    // handed the job to both (the workers were given no job flags).
     for shard in 0..2 {
         let log = std::fs::read_to_string(dir.0.join(format!("logs/server-{shard}.log"))).unwrap();
-        assert_eq!(log.matches("connected from").count(), 2, "{log}");
+        assert_eq!(log.matches(" is rank ").count(), 2, "{log}");
     }
+    let log = std::fs::read_to_string(dir.0.join("logs/server-0.log")).unwrap();
+    assert_eq!(log.matches("joins the job as rank").count(), 2, "{log}");
 }

@@ -6,7 +6,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::shard::KeyState;
-use murmur_net::wire::{Catchup, Frame, Header, Hello, Kind, Limits, Register, Registered, HEADER};
+use murmur_net::wire::{
+    Catchup, Frame, Header, Hello, Join, Kind, Limits, Register, Registered, Welcome, HEADER,
+};
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits {
@@ -47,6 +49,12 @@ fuzz_target!(|data: &[u8]| {
         }
         Kind::Catchup => {
             let _ = frame.message::<Catchup>();
+        }
+        Kind::Join => {
+            let _ = frame.message::<Join>();
+        }
+        Kind::Welcome => {
+            let _ = frame.message::<Welcome>();
         }
         _ => {}
     }

@@ -89,6 +89,10 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     if r < SOCKET_BUFFER || s < SOCKET_BUFFER {
         tracing::warn!("UDP buffers capped by the kernel at {r} / {s} bytes (want {SOCKET_BUFFER}); raise net.core.rmem_max and wmem_max for fast links");
     }
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // Dual stack: one socket reaches IPv4 peers (as mapped addresses) and IPv6 peers.
+        socket.set_only_v6(false)?;
+    }
     socket.bind(&addr.into())?;
     Ok(socket.into())
 }
@@ -110,11 +114,14 @@ pub fn server_endpoint(addr: SocketAddr, creds: &Credentials, link: &Link) -> Re
 
 /// An endpoint that only connects out.
 pub fn client_endpoint(creds: &Credentials, link: &Link) -> Result<Endpoint> {
-    let any: SocketAddr = "0.0.0.0:0".parse().expect("valid");
+    // A dual-stack socket where the machine has IPv6, so that peers of either family can be
+    // reached; IPv4 alone where it has not.
+    let socket = udp_socket("[::]:0".parse().expect("valid"))
+        .or_else(|_| udp_socket("0.0.0.0:0".parse().expect("valid")))?;
     let mut endpoint = Endpoint::new(
         EndpointConfig::default(),
         None,
-        udp_socket(any)?,
+        socket,
         Arc::new(TokioRuntime),
     )?;
     endpoint.set_default_client_config(client_config(creds, link)?);

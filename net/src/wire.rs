@@ -3,7 +3,7 @@
 //! ```text
 //! offset size field
 //!      0    2 magic 0x4D55 ("MU", little-endian)
-//!      2    1 version (1)
+//!      2    1 version (4)
 //!      3    1 kind (see Kind)
 //!      4    2 flags (0; reserved)
 //!      6    2 rank of the sender (workers) or shard (servers)
@@ -23,7 +23,7 @@ use crate::engine::comm::{Key, KeySpec};
 use crate::error::{NetError, Result};
 
 pub const MAGIC: u16 = 0x4D55;
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 pub const HEADER: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,11 @@ pub enum Kind {
     /// Pipeline stage → neighbouring stage: one step's activations (key 0, forward) or
     /// activation gradients (key 1, backward), on a stage link only (`stage.rs`).
     Stage = 10,
+    /// A worker that knows only where the servers are → shard 0: [`Join`]; shard 0 answers
+    /// with [`Welcome`] (the job and this certificate's rank) and the worker hangs up, then
+    /// says [`Hello`] to every shard with that rank.
+    Join = 11,
+    Welcome = 12,
 }
 
 impl Kind {
@@ -65,6 +70,8 @@ impl Kind {
             8 => Kind::CatchupRequest,
             9 => Kind::Catchup,
             10 => Kind::Stage,
+            11 => Kind::Join,
+            12 => Kind::Welcome,
             _ => return None,
         })
     }
@@ -300,6 +307,25 @@ pub struct Registered {
     pub open_step: u64,
     /// Whether the swarm had started without this worker (it must catch up first).
     pub underway: bool,
+}
+
+/// A worker asks shard 0 for the job it serves and for its rank in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// The node's name, for the servers' logs (its identity is its certificate).
+    pub node: String,
+}
+
+/// Shard 0's answer to [`Join`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The rank the servers assigned to the worker's certificate: the same one every time the
+    /// same certificate joins while the server runs.
+    pub rank: u16,
+    pub world: u16,
+    /// The job's description as the node library serialises it (JSON); this crate carries it
+    /// without reading it, and its size is bounded by the frame limit.
+    pub job: String,
 }
 
 /// A rejoining worker asks for what it missed.

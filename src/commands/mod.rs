@@ -2,9 +2,9 @@
 
 mod bench;
 mod info;
+mod job_flags;
 mod machine;
 mod pipeline;
-mod processes;
 mod relay;
 mod repro;
 mod server;
@@ -13,7 +13,7 @@ mod train;
 mod train_lm;
 mod worker;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -67,12 +67,18 @@ impl Cli {
     }
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; `matches` are the parsed arguments, which tell the flags given on the
+/// command line from defaults (a job file's fields yield only to the former).
+pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
+    let sub = matches
+        .subcommand()
+        .map(|(_, m)| m)
+        .expect("a subcommand is required");
     match cli.command {
         Command::Info(a) => info::run(a),
         Command::Train(a) => train::run(a),
-        Command::Swarm(a) => swarm::run(a),
-        Command::Server(a) => server::run(a),
+        Command::Swarm(a) => swarm::run(a, sub),
+        Command::Server(a) => server::run(a, sub),
         Command::Worker(a) => worker::run(a),
         Command::Relay(a) => relay::run(a),
         Command::Pipeline(a) => pipeline::run(a),

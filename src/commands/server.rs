@@ -1,22 +1,20 @@
-//! `murmur server`: one parameter-server shard. It prints where it listens as a JSON line on
-//! stdout, then serves until interrupted, logging every peer by its key fingerprint.
+//! `murmur server`: one parameter-server shard serving a job. It prints where it listens as a
+//! JSON line on stdout, then serves until interrupted, logging every peer by its key
+//! fingerprint.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::Context;
-use clap::Args;
-use murmur_net::identity::Credentials;
-use murmur_net::ps::{Server, ServerOptions};
+use clap::{ArgMatches, Args};
+use murmur_node::swarm::Listening;
+use murmur_node::{Job, LinkConfig, ServerConfig, ServerNode};
 
-use super::swarm::args::{LinkArgs, Listening};
+use super::job_flags::job_from;
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// Address to listen on (port 0 picks a free port).
+    /// Address to listen on, HOST:PORT (a name, IPv4, or [IPv6]; port 0 picks a free port).
     #[arg(long, default_value = "0.0.0.0:7400")]
-    listen: SocketAddr,
+    listen: String,
     /// Swarm folder (from `murmur swarm init`).
     #[arg(long, default_value = "swarm")]
     swarm: PathBuf,
@@ -31,39 +29,38 @@ pub struct ServerArgs {
     /// Seconds a round waits for stragglers after its first push.
     #[arg(long, default_value_t = 30.0)]
     deadline: f64,
+    /// The job, as a TOML file (job flags given here override its fields).
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(flatten)]
-    link: LinkArgs,
+    link: LinkConfig,
+    #[command(flatten)]
+    job: Job,
 }
 
-pub fn run(a: ServerArgs) -> anyhow::Result<()> {
-    let creds = Credentials::load(&a.swarm, &a.node)
-        .with_context(|| format!("loading node {:?} from {}", a.node, a.swarm.display()))?;
-    let options = ServerOptions {
+pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    let job = job_from(a.config.as_deref(), &a.job, matches)?;
+    let server = ServerNode::start(ServerConfig {
+        listen: a.listen,
+        swarm: a.swarm,
+        node: a.node,
         shard: a.shard,
         shards: a.shards,
-        link: a.link.link(),
-        deadline: Duration::from_secs_f64(a.deadline.max(0.01)),
-        ..ServerOptions::default()
+        deadline_s: a.deadline,
+        link: a.link,
+        job: job.clone(),
+    })?;
+    let listening = Listening {
+        event: "listening".into(),
+        shard: a.shard,
+        addr: server.local_addr(),
+        fingerprint: server.fingerprint().to_string(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("murmur-server")
-        .build()?;
-    runtime.block_on(async {
-        let server = Server::bind(a.listen, &creds, options)
-            .with_context(|| format!("listening on {}", a.listen))?;
-        let listening = Listening {
-            event: "listening".into(),
-            shard: a.shard,
-            addr: server.local_addr()?,
-            fingerprint: creds.fingerprint(),
-        };
-        println!("{}", serde_json::to_string(&listening)?);
-        eprintln!(
-            "murmur server: shard {} of {} listening on {} as {}",
-            a.shard, a.shards, listening.addr, listening.fingerprint
-        );
-        server.run().await?;
-        Ok(())
-    })
+    println!("{}", serde_json::to_string(&listening)?);
+    eprintln!(
+        "murmur server: shard {} of {} listening on {} as {}; serving a job of {} workers, codec {}",
+        a.shard, a.shards, listening.addr, listening.fingerprint, job.workers, job.codec
+    );
+    server.join()?;
+    Ok(())
 }

@@ -7,11 +7,14 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use murmur_engine::data::{default_root, epoch_batches, ImageDataset, ImageSet, Split};
+use murmur_engine::data::epoch_batches;
 use murmur_engine::nn::{Activation, CnnConfig, Module};
 use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind, WarmupCosine};
-use murmur_engine::{Device, Tensor};
+use murmur_engine::Tensor;
 use serde::Serialize;
+
+use murmur_node::data::{load_sets, Sets};
+use murmur_node::DeviceKind;
 
 use super::machine::Machine;
 
@@ -23,14 +26,6 @@ pub enum ModelKind {
     Cnn,
     /// A byte-level decoder-only transformer on text (`--dataset shakespeare`).
     Gpt,
-}
-
-#[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// The best GPU adapter (lavapipe where there is no GPU).
-    Gpu,
-    /// The CPU reference kernels (slow; for checking the GPU path).
-    Cpu,
 }
 
 #[derive(Args, Debug)]
@@ -132,50 +127,6 @@ struct Summary {
     samples_per_second: f64,
 }
 
-impl DeviceKind {
-    pub fn open(self) -> anyhow::Result<Device> {
-        Ok(match self {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Gpu => Device::gpu()?,
-        })
-    }
-}
-
-/// A dataset's splits, and where they were read from.
-pub struct Sets {
-    pub train: ImageSet,
-    pub test: ImageSet,
-    pub dataset: ImageDataset,
-    pub root: PathBuf,
-}
-
-/// Checks the batch and epoch counts, then loads a dataset's training split (the first
-/// `train_limit` examples, if given) and its test split.
-pub fn load_sets(
-    dataset: &str,
-    data: Option<&Path>,
-    train_limit: Option<usize>,
-    batch: usize,
-    epochs: u32,
-) -> anyhow::Result<Sets> {
-    if batch == 0 || epochs == 0 {
-        bail!("--batch and --epochs must be at least 1");
-    }
-    let dataset: ImageDataset = dataset.parse()?;
-    let root = data.map_or_else(default_root, Path::to_path_buf);
-    let mut train = dataset.load(&root, Split::Train)?;
-    let test = dataset.load(&root, Split::Test)?;
-    if let Some(n) = train_limit {
-        train.truncate(n);
-    }
-    Ok(Sets {
-        train,
-        test,
-        dataset,
-        root,
-    })
-}
-
 impl TrainArgs {
     /// Image-model flags that were given (for refusing them with the language model).
     pub(super) fn image_flags_given(&self) -> Vec<&'static str> {
@@ -219,18 +170,15 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let hidden = a.hidden.clone().unwrap_or(defaults.hidden);
     let optim = a.optim.clone().unwrap_or_else(|| "adamw".into());
     let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(defaults.lr));
+    if batch == 0 || epochs == 0 {
+        bail!("--batch and --epochs must be at least 1");
+    }
     let Sets {
         train,
         test,
         dataset,
         root,
-    } = load_sets(
-        &dataset_name,
-        a.data.as_deref(),
-        a.train_limit,
-        batch,
-        epochs,
-    )?;
+    } = load_sets(&dataset_name, a.data.as_deref(), a.train_limit)?;
     if train.is_empty() {
         bail!("no training samples (--train-limit 0?)");
     }

@@ -5,7 +5,7 @@
 
 use super::Classifier;
 use crate::comm::partition::{Partition, PartitionPlan};
-use crate::comm::{codec_context, Collective, Key};
+use crate::comm::{codec_context, Collective, Key, KeySpec};
 use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
@@ -30,6 +30,8 @@ pub struct DataParallel<C: Collective> {
     seed: u64,
     /// The partitions' keys, in push order.
     keys: Vec<Key>,
+    /// What was registered with the collective, to register again with a new one.
+    specs: Vec<KeySpec>,
     /// Shapes of the model's parameters, for the averaged gradients.
     shapes: Vec<Vec<usize>>,
 }
@@ -87,6 +89,7 @@ impl<C: Collective> DataParallel<C> {
             pulls,
             seed: plan.seed,
             keys,
+            specs,
             shapes,
         })
     }
@@ -107,6 +110,15 @@ impl<C: Collective> DataParallel<C> {
                 self.round()
             )));
         }
+        Ok(())
+    }
+
+    /// Registers the model's partitions with `collective` and trains through it from now on,
+    /// keeping parameters, optimizer state and error-feedback memories: how a worker that
+    /// left the rounds (paused, or lost its link) comes back. The old collective is dropped.
+    pub fn reconnect(&mut self, mut collective: C) -> Result<()> {
+        collective.register(&self.specs)?;
+        self.collective = collective;
         Ok(())
     }
 

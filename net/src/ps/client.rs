@@ -17,7 +17,9 @@ use quinn::{Connection, Endpoint};
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{client_endpoint, close, connect, hang_up, send, Incoming, Link};
-use crate::wire::{Catchup, CatchupRequest, Frame, Hello, Kind, Limits, Register, Registered};
+use crate::wire::{
+    Catchup, CatchupRequest, Frame, Hello, Join, Kind, Limits, Register, Registered, Welcome,
+};
 
 /// How a worker talks to the servers.
 #[derive(Debug, Clone)]
@@ -104,6 +106,58 @@ pub struct CatchupPlan {
     pub from: u64,
     /// ... up to, not including, here: the first round the worker takes part in.
     pub to: u64,
+}
+
+/// Asks shard 0 at `server` for the job it serves and for this certificate's rank in it, on a
+/// connection of its own that ends with the answer. Gives up after the options' connect
+/// time-out for the handshake and again for the answer.
+pub fn join_job(
+    server: SocketAddr,
+    creds: &Credentials,
+    node: &str,
+    options: &ClientOptions,
+) -> Result<Welcome> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let endpoint = client_endpoint(creds, &options.link)?;
+        let conn = tokio::time::timeout(options.connect_timeout, connect(&endpoint, server))
+            .await
+            .map_err(|_| {
+                NetError::Timeout(format!(
+                    "no answer from {server} within {:?}",
+                    options.connect_timeout
+                ))
+            })??;
+        let join = Join {
+            node: node.chars().take(128).collect(),
+        };
+        send(&conn, Frame::control(Kind::Join, 0, 0, &join)).await?;
+        let mut incoming = Incoming::new(conn.clone(), options.limits);
+        let answer = tokio::time::timeout(options.connect_timeout, incoming.next())
+            .await
+            .map_err(|_| {
+                NetError::Timeout(format!(
+                    "{server} did not hand out the job within {:?}",
+                    options.connect_timeout
+                ))
+            })?;
+        let welcome = match answer {
+            Ok(Some(frame)) if frame.kind == Kind::Welcome => frame.message::<Welcome>(),
+            Ok(Some(frame)) => Err(NetError::Protocol(format!(
+                "{server} answered a join with a {:?} frame",
+                frame.kind
+            ))),
+            Ok(None) => Err(NetError::Connection(format!(
+                "{server} closed the connection instead of handing out the job"
+            ))),
+            Err(e) => Err(e),
+        };
+        hang_up(&conn, close::DONE, "joined");
+        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+        welcome
+    })
 }
 
 /// One worker's collective over QUIC.
@@ -217,13 +271,15 @@ impl QuicCollective {
         Ok(())
     }
 
-    /// Asks every shard for what this worker missed. The replies stay in the inbox, where
-    /// [`Collective::pull`] finds them as the worker replays rounds `from..to`.
-    pub fn catch_up(&mut self) -> Result<CatchupPlan> {
+    /// Asks every shard for what this worker missed, the worker's replica being after `at`
+    /// rounds. The replies stay in the inbox, where [`Collective::pull`] finds them as the
+    /// worker replays rounds `from..to`: from `at` itself when every shard still logs the
+    /// rounds since (a worker that paused keeps its state), else from the newest snapshot.
+    pub fn catch_up(&mut self, at: u64) -> Result<CatchupPlan> {
         // A snapshot notice may reach one shard before another: retry a few times.
         let mut last = String::new();
         for _ in 0..5 {
-            match self.try_catch_up() {
+            match self.try_catch_up(at) {
                 Ok(plan) => return Ok(plan),
                 Err(NetError::Protocol(why)) => {
                     last = why;
@@ -235,7 +291,7 @@ impl QuicCollective {
         Err(NetError::Protocol(format!("cannot catch up: {last}")))
     }
 
-    fn try_catch_up(&mut self) -> Result<CatchupPlan> {
+    fn try_catch_up(&mut self, at: u64) -> Result<CatchupPlan> {
         self.inbox.update(|r| r.catchups.clear());
         for conn in &self.shards {
             let frame = Frame::control(Kind::CatchupRequest, self.rank, 0, &CatchupRequest {});
@@ -253,6 +309,14 @@ impl QuicCollective {
                     all.into_iter().map(|(_, c)| c).collect::<Vec<_>>()
                 })
             })?;
+        let to = summaries.iter().map(|c| c.open_step).min().unwrap_or(0);
+        if at <= to && summaries.iter().all(|c| c.first_step <= at) {
+            return Ok(CatchupPlan {
+                snapshot: None,
+                from: at,
+                to,
+            });
+        }
         let snapshot_step = summaries[0].snapshot_step;
         let from = snapshot_step.unwrap_or(0);
         for (shard, c) in summaries.iter().enumerate() {
@@ -263,7 +327,6 @@ impl QuicCollective {
                 )));
             }
         }
-        let to = summaries.iter().map(|c| c.open_step).min().unwrap_or(0);
         let snapshot = match snapshot_step {
             None => None,
             Some(step) => Some(self.inbox.wait(
@@ -276,6 +339,16 @@ impl QuicCollective {
             )?),
         };
         Ok(CatchupPlan { snapshot, from, to })
+    }
+
+    /// Leaves the rounds: waits for pushes under way, then hangs up on every shard, which
+    /// drops this rank from the open round at once instead of at its deadline. The
+    /// collective is spent; a worker that comes back connects a new one.
+    pub fn leave(&mut self) {
+        let _ = self.flush();
+        for conn in &self.shards {
+            hang_up(conn, close::DONE, "leaving");
+        }
     }
 
     /// Waits for the pushes handed to the runtime; the first send error fails the round.

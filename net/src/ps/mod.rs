@@ -11,27 +11,29 @@ pub mod client;
 pub mod server;
 pub mod state;
 
-pub use client::{CatchupPlan, ClientOptions, QuicCollective};
-pub use server::{Server, ServerOptions};
+pub use client::{join_job, CatchupPlan, ClientOptions, QuicCollective};
+pub use server::{JobOffer, Server, ServerOptions};
 
 use murmur_engine::train::DataParallel;
 
 use crate::error::Result;
 
 /// Brings a trainer that joined a running swarm to the swarm's current round: loads the
-/// newest snapshot and applies every round after it, exactly as the others did. Returns the
+/// newest snapshot (unless the servers still log every round since the trainer's own, as
+/// after a pause) and applies every round after it, exactly as the others did. Returns the
 /// plan it followed. A trainer of a swarm that has not started is left as it is.
 pub fn catch_up(dp: &mut DataParallel<QuicCollective>) -> Result<Option<CatchupPlan>> {
     if !dp.collective.underway() {
         return Ok(None);
     }
-    let plan = dp.collective.catch_up()?;
+    let plan = dp.collective.catch_up(dp.round())?;
     match &plan.snapshot {
         Some((step, bytes)) => dp.restore(bytes, *step)?,
-        None if dp.round() != 0 => {
+        None if dp.round() != plan.from => {
             return Err(crate::NetError::Protocol(format!(
-                "no snapshot to rejoin from, and this trainer is at step {} rather than 0",
-                dp.round()
+                "no snapshot to rejoin from, and this trainer is at step {} rather than {}",
+                dp.round(),
+                plan.from
             )))
         }
         None => {}

@@ -23,7 +23,7 @@ use crate::identity::Credentials;
 use crate::transport::{
     close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
 };
-use crate::wire::{CatchupRequest, Frame, Header, Hello, Kind, Limits, Register};
+use crate::wire::{CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, Welcome};
 
 /// How a shard runs.
 #[derive(Debug, Clone)]
@@ -37,6 +37,18 @@ pub struct ServerOptions {
     pub deadline: Duration,
     /// Closed rounds kept for rejoining workers (since the latest snapshot).
     pub max_log_rounds: usize,
+    /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
+    /// to every worker that joins with [`Kind::Join`].
+    pub job: Option<JobOffer>,
+}
+
+/// A job as the servers offer it to joining workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOffer {
+    /// Workers in the job.
+    pub world: u16,
+    /// The job's description (JSON, written and read by the node library).
+    pub description: String,
 }
 
 impl Default for ServerOptions {
@@ -48,6 +60,7 @@ impl Default for ServerOptions {
             limits: Limits::default(),
             deadline: Duration::from_secs(30),
             max_log_rounds: 10_000,
+            job: None,
         }
     }
 }
@@ -75,7 +88,20 @@ impl Server {
             )));
         }
         let endpoint = server_endpoint(addr, creds, &options.link)?;
-        let state = ShardState::new(options.shard, options.limits, options.max_log_rounds);
+        let mut state = ShardState::new(options.shard, options.limits, options.max_log_rounds);
+        if let Some(job) = &options.job {
+            if job.world == 0 {
+                return Err(NetError::Protocol("a job of 0 workers".into()));
+            }
+            if job.description.len() + 64 > options.limits.max_payload {
+                return Err(NetError::Protocol(format!(
+                    "a {}-byte job description exceeds the {}-byte frame limit",
+                    job.description.len(),
+                    options.limits.max_payload
+                )));
+            }
+            state.fix_world(job.world);
+        }
         Ok(Server {
             endpoint,
             shared: Arc::new(Shared {
@@ -210,7 +236,39 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 tokio::spawn(send_catchup(shared.options.shard, conn, reply));
             }
         }
-        Kind::Registered | Kind::Reply | Kind::Catchup => {
+        Kind::Join => {
+            let join: Join = frame.message()?;
+            let options = &shared.options;
+            let Some(job) = &options.job else {
+                return Err(NetError::Protocol(
+                    "this server was started without a job; give the worker the job's flags".into(),
+                ));
+            };
+            if options.shard != 0 {
+                return Err(NetError::Protocol(format!(
+                    "only shard 0 hands out the job; this is shard {} (list shard 0 first in --connect)",
+                    options.shard
+                )));
+            }
+            let conn = conn_of(shared, id);
+            let identity = conn.as_ref().map_or("?".into(), peer_fingerprint);
+            let rank = lock(shared).assign_rank(&identity)?;
+            tracing::info!(
+                "shard 0: {identity} ({:?}) joins the job as rank {rank} of {}",
+                join.node.chars().take(128).collect::<String>(),
+                job.world
+            );
+            let welcome = Welcome {
+                rank,
+                world: job.world,
+                job: job.description.clone(),
+            };
+            if let Some(conn) = conn {
+                let frame = Frame::control(Kind::Welcome, options.shard, 0, &welcome);
+                tokio::spawn(async move { send(&conn, frame).await });
+            }
+        }
+        Kind::Registered | Kind::Reply | Kind::Catchup | Kind::Welcome => {
             return Err(NetError::Protocol(format!(
                 "a worker sent a {:?} frame, which only servers send",
                 frame.kind

@@ -75,6 +75,8 @@ pub struct ShardState {
     log: VecDeque<ClosedRound>,
     max_log_rounds: usize,
     snapshot: Option<(u64, Bytes)>,
+    /// Ranks handed out by [`ShardState::assign_rank`], by certificate fingerprint.
+    assigned: BTreeMap<String, u16>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -96,7 +98,40 @@ impl ShardState {
             log: VecDeque::new(),
             max_log_rounds: max_log_rounds.max(1),
             snapshot: None,
+            assigned: BTreeMap::new(),
         }
+    }
+
+    /// Fixes the world size from the job this shard serves, so that no peer sets it by
+    /// connecting first.
+    pub fn fix_world(&mut self, world: u16) {
+        self.world = Some(world);
+    }
+
+    /// A rank for the certificate `identity` (its fingerprint), for a worker that joins
+    /// knowing only the servers: the rank it had before if it joined earlier, else the lowest
+    /// rank never handed out, else the lowest rank whose holder is not connected now (a
+    /// worker that left for good gives its place to a newcomer). Needs a fixed world.
+    pub fn assign_rank(&mut self, identity: &str) -> Result<u16> {
+        let Some(world) = self.world else {
+            return protocol("this server was started without a job; it assigns no ranks".into());
+        };
+        if let Some(&rank) = self.assigned.get(identity) {
+            return Ok(rank);
+        }
+        let taken: Vec<u16> = self.assigned.values().copied().collect();
+        let connected: Vec<u16> = self.peers.values().map(|p| p.rank).collect();
+        let rank = (0..world)
+            .find(|r| !taken.contains(r))
+            .or_else(|| (0..world).find(|r| !connected.contains(r)));
+        let Some(rank) = rank else {
+            return protocol(format!(
+                "all {world} worker places of this job are held by connected workers"
+            ));
+        };
+        self.assigned.retain(|_, r| *r != rank);
+        self.assigned.insert(identity.to_string(), rank);
+        Ok(rank)
     }
 
     pub fn rank_of(&self, id: PeerId) -> Option<u16> {
@@ -399,5 +434,45 @@ impl ShardState {
             entry.discard(peer.rank as usize);
         }
         self.pushed.remove(&peer.rank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(rank: u16) -> Hello {
+        Hello {
+            rank,
+            world: 2,
+            shard: 0,
+            shards: 1,
+            node: "w".into(),
+        }
+    }
+
+    #[test]
+    fn ranks_follow_certificates_and_free_places_go_to_newcomers() {
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        assert!(state.assign_rank("a").is_err(), "no job, no ranks");
+        state.fix_world(2);
+        assert_eq!(state.assign_rank("a").unwrap(), 0);
+        assert_eq!(state.assign_rank("b").unwrap(), 1);
+        // The same certificate gets its rank back.
+        assert_eq!(state.assign_rank("a").unwrap(), 0);
+        // Both ranks are held by connected workers: a third certificate is refused.
+        state.hello(10, &hello(0)).unwrap();
+        state.hello(11, &hello(1)).unwrap();
+        assert!(state.assign_rank("c").is_err());
+        // Rank 1's worker leaves for good: a newcomer takes its place, and the old
+        // certificate no longer holds it.
+        state.disconnect(11);
+        assert_eq!(state.assign_rank("c").unwrap(), 1);
+        state.hello(13, &hello(1)).unwrap();
+        assert!(state.assign_rank("b").is_err());
+        // The world is the job's, whatever a peer says.
+        let mut liar = hello(0);
+        liar.world = 3;
+        assert!(state.hello(12, &liar).is_err());
     }
 }

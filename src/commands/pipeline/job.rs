@@ -8,7 +8,7 @@ use murmur_engine::algo::OptimizerSpec;
 use murmur_engine::data::{default_root, ImageDataset, ImageSet, Split};
 use murmur_engine::pipeline::{ModelSpec, PSchedule, PipelineConfig, Rule};
 
-use crate::commands::train::DeviceKind;
+use murmur_node::DeviceKind;
 
 #[derive(Args, Debug, Clone)]
 pub struct PipelineJob {

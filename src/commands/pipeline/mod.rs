@@ -17,8 +17,8 @@ use murmur_engine::pipeline::image_accuracy;
 use murmur_engine::{Device, Tensor};
 use murmur_net::identity::Swarm;
 
-use crate::commands::processes::{log_tail, spawn_logged, Children};
 use job::PipelineJob;
+use murmur_node::process::{log_tail, spawn_logged, Children};
 use stage::StageEvent;
 
 #[derive(Args, Debug)]

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::report::{command_line, keep_arms, mean_std, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
-use crate::commands::train::DeviceKind;
+use murmur_node::DeviceKind;
 
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {

@@ -22,7 +22,7 @@ use super::clapping_logistic;
 use super::pipeline_steps::checked_step;
 use super::report::{command_line, keep_arms, mean_std, pm, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
-use crate::commands::train::DeviceKind;
+use murmur_node::DeviceKind;
 
 #[derive(Args, Debug, Clone)]
 pub struct ClappingArgs {

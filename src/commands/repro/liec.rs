@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::arms::{load_images, open_device};
 use super::report::{command_line, mean_std, pm, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
-use crate::commands::train::DeviceKind;
+use murmur_node::DeviceKind;
 
 #[derive(Args, Debug)]
 pub struct LiecArgs {

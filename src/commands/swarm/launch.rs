@@ -1,34 +1,36 @@
-//! A whole swarm on this machine: `servers` shard processes and `workers` worker processes
-//! talking over loopback QUIC, with the dashboard of [`super::progress`]. Each process logs to
-//! `<swarm dir>/logs/`; a failure shows the end of the failing process's log.
+//! `murmur swarm` without a subcommand: a whole swarm on this machine through the node
+//! library's launcher (servers and workers as processes of this binary over loopback QUIC),
+//! with the dashboard of [`super::progress`]. A failure shows the end of the failing
+//! process's log.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use clap::Args;
-use murmur_net::identity::Swarm;
+use anyhow::bail;
+use clap::{ArgMatches, Args};
+use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
+use murmur_node::{DeviceKind, Job, LinkConfig};
 
-use super::args::{CompressionArgs, JobArgs, LinkArgs, Listening, WorkerEvent};
 use super::progress::Dashboard;
-use crate::commands::processes::{log_tail, spawn_logged, Children};
+use crate::commands::job_flags::job_from;
 
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
-    /// Worker processes.
-    #[arg(long, default_value_t = 4)]
-    workers: u16,
     /// Parameter-server shard processes.
     #[arg(long, default_value_t = 2)]
     servers: u16,
+    /// The job, as a TOML file (job flags given here override its fields).
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(flatten)]
-    job: JobArgs,
+    job: Job,
+    #[arg(long, value_enum, default_value = "gpu")]
+    device: DeviceKind,
+    /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
+    #[arg(long)]
+    data: Option<PathBuf>,
     #[command(flatten)]
-    compression: CompressionArgs,
-    #[command(flatten)]
-    link: LinkArgs,
+    link: LinkConfig,
     /// Seconds a round waits for a straggler before evicting it.
     #[arg(long, default_value_t = 30.0)]
     deadline: f64,
@@ -40,152 +42,65 @@ pub struct LaunchArgs {
     quiet: bool,
 }
 
-/// Credentials for every process, in `dir`.
-fn prepare(dir: &Path, servers: u16, workers: u16) -> anyhow::Result<()> {
-    let swarm = if dir.join("ca.key").exists() {
-        Swarm::load(dir)?
-    } else {
-        let swarm = Swarm::generate("local")?;
-        swarm.save(dir)?;
-        swarm
-    };
-    for s in 0..servers {
-        swarm.issue_to(dir, &format!("server-{s}"))?;
-    }
-    for r in 0..workers {
-        swarm.issue_to(dir, &format!("worker-{r}"))?;
-    }
-    std::fs::create_dir_all(dir.join("logs"))?;
-    Ok(())
-}
-
-pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
-    if a.workers == 0 || a.servers == 0 {
-        bail!("--workers and --servers must be at least 1");
-    }
-    // Fail here, not in every worker, on a codec spec that does not parse.
-    murmur_engine::compress::parse(&a.compression.codec)?;
-    if let Some(p) = &a.compression.pull_codec {
-        murmur_engine::compress::parse(p)?;
-    }
+pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    let job = job_from(a.config.as_deref(), &a.job, matches)?;
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()))
     });
-    prepare(&dir, a.servers, a.workers)?;
-    let exe = std::env::current_exe()?;
-    let logs = dir.join("logs");
     let started = Instant::now();
     eprintln!(
         "murmur swarm: {} workers, {} servers, codec {} (pull {}), worker memory {}, server memory {}; logs in {}{}",
-        a.workers,
+        job.workers,
         a.servers,
-        a.compression.codec,
-        a.compression.pull_codec.as_deref().unwrap_or(&a.compression.codec),
-        a.compression.memory,
-        a.compression.server_memory,
-        logs.display(),
+        job.codec,
+        job.pull_codec.as_deref().unwrap_or(&job.codec),
+        job.memory,
+        job.server_memory,
+        dir.join("logs").display(),
         if a.dir.is_none() {
             " (kept only if the run fails; --dir keeps them)"
         } else {
             ""
         }
     );
+    let workers = job.workers as usize;
+    let swarm = LocalSwarm::start(
+        SwarmConfig {
+            servers: a.servers,
+            job,
+            device: a.device,
+            data: a.data,
+            link: a.link,
+            deadline_s: a.deadline,
+            dir: dir.clone(),
+        },
+        Launch::Processes {
+            exe: std::env::current_exe()?,
+        },
+    )?;
 
-    let mut children = Children(Vec::new());
-    let mut addrs = Vec::new();
-    for shard in 0..a.servers {
-        let mut args: Vec<String> = ["server", "--listen", "127.0.0.1:0", "--swarm"]
-            .map(String::from)
-            .to_vec();
-        args.push(dir.display().to_string());
-        args.extend(["--node".into(), format!("server-{shard}")]);
-        args.extend([
-            "--shard".into(),
-            shard.to_string(),
-            "--shards".into(),
-            a.servers.to_string(),
-        ]);
-        args.extend(["--deadline".into(), a.deadline.to_string()]);
-        args.extend(a.link.to_args());
-        let log = logs.join(format!("server-{shard}.log"));
-        let mut child = spawn_logged(&exe, &args, &log)?;
-        let stdout = child.stdout.take().expect("piped");
-        children.0.push((format!("server {shard}"), child));
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-        let listening: Listening = serde_json::from_str(line.trim())
-            .with_context(|| format!("server {shard} did not start:\n{}", log_tail(&log)))?;
-        addrs.push(listening.addr.to_string());
-    }
-
-    let (tx, rx) = mpsc::channel::<(usize, Option<WorkerEvent>)>();
-    for rank in 0..a.workers {
-        let mut args: Vec<String> = vec!["worker".into(), "--connect".into(), addrs.join(",")];
-        args.extend(["--swarm".into(), dir.display().to_string()]);
-        args.extend(["--node".into(), format!("worker-{rank}")]);
-        args.extend([
-            "--rank".into(),
-            rank.to_string(),
-            "--world".into(),
-            a.workers.to_string(),
-        ]);
-        args.extend(a.job.to_args());
-        args.extend(a.compression.to_args());
-        args.extend(a.link.to_args());
-        args.push("--json".into());
-        let mut child = spawn_logged(&exe, &args, &logs.join(format!("worker-{rank}.log")))?;
-        let stdout = child.stdout.take().expect("piped");
-        children.0.push((format!("worker {rank}"), child));
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(event) = serde_json::from_str::<WorkerEvent>(&line) {
-                    let _ = tx.send((rank as usize, Some(event)));
-                }
-            }
-            let _ = tx.send((rank as usize, None));
-        });
-    }
-    drop(tx);
-
-    let mut dashboard = Dashboard::new(a.workers as usize, a.quiet);
-    let mut finished = 0;
-    while finished < a.workers {
-        let (rank, event) = rx.recv().context("worker output")?;
+    let mut dashboard = Dashboard::new(workers, a.quiet);
+    let mut ended = 0;
+    while ended < workers {
+        let Some(event) = swarm.next_event(Duration::from_secs(3600)) else {
+            bail!("no word from any worker for an hour");
+        };
         match event {
-            Some(e) => dashboard.handle(e),
-            None => {
-                finished += 1;
-                if !dashboard.is_done(rank) {
-                    let log = logs.join(format!("worker-{rank}.log"));
-                    dashboard.failed(rank, "exited early");
-                    dashboard.clear();
-                    bail!(
-                        "worker {rank} exited before finishing; the end of its log:\n{}",
-                        log_tail(&log)
-                    );
-                }
+            SwarmEvent::Worker { index, event } => dashboard.handle(index, event),
+            SwarmEvent::Ended { error: None, .. } => ended += 1,
+            SwarmEvent::Ended {
+                index,
+                error: Some(why),
+            } => {
+                dashboard.failed(index, "exited early");
+                dashboard.clear();
+                bail!("{why}");
             }
         }
     }
     dashboard.clear();
     // Workers are done: reap them, then stop the servers.
-    for (name, child) in children
-        .0
-        .iter_mut()
-        .filter(|(n, _)| n.starts_with("worker"))
-    {
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("{name} failed with {status}");
-        }
-    }
-    drop(children);
+    swarm.finish()?;
 
     let outcome = dashboard.outcome();
     eprintln!(

@@ -1,14 +1,13 @@
 //! `murmur swarm`: credentials for a swarm (`init`, `issue`), and a whole swarm on this machine
 //! as separate processes over loopback QUIC (no subcommand).
 
-pub mod args;
 mod launch;
 mod progress;
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::{ArgMatches, Args, Subcommand};
 use murmur_net::identity::Swarm;
 
 #[derive(Args, Debug)]
@@ -32,7 +31,7 @@ enum SwarmCommand {
     },
     /// Admit a node: write nodes/NAME.pem and nodes/NAME.key into the swarm folder DIR.
     Issue {
-        #[arg(default_value = "swarm")]
+        /// The swarm folder (a positional before the names, so it has no default).
         dir: PathBuf,
         /// Node names.
         #[arg(required = true)]
@@ -40,7 +39,7 @@ enum SwarmCommand {
     },
 }
 
-pub fn run(a: SwarmArgs) -> anyhow::Result<()> {
+pub fn run(a: SwarmArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     match a.command {
         Some(SwarmCommand::Init { dir, name }) => {
             if dir.join("ca.key").exists() {
@@ -71,6 +70,6 @@ pub fn run(a: SwarmArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        None => launch::run(a.launch),
+        None => launch::run(a.launch, matches),
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use super::args::WorkerEvent;
+use murmur_node::Event;
 
 #[derive(Default, Clone)]
 struct WorkerTotals {
@@ -89,9 +89,13 @@ impl Dashboard {
         }
     }
 
-    pub fn handle(&mut self, event: WorkerEvent) {
+    /// Shows worker `index`'s event.
+    pub fn handle(&mut self, index: usize, event: Event) {
         match event {
-            WorkerEvent::Started {
+            Event::Waiting { what } => {
+                self.bars[index].set_message(format!("waiting for {what}"));
+            }
+            Event::Joined {
                 rank,
                 steps,
                 from_step,
@@ -99,7 +103,7 @@ impl Dashboard {
                 keys,
                 ..
             } => {
-                let bar = &self.bars[rank as usize];
+                let bar = &self.bars[index];
                 bar.set_length(steps);
                 bar.set_position(from_step);
                 bar.set_message("training");
@@ -110,7 +114,7 @@ impl Dashboard {
                     ));
                 }
             }
-            WorkerEvent::Progress {
+            Event::Step {
                 rank,
                 step,
                 loss,
@@ -119,7 +123,7 @@ impl Dashboard {
                 f32_each_way,
                 samples_per_second,
             } => {
-                let bar = &self.bars[rank as usize];
+                let bar = &self.bars[index];
                 bar.set_position(step);
                 bar.set_message(format!(
                     "loss {loss:.3}  up {:.0} KB  down {:.0} KB /step (f32 {:.0} KB)  {samples_per_second:.0} samples/s",
@@ -138,7 +142,7 @@ impl Dashboard {
                     );
                 }
             }
-            WorkerEvent::Epoch {
+            Event::Evaluated {
                 epoch,
                 accuracy,
                 seconds,
@@ -151,22 +155,29 @@ impl Dashboard {
                     100.0 * accuracy
                 ));
             }
-            WorkerEvent::Rejoined { rank, step, reason } => {
+            Event::Paused { rank, step } => {
+                self.bars[index].set_message(format!("paused at step {step}"));
+                self.say(format!("worker {rank} paused at step {step}"));
+            }
+            Event::Error { message, .. } => {
+                self.bars[index].abandon_with_message(format!("failed: {message}"));
+            }
+            Event::Rejoined { rank, step, reason } => {
                 self.rejoins += 1;
                 self.say(format!(
                     "worker {rank} rejoined at step {step} after: {reason}"
                 ));
             }
-            WorkerEvent::Done {
-                rank,
+            Event::Done {
                 steps,
                 final_accuracy,
                 bytes_pushed,
                 bytes_pulled,
                 f32_bytes_each_way,
                 seconds,
+                ..
             } => {
-                let t = &mut self.totals[rank as usize];
+                let t = &mut self.totals[index];
                 t.steps = steps;
                 t.bytes_pushed = bytes_pushed;
                 t.bytes_pulled = bytes_pulled;
@@ -175,19 +186,14 @@ impl Dashboard {
                 if final_accuracy.is_some() {
                     self.final_accuracy = final_accuracy;
                 }
-                self.bars[rank as usize].finish_with_message(format!("done in {seconds:.0} s"));
+                self.bars[index].finish_with_message(format!("done in {seconds:.0} s"));
             }
         }
     }
 
-    /// A worker's process ended before it reported `Done`.
-    /// Whether `rank` has reported that it finished.
-    pub fn is_done(&self, rank: usize) -> bool {
-        self.totals[rank].done
-    }
-
-    pub fn failed(&self, rank: usize, why: &str) {
-        self.bars[rank].abandon_with_message(format!("failed: {why}"));
+    /// Worker `index` failed.
+    pub fn failed(&self, index: usize, why: &str) {
+        self.bars[index].abandon_with_message(format!("failed: {why}"));
     }
 
     pub fn outcome(&self) -> Outcome {

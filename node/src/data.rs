@@ -1,0 +1,71 @@
+//! What a node computes on and learns from: the device it opens and the image sets it loads.
+
+use std::path::{Path, PathBuf};
+
+use murmur_engine::data::{default_root, ImageDataset, ImageSet, Split};
+use murmur_engine::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{NodeError, Result};
+
+/// Where a node computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// The best GPU adapter (lavapipe where there is no GPU).
+    #[default]
+    Gpu,
+    /// The CPU reference kernels (slow; for checking the GPU path).
+    Cpu,
+}
+
+impl DeviceKind {
+    /// Opens the device.
+    pub fn open(self) -> Result<Device> {
+        Ok(match self {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Gpu => Device::gpu()?,
+        })
+    }
+
+    /// Its name as a flag takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+        }
+    }
+}
+
+/// A dataset's splits, and where they were read from.
+pub struct Sets {
+    /// The training split (cut to the job's `train_limit`).
+    pub train: ImageSet,
+    /// The test split.
+    pub test: ImageSet,
+    /// Which dataset.
+    pub dataset: ImageDataset,
+    /// The folder they came from.
+    pub root: PathBuf,
+}
+
+/// Loads a dataset's training split (the first `train_limit` examples, if given) and its test
+/// split from `data` (default: `$MURMUR_DATA`, else `./data`).
+pub fn load_sets(dataset: &str, data: Option<&Path>, train_limit: Option<usize>) -> Result<Sets> {
+    let dataset: ImageDataset = dataset
+        .parse()
+        .map_err(|e: murmur_engine::Error| NodeError::Job(e.to_string()))?;
+    let root = data.map_or_else(default_root, Path::to_path_buf);
+    let mut train = dataset.load(&root, Split::Train)?;
+    let test = dataset.load(&root, Split::Test)?;
+    if let Some(n) = train_limit {
+        train.truncate(n);
+    }
+    Ok(Sets {
+        train,
+        test,
+        dataset,
+        root,
+    })
+}

@@ -1,0 +1,38 @@
+//! The node library's error type.
+
+use thiserror::Error;
+
+/// What can go wrong in a node. Every message says what happened and, where it can, what to do.
+#[derive(Debug, Error)]
+pub enum NodeError {
+    /// The job cannot be run as described (a bad field, or this build cannot run it).
+    #[error("job: {0}")]
+    Job(String),
+    /// An address that does not parse or resolve.
+    #[error("address {0}")]
+    Address(String),
+    /// A config field out of its range.
+    #[error("config: {0}")]
+    Config(String),
+    /// Reading or writing a file.
+    #[error("{0}")]
+    Io(String),
+    /// The GPU runtime, the model or a codec.
+    #[error(transparent)]
+    Engine(#[from] murmur_engine::Error),
+    /// The network: connections, the protocol, time-outs.
+    #[error(transparent)]
+    Net(#[from] murmur_net::NetError),
+    /// The node's thread ended without a result (it panicked).
+    #[error("the node's thread ended abnormally: {0}")]
+    Thread(String),
+}
+
+impl NodeError {
+    pub(crate) fn io(what: impl std::fmt::Display, e: std::io::Error) -> NodeError {
+        NodeError::Io(format!("{what}: {e}"))
+    }
+}
+
+/// The node library's result.
+pub type Result<T> = std::result::Result<T, NodeError>;

@@ -1,0 +1,140 @@
+//! What a node tells whoever holds it: typed events, one stream per subscriber. The same
+//! events travel as JSON lines on stdout when a node runs as a process (`murmur worker
+//! --json`), which is how the process launcher reads them.
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+/// Something that happened in a worker. Serialised with an `event` tag, snake case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The node is waiting for something it needs (the servers, the other workers).
+    Waiting {
+        /// What it waits for, in words.
+        what: String,
+    },
+    /// The worker joined the job (and caught up, in a running swarm).
+    Joined {
+        /// Its rank, assigned by the servers.
+        rank: u16,
+        /// Workers in the job.
+        world: u16,
+        /// Rounds in the whole job.
+        steps: u64,
+        /// Rounds per epoch.
+        steps_per_epoch: u64,
+        /// Parameters of the model.
+        parameters: usize,
+        /// Keys (partitions) the model travels in.
+        keys: usize,
+        /// The round it starts at (above 0 after catching up with a running swarm).
+        from_step: u64,
+    },
+    /// A round this worker took part in closed and was applied.
+    Step {
+        /// The worker's rank.
+        rank: u16,
+        /// Rounds done.
+        step: u64,
+        /// This worker's loss on its share of the round's batch.
+        loss: f32,
+        /// Bytes it pushed in the round.
+        pushed: usize,
+        /// Bytes it pulled in the round.
+        pulled: usize,
+        /// What the round would move each way in f32.
+        f32_each_way: usize,
+        /// This worker's samples per second since it started.
+        samples_per_second: f64,
+    },
+    /// The model was evaluated on the test set (rank 0, at the end of every epoch).
+    Evaluated {
+        /// The worker's rank.
+        rank: u16,
+        /// The epoch just finished (from 1).
+        epoch: u32,
+        /// Test accuracy in [0, 1].
+        accuracy: f64,
+        /// Seconds the epoch took.
+        seconds: f64,
+    },
+    /// The worker left the rounds and waits for [`crate::WorkerHandle::resume`].
+    Paused {
+        /// The worker's rank.
+        rank: u16,
+        /// Rounds done when it left.
+        step: u64,
+    },
+    /// The worker is back in the rounds after a pause or a lost link.
+    Rejoined {
+        /// The worker's rank.
+        rank: u16,
+        /// The round it rejoined at.
+        step: u64,
+        /// Why it had left.
+        reason: String,
+    },
+    /// Something failed; [`Event::Done`] or the end of the stream follows.
+    Error {
+        /// The worker's rank, if it had one.
+        rank: Option<u16>,
+        /// What went wrong.
+        message: String,
+    },
+    /// The worker finished (the job's last round, or a stop).
+    Done {
+        /// The worker's rank.
+        rank: u16,
+        /// Rounds done.
+        steps: u64,
+        /// The last test accuracy it measured (rank 0).
+        final_accuracy: Option<f64>,
+        /// Bytes pushed in all.
+        bytes_pushed: u64,
+        /// Bytes pulled in all.
+        bytes_pulled: u64,
+        /// The same rounds' traffic each way in f32.
+        f32_bytes_each_way: u64,
+        /// Seconds from start to end.
+        seconds: f64,
+        /// Whether it ended by a stop rather than the job's end.
+        stopped: bool,
+    },
+}
+
+/// Events kept for a subscriber that falls behind; older ones are dropped (it learns how
+/// many from the receiver's `Lagged` error).
+pub const EVENT_BUFFER: usize = 4096;
+
+/// The sending side, held by a node's thread.
+#[derive(Debug, Clone)]
+pub(crate) struct Events {
+    sender: broadcast::Sender<Event>,
+    json: bool,
+}
+
+impl Events {
+    /// A stream, and its first receiver (which sees every event from the start).
+    pub(crate) fn new(json: bool) -> (Events, broadcast::Receiver<Event>) {
+        let (sender, first) = broadcast::channel(EVENT_BUFFER);
+        (Events { sender, json }, first)
+    }
+
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.sender.subscribe()
+    }
+
+    /// Sends an event to every subscriber (and as a JSON line on stdout in JSON mode).
+    pub(crate) fn emit(&self, event: Event) {
+        if self.json {
+            use std::io::Write;
+            let line = serde_json::to_string(&event).expect("events serialise");
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+        // No subscriber is not an error: nobody asked.
+        let _ = self.sender.send(event);
+    }
+}

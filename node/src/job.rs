@@ -1,0 +1,284 @@
+//! The job of a data-parallel swarm: the one description of what every worker trains and how
+//! its gradients travel. The servers load it (a TOML file, flags on top) and hand it to every
+//! worker that joins, so a worker needs only the servers' address and its credentials.
+//!
+//! Every field here is **job-wide**: fixed by the servers, the same on every worker (and, once
+//! jobs are signed, covered by the signature). What may differ from node to node — the device,
+//! the data folder, the link, the GPU budget — is **node-local** and lives in the node's own
+//! config ([`crate::WorkerConfig`]), never here.
+//!
+//! ```
+//! let job = murmur_node::Job::from_toml("workers = 2\ncodec = \"topk:0.01\"\nepochs = 1\n").unwrap();
+//! assert_eq!(job.workers, 2);
+//! assert_eq!(job.batch, 128); // fields left out take their defaults
+//! ```
+
+use std::path::Path;
+
+use murmur_engine::comm::partition::PartitionPlan;
+use murmur_engine::data::ImageDataset;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{NodeError, Result};
+
+/// A data-parallel job: model, data, schedule and compression. Defaults are the demo's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
+pub struct Job {
+    /// Workers in the job; the servers give each certificate that joins one of ranks
+    /// 0..workers, and the rounds start once all have registered.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().workers))]
+    pub workers: u16,
+    /// The dataset: mnist or fashion-mnist.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().dataset))]
+    pub dataset: String,
+    /// Passes over the training set.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().epochs))]
+    pub epochs: u32,
+    /// Samples per worker per step (the global batch is this times the workers).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().batch))]
+    pub batch: usize,
+    /// AdamW's learning rate.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().lr))]
+    pub lr: f32,
+    /// Hidden layer widths of the MLP.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_delimiter = ',', default_values_t = Job::default().hidden)
+    )]
+    pub hidden: Vec<usize>,
+    /// Seed of the initial model, the data order and every codec's randomness.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().seed))]
+    pub seed: u64,
+    /// Stop after this many rounds (for quick checks).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub max_steps: Option<u64>,
+    /// Train on the first N training samples only.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub train_limit: Option<usize>,
+    /// Codec of worker pushes, e.g. topk:0.01, sign, dither:linear:s=15, f32.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().codec))]
+    pub codec: String,
+    /// Codec of the servers' replies (default: the push codec).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub pull_codec: Option<String>,
+    /// Error feedback on the workers: none, ef, or loco-ema:...
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().memory))]
+    pub memory: String,
+    /// Error feedback on the servers.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().server_memory))]
+    pub server_memory: String,
+    /// Tensors are cut into partitions of this many bytes (BytePS default 4,096,000).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().partition_bytes))]
+    pub partition_bytes: usize,
+    /// Tensors smaller than this travel uncompressed (BytePS default 1,024,000).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().min_compress_bytes))]
+    pub min_compress_bytes: usize,
+    /// Rank 0 sends the servers a snapshot every this many rounds, for workers that rejoin.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().snapshot_every))]
+    pub snapshot_every: u64,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Job {
+            workers: 4,
+            dataset: "mnist".into(),
+            epochs: 8,
+            batch: 128,
+            lr: 2e-3,
+            hidden: vec![512, 256],
+            seed: 0,
+            max_steps: None,
+            train_limit: None,
+            codec: "f32".into(),
+            pull_codec: None,
+            memory: "ef".into(),
+            server_memory: "ef".into(),
+            partition_bytes: 4_096_000,
+            min_compress_bytes: 1_024_000,
+            snapshot_every: 50,
+        }
+    }
+}
+
+/// The names of [`Job`]'s fields, as in TOML and as flags (with `-` for `_`).
+pub const JOB_FIELDS: &[&str] = &[
+    "workers",
+    "dataset",
+    "epochs",
+    "batch",
+    "lr",
+    "hidden",
+    "seed",
+    "max_steps",
+    "train_limit",
+    "codec",
+    "pull_codec",
+    "memory",
+    "server_memory",
+    "partition_bytes",
+    "min_compress_bytes",
+    "snapshot_every",
+];
+
+impl Job {
+    /// Parses a job from TOML text; fields left out take their defaults, unknown fields are
+    /// an error (a typo must not silently fall back to a default). The job is validated.
+    pub fn from_toml(text: &str) -> Result<Job> {
+        let job: Job = toml::from_str(text).map_err(|e| NodeError::Job(e.to_string()))?;
+        job.validate()?;
+        Ok(job)
+    }
+
+    /// Reads a job from a TOML file.
+    pub fn load(path: &Path) -> Result<Job> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| NodeError::io(format!("reading the job {}", path.display()), e))?;
+        Job::from_toml(&text).map_err(|e| NodeError::Job(format!("{}: {e}", path.display())))
+    }
+
+    /// The job as TOML, for a file a server can load.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a job serialises to TOML")
+    }
+
+    /// This job with the fields named in `fields` taken from `other` (how flags given on a
+    /// command line override a job file).
+    pub fn with_fields_from(&self, other: &Job, fields: &[&str]) -> Result<Job> {
+        let mut mine = serde_json::to_value(self).expect("a job serialises");
+        let theirs = serde_json::to_value(other).expect("a job serialises");
+        for field in fields {
+            if !JOB_FIELDS.contains(field) {
+                return Err(NodeError::Job(format!("no job field {field:?}")));
+            }
+            mine[*field] = theirs[*field].clone();
+        }
+        let job: Job = serde_json::from_value(mine).map_err(|e| NodeError::Job(e.to_string()))?;
+        job.validate()?;
+        Ok(job)
+    }
+
+    /// The job as it travels to joining workers (JSON).
+    pub fn to_wire(&self) -> String {
+        serde_json::to_string(self).expect("a job serialises")
+    }
+
+    /// Reads a job as a server sent it, and checks that this build can run it.
+    pub fn from_wire(text: &str) -> Result<Job> {
+        let job: Job = serde_json::from_str(text)
+            .map_err(|e| NodeError::Job(format!("the servers sent a job this build cannot read ({e}); is this murmur older than the servers'?")))?;
+        job.validate()?;
+        Ok(job)
+    }
+
+    /// Checks every field against its range and that this build knows the dataset, codecs
+    /// and memories the job names: a node refuses a job it cannot run at once, with the reason.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(NodeError::Job(m));
+        if self.workers == 0 {
+            return bad("workers must be at least 1".into());
+        }
+        if self.epochs == 0 || self.batch == 0 {
+            return bad("epochs and batch must be at least 1".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("lr must be a positive number, not {}", self.lr));
+        }
+        if self.hidden.contains(&0) {
+            return bad("hidden layer widths must be at least 1".into());
+        }
+        if self.max_steps == Some(0) || self.train_limit == Some(0) {
+            return bad("max_steps and train_limit must be at least 1 when given".into());
+        }
+        if self.partition_bytes < 4 {
+            return bad("partition_bytes must be at least 4".into());
+        }
+        self.dataset
+            .parse::<ImageDataset>()
+            .map_err(|e| NodeError::Job(format!("dataset: {e}")))?;
+        for (what, spec) in [
+            ("codec", Some(&self.codec)),
+            ("pull_codec", self.pull_codec.as_ref()),
+        ] {
+            if let Some(spec) = spec {
+                murmur_engine::compress::parse(spec)
+                    .map_err(|e| NodeError::Job(format!("{what} {spec:?}: {e}")))?;
+            }
+        }
+        self.memory
+            .parse::<murmur_engine::feedback::Memory>()
+            .map_err(|e| NodeError::Job(format!("memory {:?}: {e}", self.memory)))?;
+        Ok(())
+    }
+
+    /// How the model's tensors are cut into keys and compressed.
+    pub fn partition_plan(&self) -> PartitionPlan {
+        PartitionPlan {
+            partition_bytes: self.partition_bytes,
+            min_compress_bytes: self.min_compress_bytes,
+            push: self.codec.clone(),
+            pull: self
+                .pull_codec
+                .clone()
+                .unwrap_or_else(|| self.codec.clone()),
+            server_memory: self.server_memory.clone(),
+            seed: self.seed,
+        }
+    }
+
+    /// Rounds per epoch over `train_len` samples, and rounds in all.
+    pub fn steps(&self, train_len: usize) -> (u64, u64) {
+        let global = self.batch * self.workers as usize;
+        let per_epoch = (train_len / global).max(1) as u64;
+        let total = (per_epoch * self.epochs as u64).min(self.max_steps.unwrap_or(u64::MAX));
+        (per_epoch, total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_round_trips_and_typos_are_refused() {
+        let job = Job {
+            workers: 3,
+            codec: "topk:0.01".into(),
+            max_steps: Some(7),
+            ..Job::default()
+        };
+        assert_eq!(Job::from_toml(&job.to_toml()).unwrap(), job);
+        assert_eq!(Job::from_wire(&job.to_wire()).unwrap(), job);
+        let err = Job::from_toml("wokers = 3").unwrap_err().to_string();
+        assert!(err.contains("wokers"), "{err}");
+    }
+
+    #[test]
+    fn a_job_this_build_cannot_run_is_refused_with_the_reason() {
+        for (text, needle) in [
+            ("codec = \"foo\"", "codec"),
+            ("lr = -1.0", "lr"),
+            ("workers = 0", "workers"),
+            ("dataset = \"imagenet\"", "dataset"),
+            ("memory = \"nope\"", "memory"),
+        ] {
+            let err = Job::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn flags_override_only_the_fields_given() {
+        let file = Job::from_toml("epochs = 2\nbatch = 64").unwrap();
+        let flags = Job {
+            batch: 32,
+            lr: 1e-3,
+            ..Job::default()
+        };
+        let job = file.with_fields_from(&flags, &["lr"]).unwrap();
+        assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
+        assert!(file.with_fields_from(&flags, &["nope"]).is_err());
+    }
+}

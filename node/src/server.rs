@@ -1,0 +1,191 @@
+//! A parameter-server shard as a library node: [`ServerNode::start`] binds the shard, serves
+//! on a thread of its own (with its own async runtime) and returns a [`ServerHandle`] that
+//! knows where it listens and stops it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use murmur_net::identity::Credentials;
+use murmur_net::ps::{JobOffer, Server, ServerOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::address::resolve;
+use crate::error::{NodeError, Result};
+use crate::job::Job;
+use crate::link::LinkConfig;
+use crate::worker::panic_message;
+
+/// A shard's settings, and the job it serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Where to listen, `host:port` (port 0 picks a free port).
+    pub listen: String,
+    /// The swarm folder holding `ca.pem` and this node's certificate.
+    pub swarm: PathBuf,
+    /// This node's name in the swarm folder.
+    pub node: String,
+    /// This shard's index; every worker lists the shards in this order.
+    pub shard: u16,
+    /// How many shards the job has.
+    pub shards: u16,
+    /// Seconds a round waits for stragglers after its first push before evicting them.
+    pub deadline_s: f64,
+    /// Its link to the workers.
+    pub link: LinkConfig,
+    /// The job: shard 0 hands it to every worker that joins; every shard takes the world
+    /// size from it.
+    pub job: Job,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "0.0.0.0:7400".into(),
+            swarm: PathBuf::from("swarm"),
+            node: String::new(),
+            shard: 0,
+            shards: 1,
+            deadline_s: 30.0,
+            link: LinkConfig::default(),
+            job: Job::default(),
+        }
+    }
+}
+
+/// Starts parameter-server shards.
+pub struct ServerNode;
+
+impl ServerNode {
+    /// Checks the config and the job, binds the shard and starts serving. Returns once the
+    /// shard listens.
+    pub fn start(config: ServerConfig) -> Result<ServerHandle> {
+        config.job.validate()?;
+        if !(config.deadline_s.is_finite() && config.deadline_s > 0.0) {
+            return Err(NodeError::Config(format!(
+                "the round deadline must be a positive number of seconds, not {}",
+                config.deadline_s
+            )));
+        }
+        let listen = resolve(&config.listen)
+            .map_err(|e| NodeError::Address(format!("to listen on: {e}")))?;
+        let creds = Credentials::load(&config.swarm, &config.node).map_err(|e| {
+            NodeError::Config(format!(
+                "loading node {:?} from {}: {e}",
+                config.node,
+                config.swarm.display()
+            ))
+        })?;
+        let options = ServerOptions {
+            shard: config.shard,
+            shards: config.shards,
+            link: config.link.link(),
+            deadline: Duration::from_secs_f64(config.deadline_s.max(0.01)),
+            job: Some(JobOffer {
+                world: config.job.workers,
+                description: config.job.to_wire(),
+            }),
+            ..ServerOptions::default()
+        };
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("murmur-server-{}", config.shard))
+            .spawn(move || -> Result<()> {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .thread_name("murmur-server")
+                    .build()
+                    .map_err(|e| NodeError::io("starting the server's runtime", e))?;
+                runtime.block_on(async move {
+                    let bound = Server::bind(listen, &creds, options).and_then(|server| {
+                        let addr = server.local_addr()?;
+                        Ok((server, addr))
+                    });
+                    let server = match bound {
+                        Ok((server, addr)) => {
+                            let _ = bound_tx.send(Ok((addr, server.endpoint())));
+                            server
+                        }
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    server.run().await?;
+                    Ok(())
+                })
+            })
+            .map_err(|e| NodeError::io("starting the server thread", e))?;
+        let (addr, endpoint) = bound_rx
+            .recv()
+            .map_err(|_| NodeError::Thread("the server thread ended before binding".into()))?
+            .map_err(|e| NodeError::Address(format!("{listen}: cannot listen: {e}")))?;
+        Ok(ServerHandle {
+            addr,
+            fingerprint: creds_fingerprint(&config),
+            shard: config.shard,
+            endpoint,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn creds_fingerprint(config: &ServerConfig) -> String {
+    Credentials::load(&config.swarm, &config.node)
+        .map(|c| c.fingerprint())
+        .unwrap_or_default()
+}
+
+/// A running shard. Dropping it stops the shard.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    fingerprint: String,
+    shard: u16,
+    endpoint: quinn::Endpoint,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl ServerHandle {
+    /// Where the shard listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The fingerprint of the shard's key, as peers log it.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// This shard's index.
+    pub fn shard(&self) -> u16 {
+        self.shard
+    }
+
+    /// Closes every connection and stops serving.
+    pub fn stop(&self) {
+        self.endpoint
+            .close(quinn::VarInt::from_u32(0), b"server stopped");
+    }
+
+    /// Waits for the shard to stop (after [`ServerHandle::stop`], or a fatal error).
+    pub fn join(mut self) -> Result<()> {
+        self.join_thread()
+    }
+
+    fn join_thread(&mut self) -> Result<()> {
+        match self.thread.take() {
+            None => Ok(()),
+            Some(t) => t.join().map_err(|p| NodeError::Thread(panic_message(&p)))?,
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = self.join_thread();
+    }
+}

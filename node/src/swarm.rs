@@ -1,0 +1,311 @@
+//! A whole swarm on this machine over loopback QUIC: `servers` shards and `job.workers`
+//! workers, as threads of this process ([`Launch::Threads`]) or as processes of a `murmur`
+//! binary ([`Launch::Processes`]; an app that embeds murmur passes the path of a murmur
+//! binary, never its own). Credentials go into the swarm folder; processes log to its
+//! `logs/`. Every worker's events come out of one stream, tagged with the worker's index.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use murmur_net::identity::Swarm;
+use serde::{Deserialize, Serialize};
+
+use crate::data::DeviceKind;
+use crate::error::{NodeError, Result};
+use crate::event::Event;
+use crate::job::Job;
+use crate::link::LinkConfig;
+use crate::process::{log_tail, spawn_logged, Children};
+use crate::server::{ServerConfig, ServerHandle, ServerNode};
+use crate::worker::{Worker, WorkerConfig, WorkerHandle};
+
+/// A local swarm's settings.
+#[derive(Debug, Clone)]
+pub struct SwarmConfig {
+    /// Parameter-server shards.
+    pub servers: u16,
+    /// The job (its `workers` says how many workers start).
+    pub job: Job,
+    /// Where the workers compute.
+    pub device: DeviceKind,
+    /// The datasets' folder (default: `$MURMUR_DATA`, else `./data`).
+    pub data: Option<PathBuf>,
+    /// The link every node states.
+    pub link: LinkConfig,
+    /// Seconds a round waits for a straggler before evicting it.
+    pub deadline_s: f64,
+    /// The swarm folder: credentials (a new authority unless one is there) and logs.
+    pub dir: PathBuf,
+}
+
+/// How the nodes run.
+#[derive(Debug, Clone)]
+pub enum Launch {
+    /// Threads of this process.
+    Threads,
+    /// Processes of this `murmur` binary.
+    Processes {
+        /// The binary's path.
+        exe: PathBuf,
+    },
+}
+
+/// A server's first line on stdout when it runs as a process: where it listens.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Listening {
+    /// Always "listening".
+    pub event: String,
+    /// The shard's index.
+    pub shard: u16,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its key's fingerprint.
+    pub fingerprint: String,
+}
+
+/// What the swarm's stream carries.
+#[derive(Debug, Clone)]
+pub enum SwarmEvent {
+    /// Worker `index` (the order it was started in; its rank is in its events) said something.
+    Worker {
+        /// The worker's index.
+        index: usize,
+        /// What it said.
+        event: Event,
+    },
+    /// Worker `index` ended; `error` says why if it failed.
+    Ended {
+        /// The worker's index.
+        index: usize,
+        /// Its failure, with the end of its log for a process.
+        error: Option<String>,
+    },
+}
+
+enum Nodes {
+    Threads {
+        servers: Vec<ServerHandle>,
+        workers: Vec<WorkerHandle>,
+    },
+    Processes(Children),
+}
+
+/// A running local swarm.
+pub struct LocalSwarm {
+    nodes: Nodes,
+    events: mpsc::Receiver<SwarmEvent>,
+    logs: PathBuf,
+}
+
+/// Writes credentials for every node of a local swarm into `dir`: a fresh authority unless
+/// `dir` holds one.
+pub fn prepare(dir: &Path, servers: u16, workers: u16) -> Result<()> {
+    let swarm = if dir.join("ca.key").exists() {
+        Swarm::load(dir)?
+    } else {
+        let swarm = Swarm::generate("local")?;
+        swarm.save(dir)?;
+        swarm
+    };
+    for s in 0..servers {
+        swarm.issue_to(dir, &format!("server-{s}"))?;
+    }
+    for r in 0..workers {
+        swarm.issue_to(dir, &format!("worker-{r}"))?;
+    }
+    std::fs::create_dir_all(dir.join("logs"))
+        .map_err(|e| NodeError::io(format!("creating {}/logs", dir.display()), e))?;
+    Ok(())
+}
+
+impl LocalSwarm {
+    /// Writes the credentials, starts the shards, waits until they listen, then starts the
+    /// workers.
+    pub fn start(config: SwarmConfig, launch: Launch) -> Result<LocalSwarm> {
+        if config.servers == 0 {
+            return Err(NodeError::Config("a swarm needs at least 1 server".into()));
+        }
+        config.job.validate()?;
+        prepare(&config.dir, config.servers, config.job.workers)?;
+        let logs = config.dir.join("logs");
+        let (tx, events) = mpsc::channel();
+        let nodes = match launch {
+            Launch::Threads => start_threads(&config, tx)?,
+            Launch::Processes { exe } => start_processes(&config, &exe, tx)?,
+        };
+        Ok(LocalSwarm {
+            nodes,
+            events,
+            logs,
+        })
+    }
+
+    /// The next event, or `None` once every worker has ended or `timeout` passed.
+    pub fn next_event(&self, timeout: Duration) -> Option<SwarmEvent> {
+        self.events.recv_timeout(timeout).ok()
+    }
+
+    /// Worker `index`'s handle, when the nodes are threads.
+    pub fn worker(&self, index: usize) -> Option<&WorkerHandle> {
+        match &self.nodes {
+            Nodes::Threads { workers, .. } => workers.get(index),
+            Nodes::Processes(_) => None,
+        }
+    }
+
+    /// Where process logs go.
+    pub fn logs(&self) -> &Path {
+        &self.logs
+    }
+
+    /// Waits for every worker to end, then stops the servers. The first worker failure is
+    /// the error.
+    pub fn finish(self) -> Result<()> {
+        match self.nodes {
+            Nodes::Threads { servers, workers } => {
+                let mut first = Ok(());
+                for w in workers {
+                    if let Err(e) = w.join() {
+                        first = first.and(Err(e));
+                    }
+                }
+                drop(servers);
+                first
+            }
+            Nodes::Processes(mut children) => children.wait_for("worker"),
+        }
+    }
+}
+
+fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<Nodes> {
+    let mut servers = Vec::new();
+    for shard in 0..config.servers {
+        servers.push(ServerNode::start(ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            swarm: config.dir.clone(),
+            node: format!("server-{shard}"),
+            shard,
+            shards: config.servers,
+            deadline_s: config.deadline_s,
+            link: config.link,
+            job: config.job.clone(),
+        })?);
+    }
+    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let mut workers = Vec::new();
+    for index in 0..config.job.workers as usize {
+        let worker = Worker::start(WorkerConfig {
+            servers: addrs.clone(),
+            swarm: config.dir.clone(),
+            node: format!("worker-{index}"),
+            device: config.device,
+            data: config.data.clone(),
+            link: config.link,
+            ..WorkerConfig::default()
+        })?;
+        let mut events = worker.events();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut error = None;
+            while let Ok(event) = events.blocking_recv() {
+                if let Event::Error { message, .. } = &event {
+                    error = Some(message.clone());
+                }
+                let done = matches!(event, Event::Done { .. });
+                let _ = tx.send(SwarmEvent::Worker { index, event });
+                if done || error.is_some() {
+                    break;
+                }
+            }
+            let _ = tx.send(SwarmEvent::Ended { index, error });
+        });
+        workers.push(worker);
+    }
+    Ok(Nodes::Threads { servers, workers })
+}
+
+fn start_processes(
+    config: &SwarmConfig,
+    exe: &Path,
+    tx: mpsc::Sender<SwarmEvent>,
+) -> Result<Nodes> {
+    let dir = &config.dir;
+    let logs = dir.join("logs");
+    let job_file = dir.join("job.toml");
+    std::fs::write(&job_file, config.job.to_toml())
+        .map_err(|e| NodeError::io(format!("writing {}", job_file.display()), e))?;
+    let mut children = Children(Vec::new());
+    let mut addrs = Vec::new();
+    for shard in 0..config.servers {
+        let mut args: Vec<String> = vec![
+            "server".into(),
+            "--listen=127.0.0.1:0".into(),
+            format!("--swarm={}", dir.display()),
+            format!("--node=server-{shard}"),
+            format!("--shard={shard}"),
+            format!("--shards={}", config.servers),
+            format!("--deadline={}", config.deadline_s),
+            format!("--config={}", job_file.display()),
+        ];
+        args.extend(config.link.to_args());
+        let log = logs.join(format!("server-{shard}.log"));
+        let mut child = spawn_logged(exe, &args, &log)?;
+        let stdout = child.stdout.take().expect("piped");
+        children.0.push((format!("server {shard}"), child));
+        let (line_tx, line_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = line_tx.send(line);
+        });
+        let line = line_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_default();
+        let listening: Listening = serde_json::from_str(line.trim()).map_err(|_| {
+            NodeError::Thread(format!(
+                "server {shard} did not start within 30 s; the end of its log:\n{}",
+                log_tail(&log)
+            ))
+        })?;
+        addrs.push(listening.addr.to_string());
+    }
+    for index in 0..config.job.workers as usize {
+        let mut args: Vec<String> = vec![
+            "worker".into(),
+            format!("--connect={}", addrs.join(",")),
+            format!("--swarm={}", dir.display()),
+            format!("--node=worker-{index}"),
+            format!("--device={}", config.device.name()),
+            "--json".into(),
+        ];
+        if let Some(d) = &config.data {
+            args.push(format!("--data={}", d.display()));
+        }
+        args.extend(config.link.to_args());
+        let log = logs.join(format!("worker-{index}.log"));
+        let mut child = spawn_logged(exe, &args, &log)?;
+        let stdout = child.stdout.take().expect("piped");
+        children.0.push((format!("worker {index}"), child));
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut done = false;
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                    done |= matches!(event, Event::Done { .. });
+                    let _ = tx.send(SwarmEvent::Worker { index, event });
+                }
+            }
+            let error = (!done).then(|| {
+                format!(
+                    "worker {index} exited before finishing; the end of its log:\n{}",
+                    log_tail(&log)
+                )
+            });
+            let _ = tx.send(SwarmEvent::Ended { index, error });
+        });
+    }
+    Ok(Nodes::Processes(children))
+}

@@ -1,0 +1,585 @@
+//! A worker: one rank of a data-parallel job through parameter-server shards over QUIC, as a
+//! library node. [`Worker::start`] takes a [`WorkerConfig`] (only node-local settings: the job
+//! comes from the servers), runs the worker on a thread of its own and returns a
+//! [`WorkerHandle`] to pause, resume, budget and stop it and to subscribe to its [`Event`]s.
+//!
+//! The rank trains on its slice of each global batch and applies the servers' replies, so all
+//! replicas stay bit-identical. A pause finishes the current round, leaves the rounds (the
+//! servers drop the rank at once, and the others go on without it), and on resume the worker
+//! reconnects, replays the rounds it missed from the servers' log — keeping its error-feedback
+//! memory and optimizer state — and takes part again. A lost link is handled the same way,
+//! with back-off.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use murmur_engine::data::epoch_batches;
+use murmur_engine::nn::Module;
+use murmur_engine::train::{rank_slice, Classifier, ClassifierConfig, DataParallel, RoundBytes};
+use murmur_engine::Device;
+use murmur_net::identity::Credentials;
+use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::address::resolve_all;
+use crate::control::{Budget, Control, Next};
+use crate::data::{load_sets, DeviceKind, Sets};
+use crate::error::{NodeError, Result};
+use crate::event::{Event, Events};
+use crate::job::Job;
+use crate::link::LinkConfig;
+
+/// A worker's own settings: who it is, where the servers are, and what it lends. Everything
+/// about the training itself is the job's, which the servers send.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The server shards as `host:port`, in shard order (shard 0 first).
+    pub servers: Vec<String>,
+    /// The swarm folder holding `ca.pem` and this node's certificate.
+    pub swarm: PathBuf,
+    /// This node's name in the swarm folder (`nodes/NAME.pem`).
+    pub node: String,
+    /// Where it computes.
+    pub device: DeviceKind,
+    /// The folder holding the datasets (default: `$MURMUR_DATA`, else `./data`).
+    pub data: Option<PathBuf>,
+    /// Its link to the servers.
+    pub link: LinkConfig,
+    /// How much of the machine it may take (changeable with [`WorkerHandle::set_budget`]).
+    pub budget: Budget,
+    /// Reconnections tried after losing the servers before the worker gives up, with
+    /// back-off from 1 s doubling to 30 s.
+    pub rejoin_attempts: u32,
+    /// How long to keep trying to reach the servers at the start, in seconds.
+    pub join_timeout_s: f64,
+    /// Where to write the model and optimizer state when the worker stops or finishes.
+    pub checkpoint: Option<PathBuf>,
+    /// Also print every event as a JSON line on stdout (what a process launcher reads).
+    pub json_events: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            servers: Vec::new(),
+            swarm: PathBuf::from("swarm"),
+            node: String::new(),
+            device: DeviceKind::Gpu,
+            data: None,
+            link: LinkConfig::default(),
+            budget: Budget::default(),
+            rejoin_attempts: 5,
+            join_timeout_s: 120.0,
+            checkpoint: None,
+            json_events: false,
+        }
+    }
+}
+
+/// What a worker did, when it ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The rank the servers gave it.
+    pub rank: u16,
+    /// Rounds its replica went through.
+    pub steps: u64,
+    /// The last test accuracy it measured (rank 0 evaluates).
+    pub final_accuracy: Option<f64>,
+    /// Bytes pushed and pulled in all.
+    pub bytes_pushed: u64,
+    /// Bytes pulled in all.
+    pub bytes_pulled: u64,
+    /// The same rounds' traffic each way in f32.
+    pub f32_bytes_each_way: u64,
+    /// Whether a stop ended it rather than the job's end.
+    pub stopped: bool,
+    /// The job it ran.
+    pub job: Job,
+}
+
+/// Starts workers.
+pub struct Worker;
+
+impl Worker {
+    /// Checks the config, resolves the servers' addresses, loads the credentials and starts
+    /// the worker on a thread of its own. Returns at once; the worker then fetches the job,
+    /// joins and trains, reporting through events.
+    ///
+    /// Works from any thread, inside an async runtime too: the worker's own runtime lives on
+    /// its thread, never nested in the caller's.
+    pub fn start(config: WorkerConfig) -> Result<WorkerHandle> {
+        config.budget.validate()?;
+        if config.node.is_empty() {
+            return Err(NodeError::Config("the worker needs a node name".into()));
+        }
+        if !(config.join_timeout_s.is_finite() && config.join_timeout_s > 0.0) {
+            return Err(NodeError::Config(format!(
+                "join_timeout_s must be a positive number of seconds, not {}",
+                config.join_timeout_s
+            )));
+        }
+        let servers = resolve_all(&config.servers)
+            .map_err(|e| NodeError::Address(format!("of the servers: {e}")))?;
+        let creds = Credentials::load(&config.swarm, &config.node).map_err(|e| {
+            NodeError::Config(format!(
+                "loading node {:?} from {}: {e}",
+                config.node,
+                config.swarm.display()
+            ))
+        })?;
+        let control = Arc::new(Control::new(config.budget));
+        let (events, first) = Events::new(config.json_events);
+        let device = Arc::new(OnceLock::new());
+        let run = Run {
+            config,
+            servers,
+            creds,
+            control: control.clone(),
+            events: events.clone(),
+            device: device.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("murmur-worker".into())
+            .spawn(move || run.run())
+            .map_err(|e| NodeError::io("starting the worker thread", e))?;
+        Ok(WorkerHandle {
+            control,
+            events,
+            first: Mutex::new(Some(first)),
+            device,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running worker. Every method but [`WorkerHandle::join`] returns at once and may be
+/// called from any thread or async task. Dropping the handle stops the worker and waits for
+/// it.
+pub struct WorkerHandle {
+    control: Arc<Control>,
+    events: Events,
+    first: Mutex<Option<broadcast::Receiver<Event>>>,
+    device: Arc<OnceLock<Device>>,
+    thread: Option<JoinHandle<Result<WorkerReport>>>,
+}
+
+impl WorkerHandle {
+    /// The worker's events. The first call gets every event since the start; later calls
+    /// get those from then on. Read with `blocking_recv` from threads, `recv().await` from
+    /// async code.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.first
+            .lock()
+            .expect("events lock")
+            .take()
+            .unwrap_or_else(|| self.events.subscribe())
+    }
+
+    /// Finishes the current round, leaves the rounds (without stalling the others) and
+    /// waits; [`Event::Paused`] says when it took effect. No GPU work is issued while paused.
+    pub fn pause(&self) {
+        self.control.pause();
+    }
+
+    /// Rejoins the rounds after a pause: catches up on the rounds missed and trains on.
+    pub fn resume(&self) {
+        self.control.resume();
+    }
+
+    /// Whether a pause has been asked for (and not undone by a resume).
+    pub fn is_paused(&self) -> bool {
+        self.control.is_paused()
+    }
+
+    /// Ends the worker gracefully after the current round: writes the checkpoint, if one is
+    /// configured, and says goodbye to the servers. [`WorkerHandle::join`] returns then.
+    pub fn stop(&self) {
+        self.control.stop();
+    }
+
+    /// Changes the GPU budget, effective from the next round.
+    pub fn set_budget(&self, budget: Budget) -> Result<()> {
+        budget.validate()?;
+        self.control.set_budget(budget);
+        Ok(())
+    }
+
+    /// The budget in force.
+    pub fn budget(&self) -> Budget {
+        self.control.budget()
+    }
+
+    /// The device the worker computes on, once it has opened it.
+    pub fn device(&self) -> Option<Device> {
+        self.device.get().cloned()
+    }
+
+    /// Whether the worker's thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits for the worker to end and returns what it did. Blocks: from async code, call it
+    /// through `tokio::task::spawn_blocking`, or wait for [`Event::Done`] first.
+    pub fn join(mut self) -> Result<WorkerReport> {
+        self.join_thread()
+    }
+
+    fn join_thread(&mut self) -> Result<WorkerReport> {
+        let Some(thread) = self.thread.take() else {
+            return Err(NodeError::Thread("already joined".into()));
+        };
+        thread
+            .join()
+            .map_err(|p| NodeError::Thread(panic_message(&p)))?
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.control.stop();
+            let _ = self.join_thread();
+        }
+    }
+}
+
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// Everything the worker's thread holds.
+struct Run {
+    config: WorkerConfig,
+    servers: Vec<SocketAddr>,
+    creds: Credentials,
+    control: Arc<Control>,
+    events: Events,
+    device: Arc<OnceLock<Device>>,
+}
+
+/// Running totals of one worker.
+#[derive(Default)]
+struct Totals {
+    pushed: u64,
+    pulled: u64,
+    f32_each_way: u64,
+    samples: usize,
+}
+
+/// The job once joined: the data, and where the rank stands.
+struct Joined {
+    job: Job,
+    sets: Sets,
+    rank: u16,
+    world: u16,
+    steps_per_epoch: u64,
+    total_steps: u64,
+}
+
+impl Run {
+    fn run(self) -> Result<WorkerReport> {
+        let outcome = self.train();
+        if let Err(e) = &outcome {
+            self.events.emit(Event::Error {
+                rank: None,
+                message: e.to_string(),
+            });
+        }
+        outcome
+    }
+
+    fn client_options(&self) -> ClientOptions {
+        ClientOptions {
+            link: self.config.link.link(),
+            ..ClientOptions::default()
+        }
+    }
+
+    fn wait(&self, what: String) {
+        self.events.emit(Event::Waiting { what });
+    }
+
+    /// Asks shard 0 for the job and a rank, trying again every few seconds until the join
+    /// time-out: servers may come up after their workers.
+    fn fetch_job(&self) -> Result<(Job, u16, u16)> {
+        let timeout = Duration::from_secs_f64(self.config.join_timeout_s);
+        let deadline = Instant::now() + timeout;
+        let shard0 = self.servers[0];
+        self.wait(format!(
+            "the job from shard 0 at {shard0} (giving up after {timeout:?})"
+        ));
+        let mut options = self.client_options();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            options.connect_timeout =
+                left.clamp(Duration::from_millis(100), Duration::from_secs(10));
+            match join_job(shard0, &self.creds, &self.config.node, &options) {
+                Ok(welcome) => {
+                    let job = Job::from_wire(&welcome.job)?;
+                    if job.workers != welcome.world {
+                        return Err(NodeError::Job(format!(
+                            "the servers say {} workers but their job says {}",
+                            welcome.world, job.workers
+                        )));
+                    }
+                    return Ok((job, welcome.rank, welcome.world));
+                }
+                // The server answered and refused: trying again would not help.
+                Err(e @ murmur_net::NetError::Protocol(_)) => return Err(e.into()),
+                Err(e) if Instant::now() + Duration::from_secs(2) >= deadline => {
+                    return Err(NodeError::Net(murmur_net::NetError::Timeout(format!(
+                        "no job from {shard0} within {timeout:?} (last: {e})"
+                    ))))
+                }
+                Err(e) => {
+                    self.wait(format!("shard 0 at {shard0} ({e}); trying again in 2 s"));
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    fn connect(&self, joined: &Joined) -> Result<QuicCollective> {
+        Ok(QuicCollective::connect(
+            &self.servers,
+            &self.creds,
+            joined.rank,
+            joined.world,
+            &self.config.node,
+            self.client_options(),
+        )?)
+    }
+
+    fn train(&self) -> Result<WorkerReport> {
+        let (job, rank, world) = self.fetch_job()?;
+        let sets = load_sets(&job.dataset, self.config.data.as_deref(), job.train_limit)?;
+        let (steps_per_epoch, total_steps) = job.steps(sets.train.len());
+        let joined = Joined {
+            job,
+            sets,
+            rank,
+            world,
+            steps_per_epoch,
+            total_steps,
+        };
+        let device = self.config.device.open()?;
+        let _ = self.device.set(device.clone());
+        let job = &joined.job;
+        let clf = Classifier::new(
+            &device,
+            joined.sets.train.features(),
+            joined.sets.train.classes,
+            &ClassifierConfig {
+                hidden: job.hidden.clone(),
+                lr: job.lr,
+                seed: job.seed,
+                ..ClassifierConfig::default()
+            },
+        )?;
+        let collective = self.connect(&joined)?;
+        self.wait(format!(
+            "registering as rank {rank} of {world}; a new job starts when all {world} workers have registered (giving up after {:?})",
+            ClientOptions::default().start_timeout
+        ));
+        let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;
+        catch_up(&mut dp)?;
+        self.events.emit(Event::Joined {
+            rank,
+            world,
+            steps: total_steps,
+            steps_per_epoch,
+            parameters: dp.clf.model.parameter_count(),
+            keys: dp.partitions().len(),
+            from_step: dp.round(),
+        });
+        let started = Instant::now();
+        let (totals, final_accuracy, stopped) = self.train_rounds(&joined, &mut dp)?;
+        if let Some(path) = &self.config.checkpoint {
+            let state = dp.clf.save_state()?;
+            std::fs::write(path, state)
+                .map_err(|e| NodeError::io(format!("writing {}", path.display()), e))?;
+        }
+        let report = WorkerReport {
+            rank,
+            steps: dp.round(),
+            final_accuracy,
+            bytes_pushed: totals.pushed,
+            bytes_pulled: totals.pulled,
+            f32_bytes_each_way: totals.f32_each_way,
+            stopped,
+            job: joined.job.clone(),
+        };
+        // Say goodbye to the servers before reporting the end.
+        drop(dp);
+        self.events.emit(Event::Done {
+            rank,
+            steps: report.steps,
+            final_accuracy,
+            bytes_pushed: totals.pushed,
+            bytes_pulled: totals.pulled,
+            f32_bytes_each_way: totals.f32_each_way,
+            seconds: started.elapsed().as_secs_f64(),
+            stopped,
+        });
+        Ok(report)
+    }
+
+    /// Trains until the job's last round or a stop. Returns the totals, the last accuracy
+    /// and whether a stop ended it.
+    fn train_rounds(
+        &self,
+        joined: &Joined,
+        dp: &mut DataParallel<QuicCollective>,
+    ) -> Result<(Totals, Option<f64>, bool)> {
+        let (job, rank, world) = (&joined.job, joined.rank, joined.world as usize);
+        let mut totals = Totals::default();
+        let mut final_accuracy = None;
+        let started = Instant::now();
+        let mut epoch_started = Instant::now();
+        let mut batches = Vec::new();
+        let mut batches_epoch = None;
+        let mut failures = 0;
+        while dp.round() < joined.total_steps {
+            match self.control.next() {
+                Next::Stop => return Ok((totals, final_accuracy, true)),
+                Next::Pause => {
+                    dp.collective.leave();
+                    self.events.emit(Event::Paused {
+                        rank,
+                        step: dp.round(),
+                    });
+                    if self.control.wait_while_paused() == Next::Stop {
+                        return Ok((totals, final_accuracy, true));
+                    }
+                    self.rejoin(joined, dp, "paused")?;
+                    continue;
+                }
+                Next::Step => {}
+            }
+            let step_started = Instant::now();
+            let epoch = (dp.round() / joined.steps_per_epoch) as u32;
+            if batches_epoch != Some(epoch) {
+                batches =
+                    epoch_batches(joined.sets.train.len(), job.batch * world, job.seed, epoch);
+                batches_epoch = Some(epoch);
+            }
+            let global = &batches[(dp.round() % joined.steps_per_epoch) as usize];
+            let slice = rank_slice(global, rank as usize, world);
+            let (x, y) = joined.sets.train.batch(slice);
+            let (loss, bytes) = match dp.step(&x, &y) {
+                Ok(done) => done,
+                Err(e) => {
+                    failures += 1;
+                    if failures > self.config.rejoin_attempts {
+                        return Err(NodeError::Engine(e));
+                    }
+                    let reason = format!("lost the swarm ({e})");
+                    dp.collective.leave();
+                    self.rejoin(joined, dp, &reason)?;
+                    continue;
+                }
+            };
+            totals.pushed += bytes.pushed as u64;
+            totals.pulled += bytes.pulled as u64;
+            totals.f32_each_way += bytes.f32_each_way as u64;
+            totals.samples += slice.len();
+            self.report_step(rank, dp.round(), loss.item()?, bytes, &totals, started);
+            if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
+                let state = dp.clf.save_state()?;
+                let step = dp.round();
+                dp.collective.snapshot(step, state)?;
+            }
+            let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch)
+                || dp.round() == joined.total_steps;
+            if epoch_done {
+                let seconds = epoch_started.elapsed().as_secs_f64();
+                epoch_started = Instant::now();
+                // The replicas are identical: one rank evaluates for all.
+                if rank == 0 {
+                    let accuracy = dp.clf.accuracy(&joined.sets.test, 1000)?;
+                    final_accuracy = Some(accuracy);
+                    self.events.emit(Event::Evaluated {
+                        rank,
+                        epoch: epoch + 1,
+                        accuracy,
+                        seconds,
+                    });
+                }
+            }
+            self.control.rest(step_started.elapsed());
+        }
+        Ok((totals, final_accuracy, false))
+    }
+
+    fn report_step(
+        &self,
+        rank: u16,
+        step: u64,
+        loss: f32,
+        bytes: RoundBytes,
+        totals: &Totals,
+        started: Instant,
+    ) {
+        self.events.emit(Event::Step {
+            rank,
+            step,
+            loss,
+            pushed: bytes.pushed,
+            pulled: bytes.pulled,
+            f32_each_way: bytes.f32_each_way,
+            samples_per_second: totals.samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
+        });
+    }
+
+    /// Connects again and catches up on the rounds missed, keeping the replica's state;
+    /// tries `rejoin_attempts` times, waiting 1 s, 2 s, 4 s ... (at most 30 s) between tries.
+    fn rejoin(
+        &self,
+        joined: &Joined,
+        dp: &mut DataParallel<QuicCollective>,
+        reason: &str,
+    ) -> Result<()> {
+        let mut delay = Duration::from_secs(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let tried = self.connect(joined).and_then(|c| {
+                dp.reconnect(c)?;
+                catch_up(dp)?;
+                Ok(())
+            });
+            match tried {
+                Ok(()) => {
+                    self.events.emit(Event::Rejoined {
+                        rank: joined.rank,
+                        step: dp.round(),
+                        reason: reason.to_string(),
+                    });
+                    return Ok(());
+                }
+                Err(e) if attempt >= self.config.rejoin_attempts.max(1) => {
+                    return Err(NodeError::Net(murmur_net::NetError::Connection(format!(
+                        "rejoining failed {attempt} times (last: {e})"
+                    ))))
+                }
+                Err(e) => {
+                    self.wait(format!(
+                        "the servers again in {delay:?} (try {attempt} of {}: {e})",
+                        self.config.rejoin_attempts
+                    ));
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
