@@ -52,6 +52,7 @@ pub mod error;
 pub mod event;
 pub mod job;
 pub mod link;
+pub mod platform;
 pub mod process;
 pub mod server;
 pub mod swarm;

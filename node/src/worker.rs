@@ -387,7 +387,7 @@ impl Run {
         )?;
         let collective = self.connect(&joined)?;
         self.wait(format!(
-            "registering as rank {rank} of {world}; a new job starts when all {world} workers have registered (giving up after {:?})",
+            "all {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
             ClientOptions::default().start_timeout
         ));
         let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;

@@ -1,0 +1,229 @@
+//! The node library as an app embeds it: a server shard and three workers as threads of this
+//! process. One worker (on the GPU) is paused mid-run: the pause takes effect within a second,
+//! the paused worker issues no GPU work, the others keep training without it, and on resume it
+//! rejoins and finishes with a replica equal to the others' bit for bit. A budget changes at
+//! run time, and a stopped worker writes its checkpoint and says goodbye.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{have_mnist, RemovedOnDrop};
+use murmur_node::swarm::prepare;
+use murmur_node::{
+    Budget, DeviceKind, Event, Job, ServerConfig, ServerNode, Worker, WorkerConfig, WorkerHandle,
+};
+use tokio::sync::broadcast::Receiver;
+
+fn job(workers: u16, max_steps: u64) -> Job {
+    Job {
+        workers,
+        hidden: vec![32],
+        batch: 32,
+        epochs: 1,
+        max_steps: Some(max_steps),
+        train_limit: Some(8000),
+        codec: "topk:0.1".into(),
+        min_compress_bytes: 0,
+        // No snapshot: a worker back from a pause replays from its own round.
+        snapshot_every: 100_000,
+        ..Job::default()
+    }
+}
+
+fn server(dir: &std::path::Path, job: Job) -> murmur_node::ServerHandle {
+    ServerNode::start(ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        swarm: dir.to_path_buf(),
+        node: "server-0".into(),
+        job,
+        ..ServerConfig::default()
+    })
+    .unwrap()
+}
+
+fn worker(
+    dir: &std::path::Path,
+    server: &murmur_node::ServerHandle,
+    index: usize,
+    device: DeviceKind,
+) -> WorkerHandle {
+    Worker::start(WorkerConfig {
+        servers: vec![format!("localhost:{}", server.local_addr().port())],
+        swarm: dir.to_path_buf(),
+        node: format!("worker-{index}"),
+        device,
+        checkpoint: Some(dir.join(format!("worker-{index}.state"))),
+        ..WorkerConfig::default()
+    })
+    .unwrap()
+}
+
+/// Waits for the first event `want` accepts; panics on an error event or after `timeout`.
+fn wait_for<T>(
+    events: &mut Receiver<Event>,
+    timeout: Duration,
+    mut want: impl FnMut(&Event) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no such event within {timeout:?}"
+        );
+        match events.try_recv() {
+            Ok(Event::Error { message, .. }) => panic!("worker failed: {message}"),
+            Ok(e) => {
+                if let Some(t) = want(&e) {
+                    return t;
+                }
+            }
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => panic!("events: {e}"),
+        }
+    }
+}
+
+fn step_of(e: &Event) -> Option<u64> {
+    match e {
+        Event::Step { step, .. } => Some(*step),
+        _ => None,
+    }
+}
+
+/// Rounds per second over the next `rounds` live rounds (skipping those already reported),
+/// and the round reached.
+fn rounds_per_second(events: &mut Receiver<Event>, rounds: u64) -> (f64, u64) {
+    let minute = Duration::from_secs(60);
+    let mut before = wait_for(events, minute, step_of);
+    while let Ok(e) = events.try_recv() {
+        before = step_of(&e).unwrap_or(before);
+    }
+    let window = Instant::now();
+    let after = wait_for(events, minute, |e| {
+        step_of(e).filter(|s| *s >= before + rounds)
+    });
+    (
+        (after - before) as f64 / window.elapsed().as_secs_f64(),
+        after,
+    )
+}
+
+#[test]
+fn a_paused_worker_leaves_the_rounds_and_rejoins_with_the_same_bits() {
+    if !have_mnist() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("embedded-node");
+    prepare(&dir.0, 1, 3).unwrap();
+    let total = 80;
+    let server = server(&dir.0, job(3, total));
+    let workers: Vec<WorkerHandle> = (0..3)
+        .map(|i| {
+            let device = if i == 2 {
+                DeviceKind::Gpu
+            } else {
+                DeviceKind::Cpu
+            };
+            worker(&dir.0, &server, i, device)
+        })
+        .collect();
+    let mut events: Vec<Receiver<Event>> = workers.iter().map(|w| w.events()).collect();
+    let minute = Duration::from_secs(60);
+
+    // Pause the GPU worker at its 20th round.
+    wait_for(&mut events[2], minute, |e| step_of(e).filter(|s| *s >= 20));
+    let asked = Instant::now();
+    workers[2].pause();
+    let paused_at = wait_for(&mut events[2], minute, |e| match e {
+        Event::Paused { step, .. } => Some(*step),
+        _ => None,
+    });
+    let pause_latency = asked.elapsed();
+    assert!(
+        pause_latency < Duration::from_secs(1),
+        "the pause took {pause_latency:?}"
+    );
+    let gpu = workers[2].device().and_then(|d| d.as_gpu().cloned());
+    let gpu_work = gpu.as_ref().map(|g| g.command_stats());
+
+    // The others go on without it; a budget change is taken at run time.
+    workers[1]
+        .set_budget(Budget {
+            duty_cycle: 0.5,
+            max_steps_per_second: None,
+        })
+        .unwrap();
+    assert!(workers[1]
+        .set_budget(Budget {
+            duty_cycle: 0.0,
+            max_steps_per_second: None,
+        })
+        .is_err());
+    let (paused_rate, after) = rounds_per_second(&mut events[0], 15);
+    // Had the others waited for the paused worker, the round deadline (30 s) would hold
+    // them: they would manage well under one round a second.
+    assert!(
+        paused_rate > 2.0,
+        "{paused_rate} rounds/s while one worker was paused"
+    );
+    assert_eq!(
+        gpu.as_ref().map(|g| g.command_stats()),
+        gpu_work,
+        "a paused worker issues no GPU work"
+    );
+    // Its stream stays quiet while it is paused.
+    assert!(matches!(
+        events[2].try_recv(),
+        Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+    ));
+    eprintln!(
+        "pause took effect in {pause_latency:?} at round {paused_at}; the other two went on at {paused_rate:.1} rounds/s while it was paused"
+    );
+
+    workers[2].resume();
+    let rejoined = wait_for(&mut events[2], minute, |e| match e {
+        Event::Rejoined { step, .. } => Some(*step),
+        _ => None,
+    });
+    assert!(rejoined >= after, "it caught up to round {rejoined}");
+    let (full_rate, _) = rounds_per_second(&mut events[0], 15);
+    eprintln!("with all three back: {full_rate:.1} rounds/s");
+
+    let reports: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for r in &reports {
+        assert_eq!(r.steps, total);
+        assert!(!r.stopped);
+    }
+    // Every replica, the paused one included, ends with the same bits.
+    let states: Vec<Vec<u8>> = (0..3)
+        .map(|i| std::fs::read(dir.0.join(format!("worker-{i}.state"))).unwrap())
+        .collect();
+    assert!(states[0] == states[1] && states[1] == states[2]);
+    drop(server);
+}
+
+#[test]
+fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
+    if !have_mnist() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("embedded-stop");
+    prepare(&dir.0, 1, 1).unwrap();
+    let server = server(&dir.0, job(1, 100_000));
+    let w = worker(&dir.0, &server, 0, DeviceKind::Cpu);
+    let mut events = w.events();
+    wait_for(&mut events, Duration::from_secs(60), |e| {
+        step_of(e).filter(|s| *s >= 5)
+    });
+    w.stop();
+    let report = w.join().unwrap();
+    assert!(report.stopped);
+    assert!(report.steps >= 5 && report.steps < 100_000);
+    let state = std::fs::read(dir.0.join("worker-0.state")).unwrap();
+    assert!(!state.is_empty());
+    // The job came from the server, not from the worker's config.
+    assert_eq!(report.job, job(1, 100_000));
+}
