@@ -6,7 +6,7 @@
 # is removed on exit.
 #
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
-#                           [--loss 0] [--codec topk:0.01] [-- more worker flags]
+#                           [--loss 0] [--codec topk:0.01] [-- more job flags for the servers]
 #
 # Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
@@ -86,6 +86,7 @@ for ((s = 0; s < SERVERS; s++)); do
     port=$((7400 + s))
     ip netns exec "$NS_S" "$MURMUR" server --listen "10.77.0.1:$port" --swarm "$WORK/swarm" \
         --node "server-$s" --shard "$s" --shards "$SERVERS" "${LINK[@]}" \
+        --workers "$WORKERS" --codec "$CODEC" "${EXTRA[@]}" \
         >"$WORK/server-$s.out" 2>"$WORK/server-$s.log" &
     PIDS+=($!)
     # The relay sits in the workers' namespace: workers -> relay (delay, loss) -> veth (rate).
@@ -110,8 +111,8 @@ echo "shaped-swarm: $WORKERS workers, $SERVERS servers, ${MBIT} Mbit/s each way,
 workers=()
 for ((r = 0; r < WORKERS; r++)); do
     ip netns exec "$NS_W" "$MURMUR" worker --connect "$CONNECT" --swarm "$WORK/swarm" \
-        --node "worker-$r" --rank "$r" --world "$WORKERS" --codec "$CODEC" "${LINK[@]}" --json \
-        "${EXTRA[@]}" >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
+        --node "worker-$r" "${LINK[@]}" --json \
+        >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
     workers+=($!)
     PIDS+=($!)
 done
@@ -122,5 +123,6 @@ if [[ $status -ne 0 ]]; then
     for ((r = 0; r < WORKERS; r++)); do tail -n 5 "$WORK/worker-$r.log" >&2; done
     exit 1
 fi
-# Rank 0's last event is its summary: accuracy, seconds, bytes per step.
-tail -n 1 "$WORK/worker-0.out"
+# The servers gave out ranks in the order the workers joined; rank 0's last event is the one
+# summary with an accuracy: accuracy, seconds, bytes.
+grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1
