@@ -10,7 +10,9 @@ mod repro;
 mod server;
 mod swarm;
 mod train;
+mod train_args;
 mod train_lm;
+mod train_output;
 mod worker;
 
 use clap::{ArgMatches, Parser, Subcommand};
@@ -33,7 +35,7 @@ enum Command {
     /// Show the GPU adapters murmur can use and the one it picks.
     Info(info::InfoArgs),
     /// Train a model on one machine.
-    Train(train::TrainArgs),
+    Train(train_args::TrainArgs),
     /// Swarm credentials (`init`, `issue`), or a whole swarm on this machine over loopback.
     Swarm(swarm::SwarmArgs),
     /// Run a parameter-server shard.

@@ -1,12 +1,9 @@
 //! `murmur train`: single-machine training with progress, per-epoch evaluation and a final
 //! one-line JSON summary on stdout.
 
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use murmur_engine::data::epoch_batches;
 use murmur_engine::nn::{Activation, CnnConfig, Module};
 use murmur_engine::train::{Classifier, ClassifierConfig, OptimizerKind, WarmupCosine};
@@ -14,94 +11,10 @@ use murmur_engine::Tensor;
 use serde::Serialize;
 
 use murmur_node::data::{load_sets, Sets};
-use murmur_node::DeviceKind;
 
 use super::machine::Machine;
-
-#[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
-pub enum ModelKind {
-    /// A multi-layer perceptron on images (`--hidden`).
-    Mlp,
-    /// A small convolutional network on 28x28 images.
-    Cnn,
-    /// A byte-level decoder-only transformer on text (`--dataset shakespeare`).
-    Gpt,
-}
-
-#[derive(Args, Debug)]
-pub struct TrainArgs {
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub(super) model: ModelKind,
-    /// mnist or fashion-mnist for mlp and cnn; shakespeare for gpt [default: mnist, or
-    /// shakespeare for gpt].
-    #[arg(long)]
-    pub(super) dataset: Option<String>,
-    /// mlp, cnn: passes over the training set [default: 5].
-    #[arg(long)]
-    epochs: Option<u32>,
-    /// Samples (sequences for gpt) per step [default: 128, or 32 for gpt].
-    #[arg(long)]
-    pub(super) batch: Option<usize>,
-    /// Learning rate (the peak of the schedule for gpt) [default: 1e-3, or 3e-3 for gpt].
-    #[arg(long)]
-    pub(super) lr: Option<f32>,
-    /// mlp, cnn: adamw or sgd [default: adamw; gpt always uses AdamW].
-    #[arg(long = "optim")]
-    optim: Option<String>,
-    /// mlp: hidden layer widths [default: 512,256].
-    #[arg(long, value_delimiter = ',')]
-    hidden: Option<Vec<usize>>,
-    /// mlp: relu or gelu [default: relu].
-    #[arg(long)]
-    activation: Option<String>,
-    /// AdamW's decoupled weight decay [default: 0, or 0.1 for gpt].
-    #[arg(long)]
-    pub(super) weight_decay: Option<f32>,
-    /// mlp, cnn: SGD momentum [default: 0.9].
-    #[arg(long)]
-    momentum: Option<f32>,
-    #[arg(long, default_value_t = 0)]
-    pub(super) seed: u64,
-    #[arg(long, value_enum, default_value = "gpu")]
-    pub(super) device: DeviceKind,
-    /// Stop after this many steps in total (for quick checks; for gpt the schedule still
-    /// spans --steps).
-    #[arg(long)]
-    pub(super) max_steps: Option<u64>,
-    /// Dropout rate of the cnn's hidden layer or the gpt's blocks [default: 0.25 cnn, 0 gpt].
-    #[arg(long)]
-    pub(super) dropout: Option<f32>,
-    /// Write a checkpoint (safetensors: parameters, optimizer state, step) here after every
-    /// epoch (every --eval-every steps for gpt) and at the end.
-    #[arg(long)]
-    pub(super) save: Option<PathBuf>,
-    /// Continue from a checkpoint written by --save with the same model and flags; the run
-    /// then matches an uninterrupted one bit for bit.
-    #[arg(long)]
-    pub(super) resume: Option<PathBuf>,
-    /// Linear warm-up over this many steps, then cosine decay of the learning rate to a
-    /// tenth at the last step [default: none for mlp and cnn (constant rate), min(100,
-    /// steps / 10) for gpt].
-    #[arg(long)]
-    pub(super) warmup: Option<u64>,
-    /// Clip gradients to this global L2 norm [default: none for mlp and cnn, 1 for gpt].
-    #[arg(long)]
-    pub(super) clip: Option<f32>,
-    #[command(flatten)]
-    pub(super) lm: super::train_lm::LmArgs,
-    /// Use only the first N training samples.
-    #[arg(long)]
-    train_limit: Option<usize>,
-    /// Folder holding mnist/, fashion-mnist/ and text/ (default: $MURMUR_DATA or ./data).
-    #[arg(long)]
-    pub(super) data: Option<std::path::PathBuf>,
-    /// Read the loss back every this many steps (each read waits for the GPU).
-    #[arg(long, default_value_t = 25)]
-    pub(super) log_every: u64,
-    /// No progress bar (for logs and CI).
-    #[arg(long)]
-    pub(super) quiet: bool,
-}
+use super::train_args::{ModelKind, TrainArgs};
+use super::train_output::{progress_bar, write_checkpoint};
 
 #[derive(Serialize)]
 struct Summary {
@@ -125,23 +38,6 @@ struct Summary {
     mean_epoch_seconds: f64,
     final_train_loss: f32,
     samples_per_second: f64,
-}
-
-impl TrainArgs {
-    /// Image-model flags that were given (for refusing them with the language model).
-    pub(super) fn image_flags_given(&self) -> Vec<&'static str> {
-        [
-            ("--epochs", self.epochs.is_some()),
-            ("--optim", self.optim.is_some()),
-            ("--hidden", self.hidden.is_some()),
-            ("--activation", self.activation.is_some()),
-            ("--momentum", self.momentum.is_some()),
-            ("--train-limit", self.train_limit.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, given)| given.then_some(name))
-        .collect()
-    }
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
@@ -334,28 +230,4 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
-}
-
-/// Writes a checkpoint through a temporary file, so that a crash mid-write never leaves a
-/// truncated checkpoint where a good one was.
-pub(super) fn write_checkpoint(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
-
-/// A progress bar of `len` steps labelled `label` (hidden with --quiet).
-pub(super) fn progress_bar(quiet: bool, len: u64, label: String) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(label);
-    bar
 }

@@ -4,7 +4,6 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use clap::Args;
 use murmur_engine::data::{default_root, TextCorpus, HELD_OUT_PLAYS};
 use murmur_engine::nn::{GptConfig, Module};
 use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
@@ -12,43 +11,8 @@ use murmur_engine::Tensor;
 use serde::Serialize;
 
 use super::machine::Machine;
-use super::train::{progress_bar, write_checkpoint, TrainArgs};
-
-/// Flags of `murmur train` that only the language model reads.
-/// Flags of `murmur train` that only the language model reads. They are options, so that
-/// giving one to an image model is an error rather than silently ignored; defaults are
-/// applied in [`LmArgs::resolved`].
-#[derive(Args, Debug, Default)]
-pub struct LmArgs {
-    /// gpt: optimizer steps in the schedule [default: 3000].
-    #[arg(long)]
-    steps: Option<u64>,
-    /// gpt: bytes of context [default: 64].
-    #[arg(long)]
-    context: Option<usize>,
-    /// gpt: transformer blocks [default: 4].
-    #[arg(long)]
-    layers: Option<usize>,
-    /// gpt: model width [default: 64].
-    #[arg(long)]
-    dim: Option<usize>,
-    /// gpt: attention heads [default: 4].
-    #[arg(long)]
-    heads: Option<usize>,
-    /// gpt: validate (and checkpoint, with --save) every this many steps [default: 250].
-    #[arg(long)]
-    eval_every: Option<u64>,
-    /// gpt: validation windows of --context bytes, spread over the held-out plays
-    /// [default: 256].
-    #[arg(long)]
-    eval_windows: Option<usize>,
-    /// gpt: bytes of text to sample at the end [default: 400].
-    #[arg(long)]
-    sample_bytes: Option<usize>,
-    /// gpt: sampling temperature, 0 = always the likeliest byte [default: 0.8].
-    #[arg(long)]
-    temperature: Option<f32>,
-}
+use super::train_args::{LmArgs, TrainArgs};
+use super::train_output::{progress_bar, write_checkpoint};
 
 /// [`LmArgs`] with the defaults filled in.
 struct Lm {
