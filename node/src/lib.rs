@@ -14,33 +14,50 @@
 //! plain threads and from async code alike (see [`WorkerHandle::join`] for the one blocking
 //! call).
 //!
-//! Starting a worker that joins the servers at `localhost:7400` with the certificate
-//! `swarm/nodes/worker-0.pem`, pausing it while its owner is busy, and stopping it:
+//! Starting a worker that joins the servers at `localhost:PORT` with the certificate
+//! `swarm/nodes/worker-0.pem`, following its events, pausing it while its owner is busy, and
+//! stopping it (here with a one-shard server of its own, so that the example runs):
 //!
-//! ```no_run
-//! use murmur_node::{Budget, Event, Worker, WorkerConfig};
+//! ```
+//! use murmur_node::{Budget, DeviceKind, Event, Job, ServerConfig, ServerNode, Worker, WorkerConfig};
+//! # let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data");
+//! # if !data.join("mnist").exists() { return Ok(()); } // scripts/fetch-data.sh fetches MNIST
+//! # let swarm = std::env::temp_dir().join(format!("murmur-doc-{}", std::process::id()));
+//! # murmur_node::swarm::prepare(&swarm, 1, 1)?;
 //!
+//! // The servers hold the job ...
+//! let job = Job { workers: 1, hidden: vec![16], max_steps: Some(1000), ..Job::default() };
+//! let server = ServerNode::start(ServerConfig {
+//!     listen: "localhost:0".into(),
+//!     swarm: swarm.clone(),
+//!     node: "server-0".into(),
+//!     job,
+//!     ..ServerConfig::default()
+//! })?;
+//! // ... and a worker needs only where they are and who it is.
 //! let worker = Worker::start(WorkerConfig {
-//!     servers: vec!["localhost:7400".into()],
-//!     swarm: "swarm".into(),
+//!     servers: vec![format!("localhost:{}", server.local_addr().port())],
+//!     swarm: swarm.clone(),
 //!     node: "worker-0".into(),
+//!     device: DeviceKind::Cpu,
+//! #   data: Some(data),
 //!     ..WorkerConfig::default()
 //! })?;
-//! let mut events = worker.events();
+//! let mut events = worker.events(); // blocking_recv() in threads, recv().await in async code
 //! worker.set_budget(Budget { duty_cycle: 0.5, max_steps_per_second: None })?;
 //! while let Ok(event) = events.blocking_recv() {
 //!     match event {
-//!         Event::Step { step, loss, .. } if step == 100 => {
-//!             println!("step {step}: loss {loss}");
-//!             worker.pause();
-//!         }
-//!         Event::Paused { .. } => worker.resume(),
-//!         Event::Done { .. } => break,
+//!         Event::Step { step: 3, .. } => worker.pause(), // the owner came back
+//!         Event::Paused { .. } => worker.resume(),        // ... and left again
+//!         Event::Rejoined { .. } => worker.stop(),        // the app is closing
+//!         Event::Done { .. } | Event::Error { .. } => break,
 //!         _ => {}
 //!     }
 //! }
 //! let report = worker.join()?;
-//! println!("{} rounds", report.steps);
+//! assert!(report.stopped && report.steps >= 3);
+//! # drop(server);
+//! # std::fs::remove_dir_all(&swarm).ok();
 //! # Ok::<(), murmur_node::NodeError>(())
 //! ```
 #![warn(missing_docs)]
