@@ -213,6 +213,26 @@ impl Job {
         Ok(())
     }
 
+    /// Checks that the model's largest buffer (a weight matrix, or a batch of activations)
+    /// fits in `limit` bytes, the most one GPU binding may hold on an adapter: a worker on a
+    /// small GPU refuses the job at once instead of failing at its first step.
+    pub fn check_fits(&self, features: usize, classes: usize, limit: u64) -> Result<()> {
+        let widths: Vec<usize> = std::iter::once(features)
+            .chain(self.hidden.iter().copied())
+            .chain(std::iter::once(classes))
+            .collect();
+        let weights = widths.windows(2).map(|w| w[0] * w[1]).max().unwrap_or(0);
+        let activations = self.batch * widths.iter().copied().max().unwrap_or(0);
+        let need = 4 * weights.max(activations) as u64;
+        if need > limit {
+            return Err(NodeError::Job(format!(
+                "the model's largest buffer needs {need} bytes, but this adapter binds at most {limit}: \
+                 run this worker on another device (--device cpu), or ask for a job with smaller layers"
+            )));
+        }
+        Ok(())
+    }
+
     /// How the model's tensors are cut into keys and compressed.
     pub fn partition_plan(&self) -> PartitionPlan {
         PartitionPlan {
@@ -267,6 +287,18 @@ mod tests {
             let err = Job::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_model_too_large_for_the_adapter_is_refused() {
+        let job = Job {
+            hidden: vec![512, 256],
+            ..Job::default()
+        };
+        // 784 x 512 floats is the largest buffer.
+        assert!(job.check_fits(784, 10, 4 * 784 * 512).is_ok());
+        let err = job.check_fits(784, 10, 4 * 784 * 512 - 1).unwrap_err();
+        assert!(err.to_string().contains("adapter binds at most"), "{err}");
     }
 
     #[test]

@@ -372,8 +372,16 @@ impl Run {
             total_steps,
         };
         let device = self.config.device.open()?;
-        let _ = self.device.set(device.clone());
         let job = &joined.job;
+        if let Some(gpu) = device.as_gpu() {
+            let limits = &gpu.info().limits;
+            job.check_fits(
+                joined.sets.train.features(),
+                joined.sets.train.classes,
+                limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
+            )?;
+        }
+        let _ = self.device.set(device.clone());
         let clf = Classifier::new(
             &device,
             joined.sets.train.features(),
