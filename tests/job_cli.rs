@@ -1,0 +1,103 @@
+//! The job as the servers hold it: a TOML file with flags on top, refused with a clear message
+//! when it cannot run, and addresses as people type them.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::RemovedOnDrop;
+
+fn murmur() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_murmur"))
+}
+
+fn swarm(name: &str, nodes: &[&str]) -> RemovedOnDrop {
+    let dir = RemovedOnDrop::temp(name);
+    let ok = murmur()
+        .args(["swarm", "init"])
+        .arg(&dir.0)
+        .status()
+        .unwrap()
+        .success()
+        && murmur()
+            .args(["swarm", "issue"])
+            .arg(&dir.0)
+            .args(nodes)
+            .status()
+            .unwrap()
+            .success();
+    assert!(ok);
+    dir
+}
+
+#[test]
+fn flags_override_only_the_job_fields_given_and_the_file_keeps_the_rest() {
+    let dir = swarm("job-cli", &["server-0"]);
+    let job = dir.0.join("job.toml");
+    std::fs::write(&job, "workers = 3\ncodec = \"sign\"\n").unwrap();
+    let mut server = murmur()
+        .args(["server", "--listen", "localhost:0", "--node", "server-0", "--swarm"])
+        .arg(&dir.0)
+        .arg("--config")
+        .arg(&job)
+        .args(["--codec", "topk:0.01"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    // workers from the file (not the flag default, 4), codec from the flag (not the file).
+    assert!(
+        line.contains("a job of 3 workers, codec topk:0.01"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_job_that_cannot_run_and_a_host_that_does_not_resolve_are_clear_errors_at_once() {
+    let dir = swarm("job-cli-bad", &["server-0", "worker-0"]);
+    let job = dir.0.join("job.toml");
+    for (text, needle) in [
+        ("wokers = 3\n", "wokers"),
+        ("codec = \"foo\"\n", "codec"),
+        ("lr = -1.0\n", "lr must be a positive number"),
+    ] {
+        std::fs::write(&job, text).unwrap();
+        let started = Instant::now();
+        let out = murmur()
+            .args(["server", "--listen", "localhost:0", "--node", "server-0", "--swarm"])
+            .arg(&dir.0)
+            .arg("--config")
+            .arg(&job)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(needle), "{text}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{text}");
+    }
+    let out = murmur()
+        .args(["worker", "--connect", "no-such-host.invalid:7400"])
+        .args(["--node", "worker-0", "--swarm"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("does not resolve"),
+        "{stderr}"
+    );
+    let out = murmur()
+        .args(["worker", "--connect", "localhost", "--node", "worker-0", "--swarm"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has no port"), "{stderr}");
+}
