@@ -227,3 +227,39 @@ fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
     // The job came from the server, not from the worker's config.
     assert_eq!(report.job, job(1, 100_000));
 }
+
+#[test]
+fn a_worker_runs_from_inside_an_async_runtime() {
+    if !have_mnist() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("embedded-async");
+    prepare(&dir.0, 1, 1).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Everything below runs in an async task: no call may start a runtime of its own here.
+    let report = runtime.block_on(async {
+        let server = server(&dir.0, job(1, 100_000));
+        let w = worker(&dir.0, &server, 0, DeviceKind::Cpu);
+        let mut events = w.events();
+        loop {
+            match events.recv().await.unwrap() {
+                Event::Step { step, .. } if step >= 3 => break,
+                Event::Error { message, .. } => panic!("{message}"),
+                _ => {}
+            }
+        }
+        w.stop();
+        let report = tokio::task::spawn_blocking(move || w.join())
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::task::spawn_blocking(move || drop(server))
+            .await
+            .unwrap();
+        report
+    });
+    assert!(report.stopped && report.steps >= 3);
+}
