@@ -16,19 +16,30 @@ pub enum Error {
     Gpu(String),
     /// Operands whose shapes do not fit the operation.
     #[error("shape mismatch in {op}: {detail}")]
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The operation that failed.
+        op: &'static str,
+        /// The shapes involved and why they do not fit.
+        detail: String,
+    },
     /// An operand of the wrong element type.
     #[error("{op} expects {expected} elements, got {got}")]
     DType {
+        /// The operation that failed.
         op: &'static str,
+        /// The element type it expects.
         expected: DTypeName,
+        /// The element type it was given.
         got: DTypeName,
     },
     /// Operands that live on different devices.
     #[error("{op}: operands live on different devices ({a} and {b}); move them with Tensor::to")]
     DeviceMismatch {
+        /// The operation that failed.
         op: &'static str,
+        /// The device of the first operand.
         a: String,
+        /// The device of the second operand.
         b: String,
     },
     /// Bad or missing data files.
@@ -36,10 +47,16 @@ pub enum Error {
     Data(String),
     /// A compressed payload that does not decode: wrong length, bad header, values out of range.
     #[error("bad {codec} payload: {detail}")]
-    Payload { codec: String, detail: String },
+    Payload {
+        /// The codec whose payload it is.
+        codec: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A configuration value that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An I/O error reading data files or checkpoints.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -54,6 +71,7 @@ impl fmt::Display for DTypeName {
     }
 }
 
+/// The result type of the engine, with [`Error`] as its default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Shorthand for a shape error.

@@ -4,6 +4,8 @@
 //! The engine knows nothing of sockets: distributed algorithms talk to the `Collective` and
 //! `StageLink` traits, which `murmur-net` implements over QUIC.
 
+#![warn(missing_docs)]
+
 pub mod algo;
 pub mod autograd;
 pub mod checkpoint;

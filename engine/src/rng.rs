@@ -125,6 +125,7 @@ impl Rng {
         }
     }
 
+    /// The next 32 random bits of the stream.
     pub fn next_u32(&mut self) -> u32 {
         if self.used == 4 {
             let ctr = [self.block as u32, (self.block >> 32) as u32, self.stream, 1];

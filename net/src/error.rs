@@ -18,12 +18,15 @@ pub enum NetError {
     /// A round did not complete in time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// An error from the engine (a codec, a tensor or a collective), passed through unchanged.
     #[error(transparent)]
     Engine(#[from] murmur_engine::Error),
+    /// An operating-system I/O error, such as binding a socket or reading a credential file.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
+/// The result type of this crate, with [`NetError`] as its default error.
 pub type Result<T, E = NetError> = std::result::Result<T, E>;
 
 impl From<NetError> for murmur_engine::Error {

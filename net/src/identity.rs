@@ -29,8 +29,12 @@ fn err(e: impl std::fmt::Display) -> NetError {
 /// A node's credentials: the swarm's certificate, its own chain and key.
 #[derive(Debug)]
 pub struct Credentials {
+    /// The swarm's CA certificate, against which every peer's certificate is verified.
     pub ca: CertificateDer<'static>,
+    /// This node's certificate chain as presented in the TLS handshake, leaf (the node's own
+    /// certificate) first.
     pub chain: Vec<CertificateDer<'static>>,
+    /// This node's private key (PKCS#8), the one the leaf certificate of `chain` certifies.
     pub key: PrivateKeyDer<'static>,
 }
 
@@ -173,6 +177,8 @@ fn from_pem<T: PemObject>(text: &str, what: &str) -> Result<T> {
 }
 
 impl Credentials {
+    /// Builds credentials from PEM text: the swarm's certificate, this node's certificate and its
+    /// PKCS#8 key, failing with [`NetError::Identity`] naming the part that does not parse.
     pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Credentials> {
         Ok(Credentials {
             ca: from_pem(ca_pem, "swarm certificate")?,

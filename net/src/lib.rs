@@ -4,6 +4,8 @@
 //! the engine so that a run over QUIC gives the bits of the same run in-process, and the
 //! engine's `StageLink` between pipeline stages.
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod identity;
 pub mod ps;

@@ -22,6 +22,7 @@ use crate::error::Result;
 /// How the relay degrades each direction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
+    /// Fixed one-way delay added to every packet after its rate-limited departure time.
     pub delay: Duration,
     /// Bytes per second; infinite for no limit.
     pub rate: f64,
@@ -48,7 +49,10 @@ impl Default for Shape {
 /// Packets dropped and forwarded, for reports.
 #[derive(Debug, Default)]
 pub struct RelayStats {
+    /// Packets the relay has passed on, in both directions together.
     pub forwarded: std::sync::atomic::AtomicU64,
+    /// Packets the relay has dropped, to random loss or to a full queue, in both directions
+    /// together.
     pub dropped: std::sync::atomic::AtomicU64,
 }
 

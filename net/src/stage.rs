@@ -22,7 +22,9 @@ use crate::wire::{Frame, Kind, Limits};
 /// Timeouts of a stage link.
 #[derive(Debug, Clone, Copy)]
 pub struct StageOptions {
+    /// What the link between the stages carries, which sizes the QUIC flow-control windows.
     pub link: Link,
+    /// Hard limits on the frames a neighbouring stage may send.
     pub limits: Limits,
     /// Longest wait for the neighbour's next message (a step's compute and transfer).
     pub message_timeout: Duration,
@@ -74,6 +76,7 @@ impl StageListener {
         })
     }
 
+    /// The address the listener is bound to, with the real port when it was bound to port 0.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.endpoint.local_addr()?)
     }

@@ -20,14 +20,19 @@ use crate::transport::{
 };
 use crate::wire::{Frame, Header, Kind, Limits, HEADER};
 
+/// The transport a throughput measurement moves its frames over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
+    /// Murmur's own transport: QUIC through quinn, one stream per frame.
     Quic,
+    /// TLS 1.3 over a single TCP connection (tokio-rustls), frames written back to back.
     TlsTcp,
+    /// Plain TCP without encryption, frames written back to back, as a baseline.
     Tcp,
 }
 
 impl Transport {
+    /// A human-readable name of the transport and the library behind it, for reports.
     pub fn name(self) -> &'static str {
         match self {
             Transport::Quic => "QUIC (quinn)",
@@ -40,7 +45,9 @@ impl Transport {
 /// What one measurement moves.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
+    /// Frames the client pushes, each of which the server echoes back.
     pub frames: usize,
+    /// Payload bytes of each frame, not counting its 32-byte header.
     pub frame_bytes: usize,
     /// QUIC streams in flight at once.
     pub in_flight: usize,

@@ -21,7 +21,9 @@ use crate::wire::{Frame, Header, Limits, HEADER};
 /// What the link between peers can carry; windows are sized to hold a round trip's data.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Link {
+    /// Bandwidth of the path in bytes per second.
     pub bytes_per_second: f64,
+    /// Round-trip time of the path, also QUIC's initial RTT estimate.
     pub rtt: Duration,
 }
 
@@ -51,10 +53,14 @@ pub(crate) fn request_socket_buffers(socket: socket2::SockRef<'_>) {
 }
 
 impl Link {
+    /// The bandwidth-delay product in bytes: what the path holds in flight during one round trip.
     pub fn bdp(&self) -> u64 {
         (self.bytes_per_second * self.rtt.as_secs_f64()) as u64
     }
 
+    /// A QUIC transport configuration for this link: a stream window of one bandwidth-delay product
+    /// (1 MiB to 1 GiB), a connection window of two (4 MiB to 2 GiB), up to
+    /// [`MAX_STREAMS_IN_FLIGHT`] unidirectional streams, 5 s keep-alives and a 60 s idle timeout.
     pub fn transport(&self) -> TransportConfig {
         let bdp = self.bdp();
         // A stream may fill the pipe alone; the connection holds two pipes' worth.
@@ -288,6 +294,8 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Starts reading every stream `conn` opens, each in a task of its own, checking frames against
+    /// `limits`; must be called inside a tokio runtime.
     pub fn new(conn: Connection, limits: Limits) -> Self {
         let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
         let acceptor = tokio::spawn(async move {

@@ -22,10 +22,16 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::engine::comm::{Key, KeySpec};
 use crate::error::{NetError, Result};
 
+/// The first two bytes of every frame header (little-endian "UM"), which tell a murmur peer from
+/// anything else.
 pub const MAGIC: u16 = 0x4D55;
+/// The protocol version carried in every header; peers refuse frames of any other version.
 pub const VERSION: u8 = 4;
+/// Size in bytes of a frame header: magic, version, kind, reserved flags, rank, key, step, element
+/// count and payload length.
 pub const HEADER: usize = 32;
 
+/// What a frame carries, the byte at offset 3 of its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
@@ -34,6 +40,7 @@ pub enum Kind {
     /// Worker → server: the keys this server owns, [`Register`]; the server answers with
     /// [`Registered`] once every rank of a new swarm has registered, at once in a running one.
     Register = 2,
+    /// Server → worker: registration is complete and rounds may start, [`Registered`].
     Registered = 3,
     /// Worker → server: one key's payload for one step.
     Push = 4,
@@ -47,6 +54,7 @@ pub enum Kind {
     /// Rejoining worker → server: [`CatchupRequest`]; the server answers with its snapshot, the
     /// replies of every round it logged since, and [`Catchup`].
     CatchupRequest = 8,
+    /// Server → rejoining worker: the [`Catchup`] summary that ends a catch-up.
     Catchup = 9,
     /// Pipeline stage → neighbouring stage: one step's activations (key 0, forward) or
     /// activation gradients (key 1, backward), on a stage link only (`stage.rs`).
@@ -55,6 +63,7 @@ pub enum Kind {
     /// with [`Welcome`] (the job and this certificate's rank) and the worker hangs up, then
     /// says [`Hello`] to every shard with that rank.
     Join = 11,
+    /// Shard 0 → joining worker: [`Welcome`], the job and the worker's rank.
     Welcome = 12,
 }
 
@@ -80,8 +89,12 @@ impl Kind {
 /// Hard limits on what a peer may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    /// Largest payload in bytes a frame may announce; larger headers are refused before anything is
+    /// buffered.
     pub max_payload: usize,
+    /// Most keys a worker may register with one server.
     pub max_keys: usize,
+    /// Most elements one key or one frame may hold.
     pub max_numel: u32,
     /// Elements over all registered keys (what the server allocates for them).
     pub max_total_numel: u64,
@@ -101,16 +114,24 @@ impl Default for Limits {
 /// A checked frame header: readers validate it before they buffer the payload it announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame carries.
     pub kind: Kind,
+    /// The sending worker's rank, or the shard index when a server sends.
     pub rank: u16,
+    /// The parameter key the payload belongs to (0 for control frames).
     pub key: Key,
+    /// The training step (round) the frame belongs to.
     pub step: u64,
+    /// Elements of the tensor the payload encodes (0 for control frames), checked against
+    /// [`Limits::max_numel`].
     pub numel: u32,
     /// Payload bytes that follow the header.
     pub len: usize,
 }
 
 impl Header {
+    /// Parses and checks a header: magic, version, a known kind, no reserved flags, and element
+    /// count and payload length within `limits`; fails with [`NetError::Wire`] otherwise.
     pub fn decode(bytes: &[u8; HEADER], limits: &Limits) -> Result<Header> {
         let bad = |m: String| Err(NetError::Wire(m));
         let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
@@ -184,17 +205,25 @@ impl Header {
     }
 }
 
+/// One message between peers: a header's fields and the payload that follows it on a QUIC stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
+    /// What the frame carries.
     pub kind: Kind,
+    /// The sending worker's rank, or the shard index when a server sends.
     pub rank: u16,
+    /// The parameter key the payload belongs to (0 for control frames).
     pub key: Key,
+    /// The training step (round) the frame belongs to.
     pub step: u64,
+    /// Elements of the tensor the payload encodes (0 for control frames).
     pub numel: u32,
+    /// The payload: an encoded tensor, or a postcard-serialised control message.
     pub payload: Vec<u8>,
 }
 
 impl Frame {
+    /// A frame from its fields; the payload length in the header is taken from `payload`.
     pub fn new(kind: Kind, rank: u16, key: Key, step: u64, numel: u32, payload: Vec<u8>) -> Frame {
         Frame {
             kind,
@@ -218,6 +247,7 @@ impl Frame {
         )
     }
 
+    /// The frame as it travels: the 32-byte header followed by the payload.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.payload.len());
         out.extend(self.header().encode());
@@ -237,6 +267,8 @@ impl Frame {
         }
     }
 
+    /// Parses a whole frame from `bytes`, checking the header against `limits` and that exactly the
+    /// announced payload follows.
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame> {
         if bytes.len() < HEADER {
             return Err(NetError::Wire(format!(
@@ -258,18 +290,23 @@ impl Frame {
 /// A worker introduces itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
+    /// The worker's rank, below `world`.
     pub rank: u16,
+    /// Workers in the swarm, which every worker and server must agree on.
     pub world: u16,
     /// Which shard the worker believes this server is, of how many: every worker must list
     /// the servers in the same order.
     pub shard: u16,
+    /// How many shards the worker believes there are.
     pub shards: u16,
+    /// The worker's node name for logs, at most 128 characters.
     pub node: String,
 }
 
 /// The keys a worker will push to this server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Register {
+    /// Every key the worker will push to this server, with its element count.
     pub keys: Vec<KeySpec>,
 }
 
@@ -322,6 +359,7 @@ pub struct Welcome {
     /// The rank the servers assigned to the worker's certificate: the same one every time the
     /// same certificate joins while the server runs.
     pub rank: u16,
+    /// Workers in the job, the world size every rank's `Hello` must carry.
     pub world: u16,
     /// The job's description as the node library serialises it (JSON); this crate carries it
     /// without reading it, and its size is bounded by the frame limit.
@@ -336,8 +374,12 @@ pub struct CatchupRequest {}
 /// replies of every logged round, `first_step` to `open_step - 1`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catchup {
+    /// The step of the snapshot the server sent, or `None` if it holds none (the worker then starts
+    /// from step 0).
     pub snapshot_step: Option<u64>,
+    /// The step of the oldest round whose replies the server sent.
     pub first_step: u64,
+    /// The round the server has open: the worker resumes pushing at this step.
     pub open_step: u64,
 }
 

@@ -8,9 +8,13 @@ use crate::error::{Error, Result};
 /// blocks travel uncompressed, in f32 both ways.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
+    /// The collective key the block is pushed and pulled under.
     pub key: Key,
+    /// Index of the block's first element in the flat parameter vector.
     pub offset: usize,
+    /// Number of elements in the block.
     pub len: usize,
+    /// Whether the block travels uncompressed, as f32 both ways, with no error-feedback memory.
     pub plain: bool,
 }
 
@@ -21,11 +25,19 @@ pub enum Blocking {
     Whole,
     /// Whole tensors in order, a new block whenever the next tensor would take the block past
     /// `bytes` of f32 (Blockwise-SignSGD; a tensor larger than the limit is a block alone).
-    Bucket { bytes: usize },
+    Bucket {
+        /// Largest block in bytes of f32.
+        bytes: usize,
+    },
     /// As `Bucket`, but tensors of fewer than `threshold` bytes travel uncompressed, in buckets
     /// of their own: BytePS-Compress's size threshold (byteps-clan.md §5.3, 1,024,000 bytes
     /// there), where the constant cost of compressing a small tensor outweighs its bytes.
-    Thresholded { bytes: usize, threshold: usize },
+    Thresholded {
+        /// Largest block in bytes of f32.
+        bytes: usize,
+        /// Tensors of fewer bytes of f32 than this travel uncompressed.
+        threshold: usize,
+    },
 }
 
 impl std::str::FromStr for Blocking {

@@ -18,10 +18,16 @@ use crate::feedback::Feedback;
 /// optimizer with which they own the parameters (empty: the workers own them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wire {
+    /// Codec spec of worker pushes, e.g. `topk:0.01`.
     pub push: String,
+    /// Codec spec of the servers' reply.
     pub pull: String,
+    /// The servers' error-feedback memory spec (`none`, `ef`, ...).
     pub server_memory: String,
+    /// Every `sync_every`-th round is a sync round, sent uncompressed (0: never).
     pub sync_every: u64,
+    /// Optimizer spec with which the servers own the parameters, or empty when the workers own
+    /// them.
     pub owner: String,
 }
 
@@ -49,6 +55,7 @@ impl Wire {
 
 /// What a worker keeps of its own push, besides sending it.
 pub enum Own<'a> {
+    /// The worker keeps nothing of its push.
     Nothing,
     /// `clean(q) − D(C(q))`, what the codec dropped (error feedback's residual).
     Residual(&'a mut [f32]),
@@ -62,10 +69,14 @@ pub enum Own<'a> {
 /// Bytes one worker pushed and pulled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
+    /// Payload bytes this worker has pushed to the servers.
     pub pushed: u64,
+    /// Payload bytes this worker has pulled from the servers.
     pub pulled: u64,
 }
 
+/// One worker's end of the algorithms' rounds: its blocks registered as keys of a [`Collective`],
+/// their codecs, and the traffic and contraction it measured.
 pub struct Exchange {
     collective: Box<dyn Collective>,
     /// What was registered for each block.
@@ -122,14 +133,17 @@ impl Exchange {
         })
     }
 
+    /// This worker's rank in the collective, below [`Exchange::world`].
     pub fn rank(&self) -> usize {
         self.collective.rank()
     }
 
+    /// Number of workers in the collective.
     pub fn world(&self) -> usize {
         self.collective.world()
     }
 
+    /// The blocks of the flat vector, one per registered key, in registration order.
     pub fn blocks(&self) -> &[Block] {
         &self.blocks
     }
@@ -144,6 +158,7 @@ impl Exchange {
         self.blocks.iter().map(|b| b.len).sum()
     }
 
+    /// Whether the blocks hold no elements at all.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

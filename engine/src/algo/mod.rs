@@ -81,7 +81,10 @@ pub enum MethodSpec {
     /// `sharded`: the servers own the parameters instead (loco.md §2.6's sharded path: they
     /// step the optimizer and send bf16 parameters back; with bf16 pushes, the paper's 16-bit
     /// FSDP baseline).
-    Direct { sharded: bool },
+    Direct {
+        /// Whether the servers own the parameters (the sharded path) instead of the workers.
+        sharded: bool,
+    },
     /// Worker error feedback, exact downlink (Stich et al.).
     MemSgd,
     /// Compressed both ways, no memory (byteps-clan.md Algorithm 3, for unbiased codecs).
@@ -89,24 +92,40 @@ pub enum MethodSpec {
     /// Error feedback on both sides (Tang et al.; byteps-clan.md Algorithm 4).
     DoubleSqueeze,
     /// Immediate local compensation, residuals reset every `period` steps (Xie et al.).
-    Cser { period: u64 },
+    Cser {
+        /// Steps between resets of the residuals.
+        period: u64,
+    },
     /// Recursive compression of `rounds` rounds, error feedback on both sides (Huang et al.).
-    Neolithic { rounds: u32 },
+    Neolithic {
+        /// Compression rounds per step, each compressing what the previous ones left.
+        rounds: u32,
+    },
     /// Compressed gradients at a shared point, primal compression of the model (Gruntkowska
     /// et al.).
     Ef21P,
     /// Local immediate error compensation, server error, averaging every `period` steps.
-    Liec { period: u64 },
+    Liec {
+        /// Steps between averaging rounds of the models.
+        period: u64,
+    },
     /// LoCo (loco.md Algorithm 1): the moving average of residuals with weight `beta`, kept as
     /// int8 at scale 2^log2se (or in f32 too: `reference`, mode A), reset every `reset` steps
     /// (0: never); exact downlink. `log2se` defaults to the LoCo codec's log2 s + 2 (s_e = 4s).
     /// `sharded`: the sharded path, as for [`MethodSpec::Direct`]; otherwise the replicated
     /// path (the integer sum of the codes comes back and every worker steps its optimizer).
     Loco {
+        /// Weight of the newest residual in the moving average, in (0, 1].
         beta: f32,
+        /// Steps between resets of the residual average (0: never).
         reset: u32,
+        /// Whether to keep the residual average in f32 as well (mode A, the reference), rather than
+        /// only as int8.
         reference: bool,
+        /// Log2 of the int8 scale of the residual average, or `None` for the codec's log2 s + 2.
         log2se: Option<i32>,
+        /// Whether the servers own the parameters (the sharded path) instead of every worker
+        /// stepping its optimizer.
         sharded: bool,
     },
 }

@@ -24,11 +24,13 @@ pub trait Replica: Send {
 
 /// A classifier (MLP or CNN, on the CPU or a GPU) fed by `batch(step)`.
 pub struct ClassifierReplica<F> {
+    /// The classifier being trained, whose parameters are the replica's flat vector.
     pub clf: Classifier,
     batch: F,
 }
 
 impl<F: FnMut(u64) -> (Vec<f32>, Vec<u32>) + Send> ClassifierReplica<F> {
+    /// A replica of `clf` that draws step `t`'s batch of (inputs, labels) from `batch(t)`.
     pub fn new(clf: Classifier, batch: F) -> Self {
         ClassifierReplica { clf, batch }
     }

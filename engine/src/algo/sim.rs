@@ -18,22 +18,33 @@ use crate::nn::Module;
 use crate::tensor::Device;
 use crate::train::{rank_slice, Classifier, ClassifierConfig};
 
+/// One simulated data-parallel training run: an algorithm, its codec and optimizer, and the
+/// workers, data and model it trains in-process.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
+    /// The distributed algorithm the workers run.
     pub method: MethodSpec,
+    /// Codec spec the algorithm compresses with, e.g. `topk:0.01`.
     pub codec: String,
+    /// The optimizer the parameters' owner steps.
     pub optimizer: OptimizerSpec,
+    /// How the flat parameter vector is cut into compression blocks.
     pub blocking: Blocking,
+    /// Number of simulated workers, each with its own replica and slice of the data.
     pub workers: usize,
     /// Samples per worker per step.
     pub batch: usize,
+    /// Passes over the training set.
     pub epochs: u32,
+    /// Learning rate at epoch 0, before any decay of `decay_at`.
     pub lr: f32,
     /// Epochs at whose start the learning rate is multiplied by 0.1.
     pub decay_at: Vec<u32>,
+    /// Decoupled weight decay the optimizer applies.
     pub weight_decay: f32,
     /// Seeds the model, the data order and the codecs.
     pub seed: u64,
+    /// The classifier every worker trains, built identically from `seed` on each.
     pub model: ClassifierConfig,
 }
 
@@ -48,6 +59,7 @@ impl SimConfig {
 /// What one epoch of a simulation measured (as the reproductions' JSON records it).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EpochReport {
+    /// The epoch measured, counted from 0.
     pub epoch: u32,
     /// Mean training loss over the epoch's steps and workers.
     pub train_loss: f64,
@@ -66,6 +78,8 @@ pub struct EpochReport {
     pub server_contraction: Option<f64>,
     /// Bytes pushed and pulled by all workers in this epoch, counted.
     pub bytes: u64,
+    /// Wall-clock seconds from the start of the run to the end of this epoch's evaluation
+    /// (cumulative, not per epoch).
     pub seconds: f64,
 }
 

@@ -5,8 +5,12 @@ use super::{blocks, Blocking, Exchange, Hyper, Method, MethodSpec, OptimizerSpec
 use crate::comm::Collective;
 use crate::error::Result;
 
+/// One worker of a simulated or distributed run: the algorithm's state, its exchange with the
+/// servers, and its flat model.
 pub struct Worker {
+    /// The algorithm's per-worker state (residuals, moving averages, optimizer).
     pub method: Box<dyn Method>,
+    /// The worker's blocks and its rounds through the collective.
     pub exchange: Exchange,
     /// This worker's model, flat.
     pub x: Vec<f32>,

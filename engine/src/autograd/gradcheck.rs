@@ -10,12 +10,17 @@ use crate::error::Result;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// Tolerances and seed of [`gradcheck`]: an element passes when `|analytic - numeric| <= atol +
+/// rtol * |numeric|`.
 #[derive(Debug, Clone, Copy)]
 pub struct GradcheckOptions {
     /// Finite-difference step.
     pub eps: f32,
+    /// Absolute tolerance.
     pub atol: f32,
+    /// Tolerance relative to the numeric gradient.
     pub rtol: f32,
+    /// Seed of the random projection `r` of the output to a scalar.
     pub seed: u64,
 }
 
@@ -33,13 +38,17 @@ impl Default for GradcheckOptions {
 /// The outcome of a check: the worst element and whether everything was within tolerance.
 #[derive(Debug, Clone)]
 pub struct GradcheckReport {
+    /// Input elements compared.
     pub checked: usize,
     /// Largest `|analytic - numeric| / (atol + rtol * |numeric|)`; at most 1 when passed.
     pub worst_ratio: f32,
+    /// Where the worst ratio was found, with both gradients, for the failure message (empty when
+    /// nothing was checked).
     pub worst: String,
 }
 
 impl GradcheckReport {
+    /// Whether every element was within tolerance, i.e. `worst_ratio <= 1`.
     pub fn passed(&self) -> bool {
         self.worst_ratio <= 1.0
     }

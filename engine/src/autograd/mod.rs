@@ -1,6 +1,6 @@
 //! Reverse-mode automatic differentiation over a tape.
 //!
-//! A [`Graph`] records every operation as a node holding its output value and an [`Op`]
+//! A [`Graph`] records every operation as a node holding its output value and an `Op`
 //! naming its inputs. Nodes are appended in execution order, so the tape is already
 //! topologically sorted: [`Graph::backward`] walks it once in reverse, applying one backward
 //! rule per op (`backward.rs`, a single `match`), and accumulates gradients.
@@ -152,6 +152,7 @@ impl Grads {
 }
 
 impl Graph {
+    /// An empty graph whose operations run on `device`.
     pub fn new(device: &Device) -> Self {
         Graph {
             device: device.clone(),
@@ -160,6 +161,7 @@ impl Graph {
         }
     }
 
+    /// The device every value of this graph lives on.
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -184,6 +186,7 @@ impl Graph {
         self.nodes.borrow()[v.0].value.clone()
     }
 
+    /// The shape of `v`'s value.
     pub fn shape(&self, v: Var) -> Vec<usize> {
         self.nodes.borrow()[v.0].value.shape().to_vec()
     }
@@ -208,6 +211,7 @@ impl Graph {
         self.push(value, op, needs)
     }
 
+    /// Matrix product `a @ b` of the last two dimensions, batched over the leading ones.
     pub fn matmul(&self, a: Var, b: Var) -> Result<Var> {
         self.matmul_t(a, b, false, false)
     }
@@ -232,39 +236,48 @@ impl Graph {
         Ok(self.record(y, Op::Binary { a, b, op }, &[a, b]))
     }
 
+    /// Element-wise `a + b`, with broadcasting.
     pub fn add(&self, a: Var, b: Var) -> Result<Var> {
         self.binary(a, b, Binary::Add)
     }
 
+    /// Element-wise `a - b`, with broadcasting.
     pub fn sub(&self, a: Var, b: Var) -> Result<Var> {
         self.binary(a, b, Binary::Sub)
     }
 
+    /// Element-wise `a * b`, with broadcasting.
     pub fn mul(&self, a: Var, b: Var) -> Result<Var> {
         self.binary(a, b, Binary::Mul)
     }
 
+    /// Element-wise `a / b`, with broadcasting.
     pub fn div(&self, a: Var, b: Var) -> Result<Var> {
         self.binary(a, b, Binary::Div)
     }
 
+    /// Applies the element-wise function `op` to `x`.
     pub fn unary(&self, x: Var, op: Unary) -> Result<Var> {
         let y = unary(&self.value(x), op)?;
         Ok(self.record(y, Op::Unary { x, op }, &[x]))
     }
 
+    /// Element-wise `max(x, 0)`.
     pub fn relu(&self, x: Var) -> Result<Var> {
         self.unary(x, Unary::Relu)
     }
 
+    /// Element-wise GELU of `x`.
     pub fn gelu(&self, x: Var) -> Result<Var> {
         self.unary(x, Unary::Gelu)
     }
 
+    /// Element-wise hyperbolic tangent of `x`.
     pub fn tanh(&self, x: Var) -> Result<Var> {
         self.unary(x, Unary::Tanh)
     }
 
+    /// Element-wise logistic sigmoid `1 / (1 + e^-x)`.
     pub fn sigmoid(&self, x: Var) -> Result<Var> {
         self.unary(x, Unary::Sigmoid)
     }
@@ -283,23 +296,28 @@ impl Graph {
         Ok(a as usize)
     }
 
+    /// Sums `x` over `axis` (negative counts from the end), keeping it as size 1 when `keepdim`.
     pub fn sum_axis(&self, x: Var, axis: isize, keepdim: bool) -> Result<Var> {
         let axis = self.axis(x, axis)?;
         let y = reduce::sum_axis(&self.value(x), axis as isize, keepdim)?;
         Ok(self.record(y, Op::SumAxis { x, axis, keepdim }, &[x]))
     }
 
+    /// Averages `x` over `axis` (negative counts from the end), keeping it as size 1 when
+    /// `keepdim`.
     pub fn mean_axis(&self, x: Var, axis: isize, keepdim: bool) -> Result<Var> {
         let axis = self.axis(x, axis)?;
         let y = reduce::mean_axis(&self.value(x), axis as isize, keepdim)?;
         Ok(self.record(y, Op::MeanAxis { x, axis, keepdim }, &[x]))
     }
 
+    /// The sum of every element of `x`, as a scalar.
     pub fn sum_all(&self, x: Var) -> Result<Var> {
         let y = reduce::sum_all(&self.value(x))?;
         Ok(self.record(y, Op::SumAll { x }, &[x]))
     }
 
+    /// The mean of every element of `x`, as a scalar.
     pub fn mean_all(&self, x: Var) -> Result<Var> {
         let y = reduce::mean_all(&self.value(x))?;
         Ok(self.record(y, Op::MeanAll { x }, &[x]))
@@ -367,6 +385,7 @@ impl Graph {
         Ok(self.record(y, Op::Transpose { x }, &[x]))
     }
 
+    /// `x` with a new shape of the same number of elements; its gradient is reshaped back.
     pub fn reshape(&self, x: Var, shape: &[usize]) -> Result<Var> {
         let y = self.value(x).reshape(shape)?;
         Ok(self.record(y, Op::Reshape { x }, &[x]))

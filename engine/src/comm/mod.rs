@@ -22,7 +22,9 @@ pub type Key = u64;
 /// the server re-compresses the mean (with its own error-feedback memory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeySpec {
+    /// The key every peer knows this tensor partition by.
     pub key: Key,
+    /// Number of f32 elements under the key.
     pub numel: u32,
     /// Codec spec of worker pushes (e.g. `topk:0.01`).
     pub push: String,
@@ -95,7 +97,9 @@ pub fn codec_context(seed: u64, step: u64, key: Key) -> CodecContext {
 /// rank pushes one payload per key; the servers decode the pushes, average them in rank order,
 /// add their error feedback, re-compress once and send every rank the same bytes.
 pub trait Collective: Send {
+    /// This peer's rank, below [`Collective::world`].
     fn rank(&self) -> usize;
+    /// Number of ranks taking part in every round.
     fn world(&self) -> usize;
 
     /// Declares the keys (same list, same order, on every rank) before the first round.

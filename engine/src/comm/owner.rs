@@ -27,13 +27,17 @@ use crate::optim::host::{HostOptimizer, Hyper, OptimizerSpec};
 /// payload: two little-endian f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepHeader {
+    /// The step's learning rate.
     pub lr: f32,
+    /// The step's decoupled weight decay.
     pub weight_decay: f32,
 }
 
 impl StepHeader {
+    /// Size of the encoded header in bytes.
     pub const LEN: usize = 8;
 
+    /// The header as it precedes the payload: `lr` then `weight_decay`, little-endian f32.
     pub fn to_bytes(self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
         out[..4].copy_from_slice(&self.lr.to_le_bytes());

@@ -9,9 +9,13 @@ pub struct PartitionPlan {
     pub partition_bytes: usize,
     /// Tensors smaller than this travel as f32, without memory (BytePS default 1,024,000).
     pub min_compress_bytes: usize,
+    /// Codec spec of worker pushes for compressed partitions.
     pub push: String,
+    /// Codec spec of the servers' reply for compressed partitions.
     pub pull: String,
+    /// The servers' error-feedback memory spec for compressed partitions.
     pub server_memory: String,
+    /// Seed of the stochastic codecs.
     pub seed: u64,
 }
 
@@ -31,15 +35,20 @@ impl Default for PartitionPlan {
 /// One partition of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partition {
+    /// The partition's collective key, from [`key_of`].
     pub key: Key,
     /// Index of the tensor among the model's parameters.
     pub tensor: usize,
+    /// Index of the partition's first element within its tensor.
     pub offset: usize,
+    /// Number of elements in the partition.
     pub len: usize,
     /// Whether it goes through the codecs (else f32, no memory).
     pub compressed: bool,
 }
 
+/// The key of partition `partition` of tensor `tensor`: `(tensor << 16) | partition`, so a tensor
+/// may have at most 65,536 partitions.
 pub fn key_of(tensor: usize, partition: usize) -> Key {
     ((tensor as u64) << 16) | partition as u64
 }

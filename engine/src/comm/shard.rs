@@ -21,6 +21,7 @@ use crate::tensor::Device;
 /// One decoded push.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Push {
+    /// The decoded gradient (or parameters, in a parameter round), `numel` elements.
     pub values: Vec<f32>,
     /// The step's hyperparameters, in pushes to an owner after its parameter round.
     pub header: Option<StepHeader>,
@@ -37,6 +38,8 @@ pub struct PushDecoder {
 }
 
 impl PushDecoder {
+    /// Splits off the step header if the key expects one and decodes the rest with the push codec;
+    /// fails on a malformed payload.
     pub fn decode(&self, payload: &[u8]) -> Result<Push> {
         let (header, payload) = if self.headed {
             let (h, rest) = StepHeader::split(payload)?;
@@ -51,7 +54,10 @@ impl PushDecoder {
     }
 }
 
+/// One key's state on a parameter-server shard: its codecs, error-feedback memory, owned parameters
+/// if any, and the decoded pushes of the open round.
 pub struct KeyState {
+    /// What every peer registered for the key.
     pub spec: KeySpec,
     push: Arc<dyn Codec>,
     /// The codec of both directions in sync rounds and of pushes in a parameter round.
@@ -66,6 +72,8 @@ pub struct KeyState {
 }
 
 impl KeyState {
+    /// The state of a new key at step 0, failing if a codec or memory spec of `spec` does not
+    /// parse.
     pub fn new(spec: KeySpec) -> Result<Self> {
         let push = Arc::from(parse(&spec.push)?);
         let memory: Memory = spec.server_memory.parse()?;
@@ -156,6 +164,7 @@ impl KeyState {
         self.pending.remove(&rank);
     }
 
+    /// Pushes received so far in the open round.
     pub fn count(&self) -> usize {
         self.pending.len()
     }

@@ -19,6 +19,7 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The direction's code on the wire: 0 forward, 1 backward.
     pub fn code(self) -> u8 {
         match self {
             Direction::Forward => 0,
@@ -26,6 +27,7 @@ impl Direction {
         }
     }
 
+    /// The direction of wire code `code`, failing on any code but 0 or 1.
     pub fn from_code(code: u8) -> Result<Self> {
         match code {
             0 => Ok(Direction::Forward),
@@ -43,13 +45,17 @@ impl Direction {
 /// receiver can refuse a message from another step instead of silently training on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageMessage {
+    /// The training step the message belongs to.
     pub step: u64,
+    /// Whether it carries activations forward or gradients backward.
     pub direction: Direction,
+    /// The encoded activations or gradients.
     pub payload: Vec<u8>,
 }
 
 /// One stage's end of the link to a neighbour. Messages arrive in the order they were sent.
 pub trait StageLink: Send {
+    /// Sends `message` to the neighbour, in order after the previous ones.
     fn send(&mut self, message: StageMessage) -> Result<()>;
 
     /// The next message from the neighbour; an error when none arrives in the link's time

@@ -11,6 +11,7 @@ use crate::gpu::{Gpu, GpuBuf};
 /// What keys a stochastic codec's randomness (and random-k's shared index set).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodecContext {
+    /// The run's shared seed, the same on every peer.
     pub seed: u64,
     /// Training step.
     pub step: u32,
@@ -44,8 +45,11 @@ impl CodecContext {
 /// how error feedback forms its residual `q - decode(encode(q))`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeMode {
+    /// Overwrite the output with the decoded values.
     Set,
+    /// Add the decoded values to the output.
     Add,
+    /// Subtract the decoded values from the output.
     Subtract,
 }
 
@@ -74,8 +78,10 @@ pub struct Properties {
 
 /// A compression codec.
 pub trait Codec: Send + Sync + fmt::Debug {
+    /// The codec and parameters this instance implements, which its spec string parses back to.
     fn spec(&self) -> CodecSpec;
 
+    /// What the codec promises: bits per element, bias and whether it draws random numbers.
     fn properties(&self) -> Properties;
 
     /// Exact payload size in bytes for `n` elements.

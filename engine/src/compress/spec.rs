@@ -69,12 +69,16 @@ impl fmt::Display for Amount {
     }
 }
 
+/// The norm whose value scales a dithering codec's levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Norm {
+    /// The largest magnitude, `max |v_i|`.
     Max,
+    /// The Euclidean norm, `sqrt(sum v_i^2)`.
     L2,
 }
 
+/// How a dithering codec spaces its `s` levels between 0 and 1 (times the norm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Levels {
     /// `{0, 1/s, 2/s, ..., 1}`.
@@ -83,9 +87,12 @@ pub enum Levels {
     Natural,
 }
 
+/// How a quantizer maps a value to one of the two levels around it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rounding {
+    /// To the nearest level (deterministic and biased).
     Nearest,
+    /// Up or down at random, with the probabilities that make the result unbiased.
     Stochastic,
 }
 
@@ -94,52 +101,73 @@ pub enum Rounding {
 pub enum CodecSpec {
     /// f32, unchanged.
     F32,
+    /// IEEE half precision, round to nearest even.
     F16,
+    /// bfloat16 (f32 with a 7-bit mantissa), round to nearest even.
     Bf16,
     /// `(|v|_1 / n) * sign(v)`, sign(0) = +.
     Sign,
     /// Scaled sign applied `rounds` times, each to what the previous left (Neolithic's FCC).
     SignRounds {
+        /// Applications of scaled sign, at least 1.
         rounds: u32,
     },
     /// Exact top-k by magnitude; values as f16 when `f16_values`.
     TopK {
+        /// How many elements to keep, a fraction of the tensor or a count.
         amount: Amount,
+        /// Whether the kept values travel as f16 instead of f32.
         f16_values: bool,
     },
     /// k coordinates without replacement; `shared_seed` sends values only; `scaled`
     /// multiplies by n/k (unbiased).
     RandK {
+        /// How many elements to keep, a fraction of the tensor or a count.
         amount: Amount,
+        /// Whether every peer draws the same index set from the shared seed, so that only the
+        /// values travel.
         shared_seed: bool,
+        /// Whether the values are multiplied by n/k, which makes the codec unbiased.
         scaled: bool,
     },
     /// Stochastic rounding onto `s` levels of a norm.
     Dither {
+        /// How the levels are spaced.
         levels: Levels,
+        /// Number of nonzero levels.
         s: u32,
+        /// The norm the levels are scaled by.
         norm: Norm,
     },
     /// Natural compression: sign and a power of two, stochastically rounded.
     Natural,
     /// QSGD-style b-bit quantization with a max-norm scale.
     Qsgd {
+        /// Bits per element code, sign included.
         bits: u32,
+        /// Whether values round to the nearest level or stochastically.
         rounding: Rounding,
     },
     /// LoCo's fixed-scale p-bit quantizer, scale 2^log2s, round half to even, saturating.
     Loco {
+        /// Bits per element code (p), sign included; codes saturate at the range of p-bit two's
+        /// complement.
         bits: u32,
+        /// Log2 of the fixed scale s: a value v is coded as `round(v * 2^log2s)`.
         log2s: i32,
     },
     /// Block-absmax (ZeRO++) quantization, one scale per group of `group` elements.
     BlockQ {
+        /// Bits per element code, sign included.
         bits: u32,
+        /// Elements sharing one absmax scale.
         group: usize,
     },
     /// Clapping's hybrid: top-k support, kept values quantized to `bits`.
     Hybrid {
+        /// Bits per kept value's code, sign included.
         bits: u32,
+        /// How many elements the top-k support keeps, a fraction of the tensor or a count.
         amount: Amount,
     },
 }

@@ -32,6 +32,7 @@ pub const MAX_FACTOR: f32 = f32::from_bits(0x7e80_0000);
 
 /// Lanes of the reduction workgroup, and elements one workgroup folds per pass.
 pub const LANES: usize = 256;
+/// Elements one reduction workgroup folds per pass, the chunk of [`canonical_sum`].
 pub const CHUNK: usize = 4096;
 
 /// The canonical sum of `f(0..n)`: chunks of [`CHUNK`] elements are each folded the way a
@@ -141,6 +142,7 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
+/// The f32 value of bfloat16 bits `h` (exact: bf16 is the upper half of an f32).
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
@@ -323,6 +325,7 @@ pub fn to_pattern(v: i32, bits: u32) -> u32 {
     (v as u32) & ((1u32 << bits) - 1)
 }
 
+/// A [`Error::Payload`] naming the codec `codec` and what is wrong with its payload.
 pub fn payload_err(codec: &str, detail: String) -> Error {
     Error::Payload {
         codec: codec.to_string(),

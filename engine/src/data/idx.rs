@@ -20,7 +20,9 @@ pub const MAX_IDX_BYTES: usize = 256 << 20;
 /// A decoded IDX array of bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdxArray {
+    /// Size of each dimension, outermost first.
     pub dims: Vec<usize>,
+    /// The elements in row-major order, as many as the product of `dims`.
     pub data: Vec<u8>,
 }
 

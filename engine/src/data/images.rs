@@ -9,11 +9,14 @@ use crate::error::{Error, Result};
 /// The image datasets murmur knows, with their folder below the data root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageDataset {
+    /// The handwritten digits of LeCun et al., 28×28 greyscale, 10 classes.
     Mnist,
+    /// Zalando's clothing images in MNIST's format, 28×28 greyscale, 10 classes.
     FashionMnist,
 }
 
 impl ImageDataset {
+    /// The dataset's folder name below the data root.
     pub fn folder(self) -> &'static str {
         match self {
             ImageDataset::Mnist => "mnist",
@@ -21,6 +24,7 @@ impl ImageDataset {
         }
     }
 
+    /// The dataset's display name, for logs and reports.
     pub fn name(self) -> &'static str {
         match self {
             ImageDataset::Mnist => "MNIST",
@@ -48,9 +52,12 @@ impl FromStr for ImageDataset {
     }
 }
 
+/// Which part of a dataset to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
+    /// The training images (`train-*` files).
     Train,
+    /// The held-out test images (`t10k-*` files).
     Test,
 }
 
@@ -66,10 +73,15 @@ impl Split {
 /// Images as bytes `[n, rows, cols]` with one label byte each.
 #[derive(Debug, Clone)]
 pub struct ImageSet {
+    /// Pixel bytes of every image, `[n, rows, cols]` row-major, 0 black to 255 white.
     pub images: Vec<u8>,
+    /// One class label per image, below `classes`.
     pub labels: Vec<u8>,
+    /// Height of each image in pixels.
     pub rows: usize,
+    /// Width of each image in pixels.
     pub cols: usize,
+    /// Number of classes the labels range over.
     pub classes: usize,
 }
 
@@ -128,10 +140,12 @@ impl ImageSet {
         })
     }
 
+    /// Number of images.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether the set holds no images.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

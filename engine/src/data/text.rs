@@ -18,9 +18,13 @@ const MAX_CORPUS_BYTES: u64 = 1 << 30;
 /// Training and validation bytes.
 #[derive(Debug, Clone)]
 pub struct TextCorpus {
+    /// The training text: every file not held out, joined with blank lines.
     pub train: Vec<u8>,
+    /// The validation text: the held-out plays, joined with blank lines.
     pub valid: Vec<u8>,
+    /// Number of files in `train`.
     pub train_files: usize,
+    /// Number of files in `valid`.
     pub valid_files: usize,
 }
 

@@ -28,8 +28,12 @@ pub(crate) static FEEDBACK: Shader = wgsl!("feedback.wgsl", includes: [GRID, COD
 /// Which memory, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Memory {
+    /// No memory: send `C(g)`.
     None,
+    /// Error feedback (EF-SGD): keep the residual `e = q - D(C(q))` in f32 and add it to the next
+    /// gradient.
     Residual,
+    /// LoCo's memory: a moving average of the residuals, kept as int8 codes at scale `se`.
     LocoEma {
         /// Weight of the new residual (the paper's beta; DeepSpeed's err_beta = 1 - beta).
         beta: f32,
@@ -158,10 +162,12 @@ impl Feedback {
         })
     }
 
+    /// The codec the memory wraps.
     pub fn codec(&self) -> &dyn Codec {
         self.codec.as_ref()
     }
 
+    /// The memory and its parameters.
     pub fn memory(&self) -> Memory {
         self.memory
     }

@@ -34,10 +34,13 @@ pub struct GpuBuf {
 }
 
 impl GpuBuf {
+    /// Size of the tensor data in bytes.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 
+    /// The wgpu buffer holding the data, for binding and copies; it may be larger than
+    /// [`GpuBuf::bytes`] (pooled buffers are rounded up to a size class).
     pub fn raw(&self) -> &wgpu::Buffer {
         self.inner.raw()
     }
@@ -61,8 +64,11 @@ impl GpuBuf {
 /// What `murmur info` prints about the adapter.
 #[derive(Debug, Clone)]
 pub struct GpuInfo {
+    /// The adapter's name, vendor, backend and driver.
     pub adapter: wgpu::AdapterInfo,
+    /// The limits the device was opened with.
     pub limits: wgpu::Limits,
+    /// The optional features the device was opened with.
     pub features: wgpu::Features,
 }
 
@@ -86,6 +92,7 @@ impl Gpu {
         Self::with_preference(&AdapterPreference::from_env()?)
     }
 
+    /// Opens the adapter that `pref` selects.
     pub fn with_preference(pref: &AdapterPreference) -> Result<Arc<Self>> {
         let instance = new_instance(pref.backends());
         let adapter = adapter::select(&instance, pref)?;
@@ -140,6 +147,7 @@ impl Gpu {
         }))
     }
 
+    /// What the adapter is and the limits and features in use, as `murmur info` prints them.
     pub fn info(&self) -> &GpuInfo {
         &self.info
     }
@@ -157,6 +165,7 @@ impl Gpu {
         )
     }
 
+    /// Bytes of GPU memory the buffer pool holds, handed out and cached for reuse.
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
     }

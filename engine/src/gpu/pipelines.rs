@@ -7,7 +7,9 @@ use super::shader::Shader;
 
 /// A compiled kernel and the layout of its single bind group.
 pub struct Pipeline {
+    /// The compiled compute pipeline.
     pub pipeline: wgpu::ComputePipeline,
+    /// The layout of the kernel's bind group 0, which launches build their bind groups against.
     pub layout: wgpu::BindGroupLayout,
     /// `shader:entry`, used to label bind groups so that validation errors name the kernel.
     pub label: String,

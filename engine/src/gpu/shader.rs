@@ -8,7 +8,9 @@
 pub struct Shader {
     /// Path below `shaders/`, unique; the pipeline cache keys on it.
     pub name: &'static str,
+    /// The file's WGSL text, without its includes.
     pub source: &'static str,
+    /// Shaders prepended to this one, in order, each with its own includes first.
     pub includes: &'static [&'static Shader],
 }
 

@@ -6,13 +6,20 @@ use super::{grid_1d, BINARY};
 use crate::error::{shape_err, Result};
 use crate::tensor::{numel, DType, Device, Tensor};
 
+/// An element-wise operation of two operands, applied with broadcasting by [`binary`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binary {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
+    /// `a / b`.
     Div,
+    /// The larger of `a` and `b`.
     Max,
+    /// The smaller of `a` and `b`.
     Min,
 }
 
@@ -98,7 +105,7 @@ fn collapse(out: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize
 }
 
 /// CPU reference: walks every output coordinate; `sa` and `sb` are the operands' strides
-/// for `out` (see [`broadcast_strides`]).
+/// for `out` (see `broadcast_strides`).
 pub fn binary_ref(
     a: &[f32],
     sa: &[usize],

@@ -13,13 +13,21 @@ use crate::tensor::{DType, Device, Tensor};
 /// padding on every side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvGeometry {
+    /// Images in the batch.
     pub n: usize,
+    /// Input height in pixels, before padding.
     pub h: usize,
+    /// Input width in pixels, before padding.
     pub w: usize,
+    /// Input channels.
     pub c: usize,
+    /// Window height.
     pub kh: usize,
+    /// Window width.
     pub kw: usize,
+    /// Pixels between window positions, in both directions, at least 1.
     pub stride: usize,
+    /// Zero pixels added on every side of the image.
     pub pad: usize,
 }
 
@@ -51,10 +59,12 @@ impl ConvGeometry {
         })
     }
 
+    /// Output height: `(h + 2 pad - kh) / stride + 1`.
     pub fn out_h(&self) -> usize {
         (self.h + 2 * self.pad - self.kh) / self.stride + 1
     }
 
+    /// Output width: `(w + 2 pad - kw) / stride + 1`.
     pub fn out_w(&self) -> usize {
         (self.w + 2 * self.pad - self.kw) / self.stride + 1
     }

@@ -11,8 +11,12 @@ use crate::tensor::{DType, Device, Tensor};
 /// `(seed, step, key, i)` alone, so the backward pass and every peer recompute it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DropoutMask {
+    /// Probability that an element is dropped, in [0, 1); kept elements are scaled by `1 / (1 -
+    /// rate)`.
     pub rate: f32,
+    /// The run's seed.
     pub seed: u64,
+    /// The training step, so that every step draws a new mask.
     pub step: u32,
     /// Distinguishes the dropout sites of one forward pass.
     pub key: u32,

@@ -43,14 +43,21 @@ impl MatmulKernel {
 /// Sizes of one product, derived from operand shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulDims {
+    /// Number of matrix products, the product of the leading batch axes (1 for plain matrices).
     pub batch: usize,
+    /// Rows of the output and of `op(A)`.
     pub m: usize,
+    /// Columns of the output and of `op(B)`.
     pub n: usize,
+    /// The contracted dimension: columns of `op(A)`, rows of `op(B)`.
     pub k: usize,
+    /// Whether A is stored transposed, `[..., K, M]`.
     pub trans_a: bool,
+    /// Whether B is stored transposed, `[..., N, K]`.
     pub trans_b: bool,
     /// Whether A (B) has its own matrix per batch entry, or one shared by all.
     pub a_batched: bool,
+    /// Whether B has its own matrix per batch entry, or one shared by all.
     pub b_batched: bool,
 }
 
@@ -106,6 +113,7 @@ impl MatmulDims {
         Ok((dims, out))
     }
 
+    /// Floating-point operations of the product, `2 * batch * m * n * k`, for throughput reports.
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }

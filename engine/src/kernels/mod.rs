@@ -1,6 +1,6 @@
 //! Kernels: one file per family, each with the CPU reference (the definition) and the GPU
-//! launch of its WGSL kernel side by side. Public functions take and return [`Tensor`]s and
-//! run on whichever device their operands live on.
+//! launch of its WGSL kernel side by side. Public functions take and return
+//! [`Tensor`](crate::Tensor)s and run on whichever device their operands live on.
 //!
 //! Tolerances between the two paths are documented in `engine/tests/kernels_gpu_vs_cpu.rs`.
 
@@ -23,6 +23,8 @@ pub mod unary;
 use crate::gpu::Shader;
 use crate::wgsl;
 
+/// The flat element index of a 2-D grid of 256-wide workgroups, included by every element-wise
+/// kernel (launch sizes come from `grid_1d`).
 pub static GRID: Shader = wgsl!("common/grid.wgsl");
 pub(crate) static MATH: Shader = wgsl!("common/math.wgsl");
 pub(crate) static ROWS: Shader = wgsl!("common/rows.wgsl");

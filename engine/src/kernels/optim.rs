@@ -9,10 +9,15 @@ use crate::tensor::{DType, Device, Tensor};
 /// One SGD update, PyTorch semantics (see optim.wgsl).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdStep {
+    /// Learning rate.
     pub lr: f32,
+    /// Momentum factor (0: plain SGD, no momentum buffer).
     pub momentum: f32,
+    /// Dampening of the gradient in the momentum update.
     pub dampening: f32,
+    /// L2 penalty added to the gradient, `g + weight_decay * w`.
     pub weight_decay: f32,
+    /// Whether to use Nesterov momentum, `g + momentum * buf`.
     pub nesterov: bool,
     /// First step: the momentum buffer starts as the gradient.
     pub first: bool,
@@ -21,11 +26,17 @@ pub struct SgdStep {
 /// One AdamW update, PyTorch semantics; `step` counts from 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWStep {
+    /// Learning rate.
     pub lr: f32,
+    /// Decay of the first-moment (mean) estimate.
     pub beta1: f32,
+    /// Decay of the second-moment (uncentred variance) estimate.
     pub beta2: f32,
+    /// Added to the denominator for numerical stability.
     pub eps: f32,
+    /// Decoupled weight decay: the weights are scaled by `1 - lr * weight_decay` before the update.
     pub weight_decay: f32,
+    /// The update's number, counting from 1, for the bias corrections.
     pub step: u64,
 }
 

@@ -6,24 +6,35 @@ use super::{grid_1d, POOL};
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
+/// How a pooling window combines its pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pool {
+    /// The largest value in the window.
     Max,
+    /// The mean of the window's `k * k` values.
     Avg,
 }
 
 /// Input `[n, h, w, c]` pooled over `k x k` windows every `stride` pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolGeometry {
+    /// Images in the batch.
     pub n: usize,
+    /// Input height in pixels.
     pub h: usize,
+    /// Input width in pixels.
     pub w: usize,
+    /// Channels.
     pub c: usize,
+    /// Window side length.
     pub k: usize,
+    /// Pixels between window positions, in both directions.
     pub stride: usize,
 }
 
 impl PoolGeometry {
+    /// The geometry of `x [n, h, w, c]` under `k x k` windows; an error if the window does not fit
+    /// or `k` or `stride` is zero.
     pub fn of(x: &[usize], k: usize, stride: usize) -> Result<Self> {
         match *x {
             [n, h, w, c] if k > 0 && stride > 0 && k <= h && k <= w => Ok(PoolGeometry {
@@ -41,14 +52,17 @@ impl PoolGeometry {
         }
     }
 
+    /// Output height: `(h - k) / stride + 1`.
     pub fn out_h(&self) -> usize {
         (self.h - self.k) / self.stride + 1
     }
 
+    /// Output width: `(w - k) / stride + 1`.
     pub fn out_w(&self) -> usize {
         (self.w - self.k) / self.stride + 1
     }
 
+    /// Output shape `[n, out_h, out_w, c]`.
     pub fn out_shape(&self) -> [usize; 4] {
         [self.n, self.out_h(), self.out_w(), self.c]
     }

@@ -12,10 +12,14 @@ use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
 
+/// How a reduction combines the elements along an axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduce {
+    /// Their sum (0 for none).
     Sum,
+    /// Their maximum (-infinity for none).
     Max,
+    /// Their minimum (+infinity for none).
     Min,
 }
 

@@ -11,18 +11,29 @@ use crate::tensor::{DType, Device, Tensor};
 /// `0.5 x (1 + tanh u)` without its cancellation for negative x.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Unary {
+    /// `max(x, 0)`.
     Relu,
+    /// GELU, tanh approximation.
     Gelu,
+    /// Hyperbolic tangent.
     Tanh,
+    /// Logistic sigmoid `1 / (1 + e^-x)`.
     Sigmoid,
+    /// `e^x`.
     Exp,
+    /// Natural logarithm.
     Log,
+    /// Square root.
     Sqrt,
+    /// `x^2`.
     Square,
+    /// `|x|`.
     Abs,
     /// `alpha * x + beta`: scaling, shifting and negation.
     Affine {
+        /// Factor applied to `x`.
         alpha: f32,
+        /// Offset added after scaling.
         beta: f32,
     },
 }

@@ -24,12 +24,16 @@ fn gpt_linear(
 /// Dropout for one step of training: the mask of site `key` is drawn from (seed, step, key).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DropoutPlan {
+    /// Probability that an element is dropped, in [0, 1).
     pub rate: f32,
+    /// The run's seed.
     pub seed: u64,
+    /// The training step, so that every step draws new masks.
     pub step: u32,
 }
 
 impl DropoutPlan {
+    /// The mask of dropout site `key` for this step.
     pub fn mask(&self, key: u32) -> DropoutMask {
         DropoutMask {
             rate: self.rate,
@@ -42,10 +46,15 @@ impl DropoutPlan {
 
 /// `softmax(q k^T / sqrt(d) + causal mask) v` over `heads` heads of width `dim / heads`.
 pub struct CausalSelfAttention {
+    /// Projection of the input to the queries, `[dim, dim]`.
     pub query: Linear,
+    /// Projection of the input to the keys, `[dim, dim]`.
     pub key: Linear,
+    /// Projection of the input to the values, `[dim, dim]`.
     pub value: Linear,
+    /// Output projection of the concatenated heads, `[dim, dim]`.
     pub proj: Linear,
+    /// Number of heads; `dim` is a multiple of it.
     pub heads: usize,
 }
 
@@ -132,14 +141,22 @@ impl Module for CausalSelfAttention {
 
 /// `x + attn(ln1(x))`, then `x + mlp(ln2(x))` with a GELU MLP four times as wide.
 pub struct Block {
+    /// Layer norm before the attention.
     pub ln1: LayerNorm,
+    /// The causal self-attention.
     pub attn: CausalSelfAttention,
+    /// Layer norm before the MLP.
     pub ln2: LayerNorm,
+    /// The MLP's first layer, `dim` to `4 * dim`.
     pub fc: Linear,
+    /// The MLP's second layer, `4 * dim` back to `dim`.
     pub fc_proj: Linear,
 }
 
 impl Block {
+    /// A block of width `dim` with `heads` heads, initialised as GPT-2 does: weights normal(0,
+    /// 0.02), with the residual projections scaled down by `sqrt(2 * layers)` for a model of
+    /// `layers` blocks.
     pub fn new(
         device: &Device,
         dim: usize,

@@ -9,14 +9,22 @@ use crate::kernels::dropout::DropoutMask;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// Sizes of a [`Cnn`]; the default fits MNIST.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CnnConfig {
+    /// Height and width of the square input images in pixels, a multiple of 4.
     pub side: usize,
+    /// Channels of the input images (1 for greyscale).
     pub channels: usize,
+    /// Output channels of the first convolution.
     pub conv1: usize,
+    /// Output channels of the second convolution.
     pub conv2: usize,
+    /// Width of the hidden linear layer.
     pub hidden: usize,
+    /// Number of classes, the width of the logits.
     pub classes: usize,
+    /// Dropout rate after the hidden layer during training, in [0, 1).
     pub dropout: f32,
 }
 
@@ -34,12 +42,21 @@ impl Default for CnnConfig {
     }
 }
 
+/// A small convolutional classifier for square images: two 3×3 convolutions with max pooling, then
+/// two linear layers.
 pub struct Cnn {
+    /// The sizes the network was built with.
     pub config: CnnConfig,
+    /// First convolution, 3×3, `channels` to `conv1` channels.
     pub conv1: Conv2d,
+    /// Second convolution, 3×3, `conv1` to `conv2` channels.
     pub conv2: Conv2d,
+    /// Image normalisation after the second convolution, with a learned scale and shift per
+    /// channel.
     pub norm: LayerNorm,
+    /// Hidden linear layer, from the flattened pooled image to `hidden`.
     pub fc1: Linear,
+    /// Output layer, `hidden` to `classes` logits.
     pub fc2: Linear,
 }
 

@@ -6,13 +6,18 @@ use crate::error::Result;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// A 2-D convolution over NHWC images with a square kernel, lowered to im2col and a matrix product.
 pub struct Conv2d {
     /// `[kernel*kernel*in_channels, out_channels]`, rows in (kh, kw, c) order: the im2col
     /// matrix times this is the convolution.
     pub weight: Tensor,
+    /// `[out_channels]`, added to every output pixel.
     pub bias: Tensor,
+    /// Side length of the square kernel.
     pub kernel: usize,
+    /// Pixels between kernel positions, in both directions.
     pub stride: usize,
+    /// Zero pixels added on every side of the input.
     pub pad: usize,
 }
 
@@ -50,6 +55,7 @@ impl Conv2d {
         )
     }
 
+    /// Number of output channels (filters).
     pub fn out_channels(&self) -> usize {
         self.weight.shape()[1]
     }

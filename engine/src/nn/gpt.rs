@@ -9,13 +9,20 @@ use crate::error::{shape_err, Error, Result};
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// Sizes of a [`Gpt`]; the default is a tiny byte-level model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GptConfig {
+    /// Number of token ids (256 for bytes).
     pub vocab: usize,
+    /// Longest sequence the model reads, the number of learned positions.
     pub context: usize,
+    /// Number of transformer blocks.
     pub layers: usize,
+    /// Width of the embeddings and of every block, a multiple of `heads`.
     pub dim: usize,
+    /// Attention heads per block.
     pub heads: usize,
+    /// Dropout rate during training, in [0, 1) (0: none).
     pub dropout: f32,
 }
 
@@ -33,17 +40,24 @@ impl Default for GptConfig {
     }
 }
 
+/// A GPT-2-style decoder-only transformer: token and position embeddings, pre-norm blocks and a
+/// final layer norm, with the output projection tied to the token embedding.
 pub struct Gpt {
+    /// The sizes the model was built with.
     pub config: GptConfig,
     /// `[vocab, dim]`, also the output projection.
     pub token_embedding: Tensor,
     /// `[context, dim]`.
     pub position_embedding: Tensor,
+    /// The transformer blocks, in order.
     pub blocks: Vec<Block>,
+    /// Final layer norm before the output projection.
     pub ln_f: LayerNorm,
 }
 
 impl Gpt {
+    /// A model of `config`'s sizes initialised from `seed` (block `i` from stream `i + 1`); fails
+    /// if a size is zero.
     pub fn new(device: &Device, config: &GptConfig, seed: u64) -> Result<Self> {
         if config.vocab == 0 || config.context == 0 || config.layers == 0 || config.dim == 0 {
             return Err(Error::Config(format!(

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// A fully connected layer `y = x W + b`.
 pub struct Linear {
     /// `[in, out]`, so the forward product needs no transpose.
     pub weight: Tensor,
@@ -41,10 +42,12 @@ impl Linear {
         }
     }
 
+    /// Number of input features.
     pub fn inputs(&self) -> usize {
         self.weight.shape()[0]
     }
 
+    /// Number of output features.
     pub fn outputs(&self) -> usize {
         self.weight.shape()[1]
     }

@@ -6,9 +6,12 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
+/// The non-linearity between an [`Mlp`]'s layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
+    /// `max(x, 0)`.
     Relu,
+    /// GELU, tanh approximation.
     Gelu,
 }
 
@@ -28,7 +31,9 @@ impl std::str::FromStr for Activation {
 
 /// `sizes[0] -> sizes[1] -> ... -> sizes[n]`, the activation between layers, none after the last.
 pub struct Mlp {
+    /// The linear layers, input to output.
     pub layers: Vec<Linear>,
+    /// The activation applied after every layer but the last.
     pub activation: Activation,
 }
 

@@ -24,7 +24,9 @@ use crate::tensor::Tensor;
 
 /// Something with trainable parameters, listed in a fixed order.
 pub trait Module {
+    /// The parameters, in the module's fixed order (the order checkpoints and optimizers rely on).
     fn parameters(&self) -> Vec<&Tensor>;
+    /// The same parameters as [`Module::parameters`], in the same order, mutably.
     fn parameters_mut(&mut self) -> Vec<&mut Tensor>;
 
     /// Total number of trainable scalars.

@@ -7,12 +7,16 @@ use crate::tensor::{Device, Tensor};
 
 /// Learned scale (ones) and shift (zeros) over `dim` features or channels.
 pub struct LayerNorm {
+    /// Learned scale `[dim]`, initialised to ones.
     pub gamma: Tensor,
+    /// Learned shift `[dim]`, initialised to zeros.
     pub beta: Tensor,
+    /// Added to the variance before the square root (1e-5).
     pub eps: f32,
 }
 
 impl LayerNorm {
+    /// A layer norm over `dim` features, scale one and shift zero.
     pub fn new(device: &Device, dim: usize) -> Result<Self> {
         Ok(LayerNorm {
             gamma: Tensor::full(device, &[dim], 1.0)?,

@@ -38,25 +38,54 @@ pub enum OptimizerSpec {
     /// `x ← x − η(u + λx)`.
     Sgd,
     /// torch.optim.SGD with Nesterov momentum μ, weight decay added to the gradient.
-    Nag { momentum: f32 },
+    Nag {
+        /// The momentum μ, in [0, 1).
+        momentum: f32,
+    },
     /// Momentum in the moving-average form of clapping.md eq. (3): `u ← (1−m)u + m(g + λx)`,
     /// `x ← x − η u`, with `u` starting at zero and no bias correction (so the first step
     /// moves by `η m g`). PyTorch's momentum μ with learning rate `lr` is `m = 1 − μ`,
     /// `η = lr / m`.
-    Ema { m: f32 },
+    Ema {
+        /// The weight `m` of the new gradient, in (0, 1].
+        m: f32,
+    },
     /// Adam as clapping.md eq. (107) writes it (Algorithm 5): `β1` and `β2` weigh the *new*
     /// gradient, ε sits inside the square root, no bias correction, no weight decay:
     /// `u ← (1−β1)u + β1 g`, `s ← (1−β2)s + β2 g²`, `x ← x − η u / √(s + ε)`.
-    AdamPaper { beta1: f32, beta2: f32, eps: f32 },
+    AdamPaper {
+        /// Weight of the new gradient in the first moment (the paper's β1, PyTorch's 1 − β1).
+        beta1: f32,
+        /// Weight of the new squared gradient in the second moment (PyTorch's 1 − β2).
+        beta2: f32,
+        /// Added to the second moment inside the square root.
+        eps: f32,
+    },
     /// torch.optim.AdamW (decoupled weight decay, bias correction).
-    AdamW { beta1: f32, beta2: f32, eps: f32 },
+    AdamW {
+        /// Decay of the first-moment estimate.
+        beta1: f32,
+        /// Decay of the second-moment estimate.
+        beta2: f32,
+        /// Added to the denominator outside the square root.
+        eps: f32,
+    },
     /// LANS without gradient normalization, φ = identity, ε outside the square root
     /// (byteps-clan.md §3.3 and §9.1); the block norms are per parameter tensor.
-    Lans { beta1: f32, beta2: f32, eps: f32 },
+    Lans {
+        /// Decay of the first-moment estimate.
+        beta1: f32,
+        /// Decay of the second-moment estimate.
+        beta2: f32,
+        /// Added to the denominator outside the square root.
+        eps: f32,
+    },
 }
 
 impl OptimizerSpec {
+    /// Nesterov momentum 0.9, the usual choice for SGD on image models.
     pub const NAG: OptimizerSpec = OptimizerSpec::Nag { momentum: 0.9 };
+    /// AdamW with PyTorch's default constants.
     pub const ADAMW: OptimizerSpec = OptimizerSpec::AdamW {
         beta1: 0.9,
         beta2: 0.999,
@@ -68,6 +97,7 @@ impl OptimizerSpec {
         beta2: 0.001,
         eps: 1e-8,
     };
+    /// LANS with the constants of byteps-clan.md (ε = 1e-6).
     pub const LANS: OptimizerSpec = OptimizerSpec::Lans {
         beta1: 0.9,
         beta2: 0.999,
@@ -146,6 +176,7 @@ pub struct HostOptimizer {
 }
 
 impl HostOptimizer {
+    /// The update and constants this optimizer runs.
     pub fn spec(&self) -> OptimizerSpec {
         self.spec
     }

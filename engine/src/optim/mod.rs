@@ -11,7 +11,9 @@ use crate::tensor::Tensor;
 pub trait Optimizer: Send {
     /// One update; `grads[i]` is the gradient of `params[i]`.
     fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()>;
+    /// The learning rate the next step uses.
     fn lr(&self) -> f32;
+    /// Sets the learning rate of the following steps, for schedules.
     fn set_lr(&mut self, lr: f32);
 
     /// Everything needed to continue exactly where this optimizer is: its step count and its
@@ -25,6 +27,7 @@ pub trait Optimizer: Send {
 /// An optimizer's resumable state.
 #[derive(Debug, Clone)]
 pub struct OptimizerState {
+    /// Steps taken so far.
     pub steps: u64,
     /// Named state tensors, e.g. `m.0`, `v.0`, ... or `momentum.0`, ...
     pub tensors: Vec<(String, Tensor)>,
@@ -54,12 +57,18 @@ fn take(state: &OptimizerState, prefix: &str) -> Vec<Tensor> {
     found.into_iter().map(|(_, t)| t).collect()
 }
 
+/// Constants of [`Sgd`]; the default is plain SGD at learning rate 0.01.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdConfig {
+    /// Learning rate.
     pub lr: f32,
+    /// Momentum factor (0: no momentum buffer).
     pub momentum: f32,
+    /// Dampening of the gradient in the momentum update; must be 0 with Nesterov.
     pub dampening: f32,
+    /// L2 penalty added to the gradient, `g + weight_decay * w`.
     pub weight_decay: f32,
+    /// Whether to use Nesterov momentum (needs `momentum > 0`).
     pub nesterov: bool,
 }
 
@@ -77,12 +86,14 @@ impl Default for SgdConfig {
 
 /// SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD.
 pub struct Sgd {
+    /// The constants, of which `lr` may change between steps.
     pub config: SgdConfig,
     buffers: Vec<Tensor>,
     steps: u64,
 }
 
 impl Sgd {
+    /// An optimizer with no state yet; fails on Nesterov without momentum or with dampening.
     pub fn new(config: SgdConfig) -> Result<Self> {
         if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
             return Err(Error::Config(
@@ -163,12 +174,18 @@ impl Optimizer for Sgd {
     }
 }
 
+/// Constants of [`AdamW`]; the default is torch.optim.AdamW's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
+    /// Learning rate.
     pub lr: f32,
+    /// Decay of the first-moment estimate.
     pub beta1: f32,
+    /// Decay of the second-moment estimate.
     pub beta2: f32,
+    /// Added to the denominator for numerical stability.
     pub eps: f32,
+    /// Decoupled weight decay: weights are scaled by `1 - lr * weight_decay` each step.
     pub weight_decay: f32,
 }
 
@@ -187,6 +204,7 @@ impl Default for AdamWConfig {
 
 /// Adam with decoupled weight decay, as torch.optim.AdamW.
 pub struct AdamW {
+    /// The constants, of which `lr` may change between steps.
     pub config: AdamWConfig,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -194,6 +212,7 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// An optimizer with no state yet; its moment buffers are allocated at the first step.
     pub fn new(config: AdamWConfig) -> Self {
         AdamW {
             config,

@@ -7,8 +7,12 @@ use crate::data::ImageSet;
 use crate::error::{Error, Result};
 use crate::tensor::{Device, Tensor};
 
+/// The indexed training samples a pipeline draws from: labelled images for an MLP, byte windows for
+/// a GPT.
 pub enum PipelineData {
+    /// Labelled images, one sample per image.
     Images(ImageSet),
+    /// Byte text cut into non-overlapping windows, one sample per window.
     Text(TextWindows),
 }
 
@@ -19,6 +23,8 @@ pub struct TextWindows {
 }
 
 impl TextWindows {
+    /// Cuts `text` into windows of `context` inputs; fails if `context` is zero or the text holds
+    /// no whole window.
     pub fn new(text: Vec<u8>, context: usize) -> Result<Self> {
         if context == 0 || text.len() <= context {
             return Err(Error::Data(format!(
@@ -29,14 +35,17 @@ impl TextWindows {
         Ok(TextWindows { text, context })
     }
 
+    /// Number of whole windows, `(text bytes - 1) / context`.
     pub fn len(&self) -> usize {
         (self.text.len() - 1) / self.context
     }
 
+    /// Whether there is no whole window.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Input bytes per window; each window also reads the byte after its last input as a target.
     pub fn context(&self) -> usize {
         self.context
     }
@@ -80,6 +89,7 @@ impl From<TextWindows> for PipelineData {
 }
 
 impl PipelineData {
+    /// Number of samples.
     pub fn len(&self) -> usize {
         match self {
             PipelineData::Images(s) => s.len(),
@@ -87,6 +97,7 @@ impl PipelineData {
         }
     }
 
+    /// Whether there are no samples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

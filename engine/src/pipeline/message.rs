@@ -63,10 +63,13 @@ impl RowCodec {
         self.chain.last().expect("a chain has a codec").as_ref()
     }
 
+    /// Exact payload bytes of one coded row of `n` values (the last codec's payload length).
     pub fn payload_len(&self, n: usize) -> usize {
         self.last().payload_len(n)
     }
 
+    /// Encodes one row: every codec but the last quantizes and dequantizes `x` in turn, the last
+    /// one's payload is returned.
     pub fn encode(&self, x: &[f32], ctx: &CodecContext) -> Vec<u8> {
         let mut z = x.to_vec();
         for codec in &self.chain[..self.chain.len() - 1] {
@@ -78,6 +81,8 @@ impl RowCodec {
         self.last().encode(&z, ctx)
     }
 
+    /// Decodes one row's payload with the last codec of the chain into `out`, applied as `mode`
+    /// says; fails on a malformed payload.
     pub fn decode_into(
         &self,
         payload: &[u8],
@@ -92,7 +97,9 @@ impl RowCodec {
 /// How one row travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
+    /// The row's f32 values, little-endian, `4 * cols` bytes.
     Raw,
+    /// The row codec's payload for the row's compressed difference.
     Coded,
 }
 
@@ -169,6 +176,7 @@ pub fn read_raw(bytes: &[u8], out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
+/// Appends `values` to `out` as little-endian f32, the raw form of a row.
 pub fn write_raw(values: &[f32], out: &mut Vec<u8>) {
     for v in values {
         out.extend_from_slice(&v.to_le_bytes());

@@ -46,6 +46,8 @@ enum Reference {
     Sample,
 }
 
+/// The error-feedback buffers of one cut in one direction, run identically by the sender and the
+/// receiver so that both hold the same reconstruction.
 pub struct Mirror {
     policy: Policy,
     codec: RowCodec,
@@ -60,6 +62,8 @@ pub struct Mirror {
 }
 
 impl Mirror {
+    /// The state of a cut whose payload carries `rows` rows of `cols` values, coded with `codec`
+    /// under `policy`; `seed` and `channel` key the codec's randomness.
     pub fn new(
         policy: Policy,
         codec: RowCodec,

@@ -57,6 +57,7 @@ pub enum Variant {
 }
 
 impl Variant {
+    /// Every variant, in the order of the paper's comparison.
     pub const ALL: [Variant; 7] = [
         Variant::Uncompressed,
         Variant::Direct,
@@ -127,23 +128,31 @@ impl FromStr for Variant {
 /// Everything every stage must agree on.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
+    /// The model the stages split among themselves.
     pub model: ModelSpec,
     /// E: the model's layers (an MLP's) or blocks (a GPT's) are split into this many
     /// contiguous stages.
     pub stages: usize,
     /// Samples per step.
     pub batch: usize,
+    /// What crosses the cuts: which compression and error-feedback scheme the pipeline runs.
     pub variant: Variant,
     /// Row codecs of the activations and of the activation gradients (`fA-bB` in the paper
     /// is `qsgd:bits=A` and `qsgd:bits=B`).
     pub forward_codec: String,
+    /// Row codec of the activation gradients, sent backward.
     pub backward_codec: String,
+    /// `p_t`: the probability that a batch slot draws a fresh sample at step `t`.
     pub p: PSchedule,
+    /// Whether lazy sampling decides per batch or per slot.
     pub rule: Rule,
     /// Steps at the start that travel uncompressed, buffers storing exact values (§3.12).
     pub warmup: u64,
+    /// The update each stage applies to its own parameters.
     pub optimizer: OptimizerSpec,
+    /// Learning rate, until `lr_drop_at`.
     pub lr: f32,
+    /// Decoupled weight decay.
     pub weight_decay: f32,
     /// The step from which the learning rate is a tenth.
     pub lr_drop_at: Option<u64>,
@@ -166,6 +175,8 @@ impl PipelineConfig {
         self.model.activation_width(self.layers_of(e).end)
     }
 
+    /// Checks that the configuration can run: a valid model, 1 to `units` stages, a non-empty
+    /// batch, `p` a probability throughout, and codecs that parse.
     pub fn check(&self) -> Result<()> {
         self.model.check()?;
         let layers = self.model.units();
@@ -188,6 +199,7 @@ impl PipelineConfig {
         Ok(())
     }
 
+    /// The learning rate of step `step`: `lr`, a tenth of it from `lr_drop_at` on.
     pub fn lr_at(&self, step: u64) -> f32 {
         match self.lr_drop_at {
             Some(at) if step >= at => self.lr * 0.1,

@@ -49,6 +49,8 @@ impl ModelSpec {
         self.activation_shape(unit, 1).iter().product()
     }
 
+    /// Checks that the model can be built and split: an MLP needs at least two non-zero widths, a
+    /// GPT positive sizes, `dim` a multiple of `heads` and no dropout.
     pub fn check(&self) -> Result<()> {
         match self {
             ModelSpec::Mlp(sizes) if sizes.len() < 2 || sizes.contains(&0) => Err(Error::Config(
@@ -91,16 +93,20 @@ impl fmt::Display for ModelSpec {
 pub enum StageInput<'a> {
     /// Features `[batch, inputs]` for an MLP, token ids `[batch, context]` for a GPT.
     Data(&'a Tensor),
+    /// The activation received from the previous stage, a leaf of this stage's graph.
     Received(Var),
 }
 
 /// One stage's part of the model.
 pub enum StageModel {
+    /// Consecutive layers of an MLP.
     Mlp {
+        /// The stage's linear layers, in order, with ReLU between them.
         layers: Vec<Linear>,
         /// Whether the last layer gives the logits (no ReLU after it).
         last: bool,
     },
+    /// Consecutive blocks of a GPT.
     Gpt(Box<GptSlice>),
 }
 

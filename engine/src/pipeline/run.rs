@@ -25,6 +25,7 @@ pub struct StepReport {
     pub bytes: usize,
 }
 
+/// Every stage of a pipeline in one process, linked by in-process channels.
 pub struct Pipeline {
     stages: Vec<Stage>,
     config: Arc<PipelineConfig>,
@@ -32,6 +33,8 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Builds every stage of `config` on `device`, all training on `data`, and links neighbours
+    /// in-process; fails if the configuration cannot run.
     pub fn new(config: PipelineConfig, device: &Device, data: Arc<PipelineData>) -> Result<Self> {
         config.check()?;
         let config = Arc::new(config);
@@ -61,10 +64,13 @@ impl Pipeline {
         })
     }
 
+    /// The configuration all stages share.
     pub fn config(&self) -> &PipelineConfig {
         &self.config
     }
 
+    /// One training step: every stage's forward pass in order, then every backward pass in reverse;
+    /// reports the loss and the payload bytes across every cut.
     pub fn step(&mut self) -> Result<StepReport> {
         for s in &mut self.stages {
             s.forward()?;
@@ -83,6 +89,7 @@ impl Pipeline {
         Ok(report)
     }
 
+    /// The stages, first to last.
     pub fn stages(&self) -> &[Stage] {
         &self.stages
     }

@@ -22,17 +22,22 @@ pub enum Rule {
 /// fresh).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PSchedule {
+    /// The same `p` at every step.
     Constant(f32),
     /// From `from` at step 0 to `to` at step `over`, by half a cosine, then `to` (the LLaMA-2
     /// 1B run went from 0.5 to 1.0).
     Cosine {
+        /// `p` at step 0.
         from: f32,
+        /// `p` from step `over` on.
         to: f32,
+        /// Steps of the cosine transition (0: `to` from the start).
         over: u64,
     },
 }
 
 impl PSchedule {
+    /// `p_t` at step `step`.
     pub fn at(self, step: u64) -> f32 {
         match self {
             PSchedule::Constant(p) => p,
@@ -51,6 +56,7 @@ impl PSchedule {
 /// The samples of one step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Draw {
+    /// The step drawn for, counting from 0.
     pub step: u64,
     /// Sample ids, one per slot.
     pub ids: Vec<usize>,
@@ -59,6 +65,7 @@ pub struct Draw {
 }
 
 impl Draw {
+    /// Whether any slot drew a fresh sample at this step.
     pub fn any_fresh(&self) -> bool {
         self.fresh.iter().any(|&f| f)
     }
@@ -67,6 +74,8 @@ impl Draw {
 /// Salt of the keep-or-draw decisions' random stream (the shuffle uses `data::epoch_batches`'s).
 const DECISIONS: u64 = 0xC1A9_9E5A_3F1A_2F00;
 
+/// Lazy sampling of a batch: every stage runs its own copy from the same seed and draws the same
+/// sample ids.
 pub struct LazySampler {
     samples: usize,
     batch: usize,

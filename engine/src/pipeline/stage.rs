@@ -38,7 +38,10 @@ pub struct StageStep {
     pub bytes_sent: usize,
 }
 
+/// One pipeline stage: its slice of the model, optimizer, sampler and ends of the error-feedback
+/// buffers at its cuts, talking to its neighbours through stage links.
 pub struct Stage {
+    /// The stage's position in the pipeline, 0 first.
     pub index: usize,
     config: Arc<PipelineConfig>,
     device: Device,
@@ -283,6 +286,7 @@ impl Stage {
         self.backward()
     }
 
+    /// Training steps this stage has completed.
     pub fn steps_done(&self) -> u64 {
         self.step
     }
@@ -297,6 +301,7 @@ impl Stage {
         &self.weights
     }
 
+    /// The bit patterns of [`Stage::weights`], for comparing runs bit for bit.
     pub fn weight_bits(&self) -> Vec<u32> {
         self.weights.iter().map(|w| w.to_bits()).collect()
     }

@@ -9,7 +9,9 @@ use crate::gpu::Gpu;
 /// The CPU (reference implementations) or a GPU (WGSL kernels).
 #[derive(Clone)]
 pub enum Device {
+    /// The host, running the CPU reference implementations.
     Cpu,
+    /// A GPU, running the WGSL kernels.
     Gpu(Arc<Gpu>),
 }
 
@@ -19,6 +21,7 @@ impl Device {
         Ok(Device::Gpu(Gpu::new()?))
     }
 
+    /// Whether this is a GPU.
     pub fn is_gpu(&self) -> bool {
         matches!(self, Device::Gpu(_))
     }

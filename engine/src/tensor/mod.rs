@@ -3,7 +3,8 @@
 //! Tensors are values: cloning one shares its data, and no operation changes a tensor that
 //! another handle can see (in-place updates copy first when the data is shared).
 //! Operations live in `crate::kernels`, one file per kernel family, each holding the CPU
-//! reference and the GPU launch side by side; [`ops`] gives them method syntax.
+//! reference and the GPU launch side by side; the private `ops` module gives them method
+//! syntax on [`Tensor`].
 
 mod device;
 mod ops;
@@ -18,6 +19,7 @@ use crate::gpu::{Gpu, GpuBuf};
 /// Element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DType {
+    /// 32-bit floats, the type of values and gradients.
     F32,
     /// Indices and labels.
     U32,
@@ -39,6 +41,8 @@ pub(crate) enum Storage {
     Gpu(GpuBuf),
 }
 
+/// An n-dimensional array of f32 or u32 on a [`Device`], immutable and cheap to clone (clones share
+/// the data).
 #[derive(Clone)]
 pub struct Tensor {
     shape: Vec<usize>,
@@ -130,22 +134,27 @@ impl Tensor {
         }
     }
 
+    /// Size of each axis, outermost first (empty for a scalar).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// Number of axes.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
 
+    /// Number of elements, the product of the shape (1 for a scalar).
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The device the data lives on.
     pub fn device(&self) -> &Device {
         &self.device
     }

@@ -11,9 +11,12 @@ use crate::nn::{Activation, Cnn, CnnConfig, Mlp, Module};
 use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use crate::tensor::{Device, Tensor};
 
+/// Which optimizer a classifier trains with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptimizerKind {
+    /// AdamW with PyTorch's default betas and epsilon.
     AdamW,
+    /// SGD, with momentum and Nesterov as configured.
     Sgd,
 }
 
@@ -36,14 +39,19 @@ impl FromStr for OptimizerKind {
 pub struct ClassifierConfig {
     /// Hidden layer widths, e.g. `[512, 256]`.
     pub hidden: Vec<usize>,
+    /// The MLP's activation between layers.
     pub activation: Activation,
+    /// The optimizer of the parameters.
     pub optimizer: OptimizerKind,
+    /// Learning rate.
     pub lr: f32,
     /// AdamW's decoupled decay, or SGD's L2 term.
     pub weight_decay: f32,
     /// SGD momentum (Nesterov when `nesterov`).
     pub momentum: f32,
+    /// Whether SGD's momentum is Nesterov's.
     pub nesterov: bool,
+    /// Seeds the initial weights and the dropout masks.
     pub seed: u64,
     /// A CNN instead of the MLP (`hidden` and `activation` then do not apply); its image
     /// side and class count are taken from the data.
@@ -74,7 +82,9 @@ impl Default for ClassifierConfig {
 
 /// The classifier's network.
 pub enum ClassifierModel {
+    /// A multi-layer perceptron over flat features.
     Mlp(Mlp),
+    /// A convolutional network over square one-channel images.
     Cnn(Box<Cnn>),
 }
 
@@ -87,6 +97,7 @@ impl ClassifierModel {
         }
     }
 
+    /// The network's kind, `mlp` or `cnn`, for logs and checkpoints.
     pub fn name(&self) -> &'static str {
         match self {
             ClassifierModel::Mlp(_) => "mlp",
@@ -125,6 +136,7 @@ impl Module for ClassifierModel {
 
 /// A model, its optimizer and the device they live on.
 pub struct Classifier {
+    /// The network.
     pub model: ClassifierModel,
     /// Features per sample.
     pub inputs: usize,
@@ -134,12 +146,17 @@ pub struct Classifier {
     /// What else a resumed run must share with this one (the CLI puts the batch size and
     /// data limits here); part of the checkpoint identity.
     pub run_tag: String,
+    /// The optimizer that steps the network's parameters.
     pub optimizer: Box<dyn Optimizer>,
+    /// The device the parameters and the optimizer state live on.
     pub device: Device,
+    /// Training steps taken.
     pub steps: u64,
 }
 
 impl Classifier {
+    /// A freshly initialised classifier from `inputs` features to `classes` logits; fails if a CNN
+    /// is asked for and `inputs` is not a square image side squared.
     pub fn new(
         device: &Device,
         inputs: usize,

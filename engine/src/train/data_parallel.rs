@@ -15,14 +15,20 @@ use crate::tensor::{Device, Tensor};
 /// Bytes one rank sent and received in one round.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RoundBytes {
+    /// Payload bytes pushed to the servers.
     pub pushed: usize,
+    /// Payload bytes pulled from the servers.
     pub pulled: usize,
     /// What the same round costs in f32 each way.
     pub f32_each_way: usize,
 }
 
+/// One rank of data-parallel training: its classifier replica and the collective it exchanges
+/// compressed gradients through, partition by partition.
 pub struct DataParallel<C: Collective> {
+    /// This rank's replica, bit-identical on every rank.
     pub clf: Classifier,
+    /// The collective the rank pushes and pulls through.
     pub collective: C,
     parts: Vec<Partition>,
     memories: Vec<Feedback>,

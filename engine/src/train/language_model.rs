@@ -14,15 +14,20 @@ use super::schedule::{clip_global_norm, WarmupCosine};
 
 const FORMAT: &str = "murmur-gpt-1";
 
+/// Everything that defines a language-model run besides the text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LmConfig {
+    /// The GPT's sizes.
     pub model: GptConfig,
     /// Sequences per step, each `model.context` bytes long.
     pub batch: usize,
+    /// The learning-rate schedule.
     pub schedule: WarmupCosine,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f32,
     /// Largest global gradient norm; larger gradients are scaled down to it.
     pub clip: f32,
+    /// Seeds the initial weights, the batches and the dropout masks.
     pub seed: u64,
 }
 
@@ -54,15 +59,23 @@ pub struct LmStep {
     pub lr: f32,
 }
 
+/// A byte-level GPT with its AdamW optimizer, trained on text windows.
 pub struct LanguageModel {
+    /// The network.
     pub model: Gpt,
+    /// AdamW with betas (0.9, 0.95), its learning rate set from the schedule every step.
     pub optimizer: AdamW,
+    /// The configuration the model was built from.
     pub config: LmConfig,
+    /// The device the parameters and the optimizer state live on.
     pub device: Device,
+    /// Training steps taken.
     pub steps: u64,
 }
 
 impl LanguageModel {
+    /// A freshly initialised model and optimizer for `config`; fails if the batch is empty or a
+    /// model size is zero.
     pub fn new(device: &Device, config: &LmConfig) -> Result<Self> {
         if config.batch == 0 {
             return Err(Error::Config(

@@ -8,9 +8,13 @@ use crate::tensor::Tensor;
 /// `peak * min_ratio` at `total` steps (held there after).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WarmupCosine {
+    /// Largest learning rate, reached at the end of the warm-up.
     pub peak: f32,
+    /// Steps of linear warm-up.
     pub warmup: u64,
+    /// Step at which the decay ends.
     pub total: u64,
+    /// Final learning rate as a fraction of `peak`.
     pub min_ratio: f32,
 }
 

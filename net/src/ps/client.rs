@@ -24,7 +24,9 @@ use crate::wire::{
 /// How a worker talks to the servers.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
+    /// What the path to the servers carries, which sizes the QUIC flow-control windows.
     pub link: Link,
+    /// Hard limits on the frames the worker accepts from the servers.
     pub limits: Limits,
     /// Longest wait for one round's replies (the servers' deadline evicts stragglers sooner).
     pub round_timeout: Duration,

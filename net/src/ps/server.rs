@@ -30,8 +30,12 @@ use crate::wire::{CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Regi
 pub struct ServerOptions {
     /// This server's index among the shards, and how many there are.
     pub shard: u16,
+    /// How many shards the servers form in all; `shard` is below it, and every worker must list the
+    /// shards in the same order.
     pub shards: u16,
+    /// What the path to the workers carries, which sizes the QUIC flow-control windows.
     pub link: Link,
+    /// Hard limits on the frames and keys a worker may send this shard.
     pub limits: Limits,
     /// How long a round waits for stragglers after its first push before it evicts them.
     pub deadline: Duration,
@@ -113,6 +117,8 @@ impl Server {
         })
     }
 
+    /// The address the server's endpoint is bound to, with the real port when it was started on
+    /// port 0.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.endpoint.local_addr()?)
     }

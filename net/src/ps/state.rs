@@ -38,15 +38,22 @@ struct Peer {
 /// A round the shard has closed: the reply payload of each key, identical for every rank.
 #[derive(Debug, Clone)]
 pub struct ClosedRound {
+    /// The round this is: the step that every push of it carried.
     pub step: u64,
+    /// One entry per key owned by this shard: the key, its element count and the encoded reply
+    /// payload.
     pub replies: Vec<(Key, u32, Bytes)>,
 }
 
 /// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
 /// and the summary that ends the catch-up.
 pub struct CatchupReply {
+    /// The latest snapshot this shard holds as (step, bytes), if rank 0 has sent one.
     pub snapshot: Option<(u64, Bytes)>,
+    /// Every round logged since the snapshot, oldest first.
     pub rounds: Vec<ClosedRound>,
+    /// The summary frame that ends the catch-up, naming the snapshot step and the range of logged
+    /// rounds.
     pub summary: Catchup,
 }
 
@@ -60,6 +67,7 @@ pub enum PushCheck {
 
 /// The whole state of one shard.
 pub struct ShardState {
+    /// This shard's index among the parameter servers.
     pub shard: u16,
     limits: Limits,
     world: Option<u16>,
@@ -84,6 +92,8 @@ fn protocol<T>(message: String) -> Result<T> {
 }
 
 impl ShardState {
+    /// An empty shard numbered `shard`, with no keys, peers or world size yet, that keeps at most
+    /// `max_log_rounds` closed rounds (at least one) for rejoining workers.
     pub fn new(shard: u16, limits: Limits, max_log_rounds: usize) -> Self {
         ShardState {
             shard,
@@ -134,6 +144,7 @@ impl ShardState {
         Ok(rank)
     }
 
+    /// The rank that peer `id` registered with, or `None` if it is not connected to this shard.
     pub fn rank_of(&self, id: PeerId) -> Option<u16> {
         self.peers.get(&id).map(|p| p.rank)
     }
