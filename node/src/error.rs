@@ -23,12 +23,28 @@ pub enum NodeError {
     /// The network: connections, the protocol, time-outs.
     #[error(transparent)]
     Net(#[from] murmur_net::NetError),
+    /// A failure at a known place of a run (which stage, which step).
+    #[error("{at}: {source}")]
+    At {
+        /// Where it happened, in words.
+        at: String,
+        /// What happened.
+        source: Box<NodeError>,
+    },
     /// The node's thread ended without a result (it panicked).
     #[error("the node's thread ended abnormally: {0}")]
     Thread(String),
 }
 
 impl NodeError {
+    /// This error, said to have happened `at` a place of a run.
+    pub fn at(self, at: impl Into<String>) -> NodeError {
+        NodeError::At {
+            at: at.into(),
+            source: Box::new(self),
+        }
+    }
+
     pub(crate) fn io(what: impl std::fmt::Display, e: std::io::Error) -> NodeError {
         NodeError::Io(format!("{what}: {e}"))
     }

@@ -63,12 +63,14 @@
 #![warn(missing_docs)]
 
 pub mod address;
+mod checks;
 mod control;
 pub mod data;
 pub mod error;
 pub mod event;
 pub mod job;
 pub mod link;
+pub mod pipeline;
 pub mod platform;
 pub mod process;
 pub mod server;

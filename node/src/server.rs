@@ -8,11 +8,11 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use murmur_net::identity::Credentials;
 use murmur_net::ps::{JobOffer, Server, ServerOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::address::resolve;
+use crate::checks::{load_credentials, positive_seconds};
 use crate::error::{NodeError, Result};
 use crate::job::Job;
 use crate::link::LinkConfig;
@@ -64,21 +64,11 @@ impl ServerNode {
     /// shard listens.
     pub fn start(config: ServerConfig) -> Result<ServerHandle> {
         config.job.validate()?;
-        if !(config.deadline_s.is_finite() && config.deadline_s > 0.0) {
-            return Err(NodeError::Config(format!(
-                "the round deadline must be a positive number of seconds, not {}",
-                config.deadline_s
-            )));
-        }
+        positive_seconds("the round deadline", config.deadline_s)?;
         let listen = resolve(&config.listen)
             .map_err(|e| NodeError::Address(format!("to listen on: {e}")))?;
-        let creds = Credentials::load(&config.swarm, &config.node).map_err(|e| {
-            NodeError::Config(format!(
-                "loading node {:?} from {}: {e}",
-                config.node,
-                config.swarm.display()
-            ))
-        })?;
+        let creds = load_credentials(&config.swarm, &config.node)?;
+        let fingerprint = creds.fingerprint();
         let options = ServerOptions {
             shard: config.shard,
             shards: config.shards,
@@ -125,18 +115,12 @@ impl ServerNode {
             .map_err(|e| NodeError::Address(format!("{listen}: cannot listen: {e}")))?;
         Ok(ServerHandle {
             addr,
-            fingerprint: creds_fingerprint(&config),
+            fingerprint,
             shard: config.shard,
             endpoint,
             thread: Some(thread),
         })
     }
-}
-
-fn creds_fingerprint(config: &ServerConfig) -> String {
-    Credentials::load(&config.swarm, &config.node)
-        .map(|c| c.fingerprint())
-        .unwrap_or_default()
 }
 
 /// A running shard. Dropping it stops the shard.

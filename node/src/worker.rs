@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::address::resolve_all;
+use crate::checks::{load_credentials, positive_seconds};
 use crate::control::{Budget, Control, Next};
 use crate::data::{load_sets, DeviceKind, Sets};
 use crate::error::{NodeError, Result};
@@ -114,24 +115,10 @@ impl Worker {
     /// its thread, never nested in the caller's.
     pub fn start(config: WorkerConfig) -> Result<WorkerHandle> {
         config.budget.validate()?;
-        if config.node.is_empty() {
-            return Err(NodeError::Config("the worker needs a node name".into()));
-        }
-        if !(config.join_timeout_s.is_finite() && config.join_timeout_s > 0.0) {
-            return Err(NodeError::Config(format!(
-                "join_timeout_s must be a positive number of seconds, not {}",
-                config.join_timeout_s
-            )));
-        }
+        positive_seconds("join_timeout_s", config.join_timeout_s)?;
         let servers = resolve_all(&config.servers)
             .map_err(|e| NodeError::Address(format!("of the servers: {e}")))?;
-        let creds = Credentials::load(&config.swarm, &config.node).map_err(|e| {
-            NodeError::Config(format!(
-                "loading node {:?} from {}: {e}",
-                config.node,
-                config.swarm.display()
-            ))
-        })?;
+        let creds = load_credentials(&config.swarm, &config.node)?;
         let control = Arc::new(Control::new(config.budget));
         let (events, first) = Events::new(config.json_events);
         let device = Arc::new(OnceLock::new());
@@ -378,7 +365,9 @@ impl Run {
             job.check_fits(
                 joined.sets.train.features(),
                 joined.sets.train.classes,
-                limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
+                limits
+                    .max_storage_buffer_binding_size
+                    .min(limits.max_buffer_size),
             )?;
         }
         let _ = self.device.set(device.clone());

@@ -11,8 +11,6 @@ mod loco;
 mod pipeline_steps;
 mod report;
 
-pub use arms::open_device;
-
 use clap::Subcommand;
 
 #[derive(Subcommand)]

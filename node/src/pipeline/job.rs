@@ -1,72 +1,117 @@
-//! What every stage of a pipeline run must agree on, as flags: the launcher forwards them to
-//! its stage processes flag for flag, and each stage builds the same `PipelineConfig`.
+//! What every stage of a pipeline run must agree on: the launcher hands it to every stage
+//! (as flags, flag for flag, to a stage process), and each stage builds the same
+//! `PipelineConfig` from it.
 
 use std::path::PathBuf;
 
-use clap::Args;
 use murmur_engine::algo::OptimizerSpec;
-use murmur_engine::data::{default_root, ImageDataset, ImageSet, Split};
+use murmur_engine::data::ImageSet;
 use murmur_engine::pipeline::{ModelSpec, PSchedule, PipelineConfig, Rule};
+use serde::{Deserialize, Serialize};
 
-use murmur_node::DeviceKind;
+use crate::data::{load_sets, DeviceKind, Sets};
+use crate::error::{NodeError, Result};
 
-#[derive(Args, Debug, Clone)]
+/// A pipeline job: the model, its cut into stages, the method, the data and the schedule.
+/// Defaults are the demo's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
 pub struct PipelineJob {
     /// Stages E; the MLP's layers are split into E contiguous stages.
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().stages))]
     pub stages: usize,
     /// none, direct, ef21, fc (Clapping-FC), fc-reset, fu (Clapping-FU) or aq-sgd.
-    #[arg(long, default_value = "fc")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().variant))]
     pub variant: String,
     /// Codec of the activations, row by row (e.g. topk:0.2, qsgd:bits=6, natural,
     /// qsgd:bits=8+natural, hybrid:bits=6:topk=0.3).
-    #[arg(long, default_value = "topk:0.2")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().codec))]
     pub codec: String,
     /// Codec of the activation gradients (default: the activations' codec).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub backward_codec: Option<String>,
     /// Lazy sampling: the probability of a fresh batch at each step.
-    #[arg(long, default_value_t = 0.6)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().p))]
     pub p: f32,
     /// Take the keep-or-draw decision per sample instead of per batch.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub per_sample: bool,
     /// Steps at the start that travel uncompressed.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().warmup))]
     pub warmup: u64,
     /// mnist or fashion-mnist.
-    #[arg(long, default_value = "fashion-mnist")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().dataset))]
     pub dataset: String,
     /// Passes' worth of steps over the training set.
-    #[arg(long, default_value_t = 3)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().epochs))]
     pub epochs: u32,
-    #[arg(long, default_value_t = 128)]
+    /// Samples per step.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().batch))]
     pub batch: usize,
     /// Hidden layer widths.
-    #[arg(long, default_value = "256,128,64", value_delimiter = ',')]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_delimiter = ',', default_values_t = PipelineJob::default().hidden)
+    )]
     pub hidden: Vec<usize>,
     /// Step size γ of the moving-average momentum (PyTorch's lr is γ·m).
-    #[arg(long, default_value_t = 0.5)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().lr))]
     pub lr: f32,
     /// Weight of the new gradient in the momentum (PyTorch's momentum is 1 − m).
-    #[arg(long, default_value_t = 0.1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().m))]
     pub m: f32,
     /// ema (momentum in the paper's moving-average form, with --m), adamw (PyTorch's), or
     /// adam-paper (the paper's eq. 107).
-    #[arg(long, default_value = "ema")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().optimizer))]
     pub optimizer: String,
-    #[arg(long, default_value_t = 1e-4)]
+    /// Weight decay.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, default_value_t = PipelineJob::default().weight_decay)
+    )]
     pub weight_decay: f32,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the initial model, the data order and every codec's randomness.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = PipelineJob::default().seed))]
     pub seed: u64,
     /// Use only the first N training samples.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub train_limit: Option<usize>,
     /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub data: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "gpu")]
+    /// Where every stage computes.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_enum, default_value_t = PipelineJob::default().device)
+    )]
     pub device: DeviceKind,
+}
+
+impl Default for PipelineJob {
+    fn default() -> Self {
+        PipelineJob {
+            stages: 4,
+            variant: "fc".into(),
+            codec: "topk:0.2".into(),
+            backward_codec: None,
+            p: 0.6,
+            per_sample: false,
+            warmup: 0,
+            dataset: "fashion-mnist".into(),
+            epochs: 3,
+            batch: 128,
+            hidden: vec![256, 128, 64],
+            lr: 0.5,
+            m: 0.1,
+            optimizer: "ema".into(),
+            weight_decay: 1e-4,
+            seed: 0,
+            train_limit: None,
+            data: None,
+            device: DeviceKind::Gpu,
+        }
+    }
 }
 
 impl PipelineJob {
@@ -94,13 +139,7 @@ impl PipelineJob {
             format!("--optimizer={}", self.optimizer),
             format!("--weight-decay={}", self.weight_decay),
             format!("--seed={}", self.seed),
-            format!(
-                "--device={}",
-                match self.device {
-                    DeviceKind::Cpu => "cpu",
-                    DeviceKind::Gpu => "gpu",
-                }
-            ),
+            format!("--device={}", self.device.name()),
         ];
         if let Some(b) = &self.backward_codec {
             out.push(format!("--backward-codec={b}"));
@@ -117,17 +156,12 @@ impl PipelineJob {
         out
     }
 
-    /// The training and test sets.
-    pub fn load(&self) -> anyhow::Result<(ImageDataset, ImageSet, ImageSet)> {
-        let dataset: ImageDataset = self.dataset.parse()?;
-        let root = self.data.clone().unwrap_or_else(default_root);
-        let mut train = dataset.load(&root, Split::Train)?;
-        if let Some(n) = self.train_limit {
-            train.truncate(n);
-        }
-        Ok((dataset, train, dataset.load(&root, Split::Test)?))
+    /// The training set (cut to `train_limit`) and the test set.
+    pub fn load(&self) -> Result<Sets> {
+        load_sets(&self.dataset, self.data.as_deref(), self.train_limit)
     }
 
+    /// Steps in the whole run: `epochs` passes' worth of batches over `train`.
     pub fn steps(&self, train: &ImageSet) -> u64 {
         self.epochs as u64 * (train.len() / self.batch.max(1)) as u64
     }
@@ -140,7 +174,8 @@ impl PipelineJob {
         sizes
     }
 
-    pub fn config(&self, train: &ImageSet) -> anyhow::Result<PipelineConfig> {
+    /// The config every stage builds, checked (the split must fit the model).
+    pub fn config(&self, train: &ImageSet) -> Result<PipelineConfig> {
         let steps = self.steps(train);
         let config = PipelineConfig {
             model: ModelSpec::Mlp(self.sizes(train)),
@@ -160,7 +195,11 @@ impl PipelineJob {
                 "ema" => OptimizerSpec::Ema { m: self.m },
                 "adamw" => OptimizerSpec::ADAMW,
                 "adam-paper" => OptimizerSpec::ADAM_PAPER,
-                other => anyhow::bail!("--optimizer {other}: use ema, adamw or adam-paper"),
+                other => {
+                    return Err(NodeError::Job(format!(
+                        "optimizer {other}: use ema, adamw or adam-paper"
+                    )))
+                }
             },
             lr: self.lr,
             weight_decay: self.weight_decay,
