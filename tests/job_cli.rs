@@ -38,7 +38,14 @@ fn flags_override_only_the_job_fields_given_and_the_file_keeps_the_rest() {
     let job = dir.0.join("job.toml");
     std::fs::write(&job, "workers = 3\ncodec = \"sign\"\n").unwrap();
     let mut server = murmur()
-        .args(["server", "--listen", "localhost:0", "--node", "server-0", "--swarm"])
+        .args([
+            "server",
+            "--listen",
+            "localhost:0",
+            "--node",
+            "server-0",
+            "--swarm",
+        ])
         .arg(&dir.0)
         .arg("--config")
         .arg(&job)
@@ -72,14 +79,24 @@ fn a_job_that_cannot_run_and_a_host_that_does_not_resolve_are_clear_errors_at_on
         std::fs::write(&job, text).unwrap();
         let started = Instant::now();
         let out = murmur()
-            .args(["server", "--listen", "localhost:0", "--node", "server-0", "--swarm"])
+            .args([
+                "server",
+                "--listen",
+                "localhost:0",
+                "--node",
+                "server-0",
+                "--swarm",
+            ])
             .arg(&dir.0)
             .arg("--config")
             .arg(&job)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(needle), "{text}: {stderr}");
+        assert!(
+            !out.status.success() && stderr.contains(needle),
+            "{text}: {stderr}"
+        );
         assert!(started.elapsed() < Duration::from_secs(5), "{text}");
     }
     let out = murmur()
@@ -94,7 +111,14 @@ fn a_job_that_cannot_run_and_a_host_that_does_not_resolve_are_clear_errors_at_on
         "{stderr}"
     );
     let out = murmur()
-        .args(["worker", "--connect", "localhost", "--node", "worker-0", "--swarm"])
+        .args([
+            "worker",
+            "--connect",
+            "localhost",
+            "--node",
+            "worker-0",
+            "--swarm",
+        ])
         .arg(&dir.0)
         .output()
         .unwrap();
