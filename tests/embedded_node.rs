@@ -211,13 +211,22 @@ fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
         return;
     }
     let dir = RemovedOnDrop::temp("embedded-stop");
-    prepare(&dir.0, 1, 1).unwrap();
+    prepare(&dir.0, 1, 2).unwrap();
     let server = server(&dir.0, job(1, 100_000));
     let w = worker(&dir.0, &server, 0, DeviceKind::Cpu);
     let mut events = w.events();
     wait_for(&mut events, Duration::from_secs(60), |e| {
         step_of(e).filter(|s| *s >= 5)
     });
+    // The job's one place is taken: a second certificate is refused at once, with the reason,
+    // rather than retried until the join time-out.
+    let asked = Instant::now();
+    let err = worker(&dir.0, &server, 1, DeviceKind::Cpu)
+        .join()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("refused") && err.contains("taken"), "{err}");
+    assert!(asked.elapsed() < Duration::from_secs(5), "{err}");
     w.stop();
     let report = w.join().unwrap();
     assert!(report.stopped);

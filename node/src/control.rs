@@ -151,6 +151,21 @@ impl Control {
         self.next()
     }
 
+    /// Waits `d` unless a stop comes first. Returns what to do next.
+    pub(crate) fn sleep(&self, d: Duration) -> Next {
+        let until = Instant::now() + d;
+        let mut s = self.state.lock().expect("control lock");
+        while !s.stopped {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self.changed.wait_timeout(s, left).expect("control lock").0;
+        }
+        drop(s);
+        self.next()
+    }
+
     /// While paused: waits for resume or stop. Returns what to do next.
     pub(crate) fn wait_while_paused(&self) -> Next {
         let mut s = self.state.lock().expect("control lock");

@@ -31,6 +31,9 @@ pub enum NodeError {
         /// What happened.
         source: Box<NodeError>,
     },
+    /// A stop came before the worker had joined its job.
+    #[error("stopped before joining the job")]
+    Stopped,
     /// The node's thread ended without a result (it panicked).
     #[error("the node's thread ended abnormally: {0}")]
     Thread(String),

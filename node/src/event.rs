@@ -37,7 +37,8 @@ pub enum Event {
         rank: u16,
         /// Rounds done.
         step: u64,
-        /// This worker's loss on its share of the round's batch.
+        /// This worker's loss on its share of the round's batch (NaN travels as JSON null).
+        #[serde(deserialize_with = "nan_from_null")]
         loss: f32,
         /// Bytes it pushed in the round.
         pushed: usize,
@@ -103,6 +104,12 @@ pub enum Event {
     },
 }
 
+/// Reads a loss that JSON wrote as null (serde_json writes NaN so) back as NaN, so that a
+/// diverging run's steps still reach a process launcher.
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
 /// Events kept for a subscriber that falls behind; older ones are dropped (it learns how
 /// many from the receiver's `Lagged` error).
 pub const EVENT_BUFFER: usize = 4096;
@@ -136,5 +143,28 @@ impl Events {
         }
         // No subscriber is not an error: nobody asked.
         let _ = self.sender.send(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nan_loss_survives_json() {
+        let step = Event::Step {
+            rank: 0,
+            step: 1,
+            loss: f32::NAN,
+            pushed: 0,
+            pulled: 0,
+            f32_each_way: 0,
+            samples_per_second: 0.0,
+        };
+        let line = serde_json::to_string(&step).unwrap();
+        match serde_json::from_str::<Event>(&line).unwrap() {
+            Event::Step { loss, .. } => assert!(loss.is_nan()),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -65,6 +65,12 @@ impl ServerNode {
     pub fn start(config: ServerConfig) -> Result<ServerHandle> {
         config.job.validate()?;
         positive_seconds("the round deadline", config.deadline_s)?;
+        if config.shard >= config.shards {
+            return Err(NodeError::Config(format!(
+                "shard {} of {}: shards count from 0",
+                config.shard, config.shards
+            )));
+        }
         let listen = resolve(&config.listen)
             .map_err(|e| NodeError::Address(format!("to listen on: {e}")))?;
         let creds = load_credentials(&config.swarm, &config.node)?;
@@ -112,7 +118,7 @@ impl ServerNode {
         let (addr, endpoint) = bound_rx
             .recv()
             .map_err(|_| NodeError::Thread("the server thread ended before binding".into()))?
-            .map_err(|e| NodeError::Address(format!("{listen}: cannot listen: {e}")))?;
+            .map_err(|e| NodeError::from(e).at(format!("listening on {listen}")))?;
         Ok(ServerHandle {
             addr,
             fingerprint,

@@ -86,9 +86,10 @@ pub enum SwarmEvent {
 }
 
 enum Nodes {
+    // Fields drop in order: the workers (stopped and joined) before the servers they talk to.
     Threads {
-        servers: Vec<ServerHandle>,
         workers: Vec<WorkerHandle>,
+        servers: Vec<ServerHandle>,
     },
     Processes(Children),
 }
@@ -165,7 +166,7 @@ impl LocalSwarm {
     /// the error.
     pub fn finish(self) -> Result<()> {
         match self.nodes {
-            Nodes::Threads { servers, workers } => {
+            Nodes::Threads { workers, servers } => {
                 let mut first = Ok(());
                 for w in workers {
                     if let Err(e) = w.join() {
@@ -210,7 +211,12 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
         let tx = tx.clone();
         std::thread::spawn(move || {
             let mut error = None;
-            while let Ok(event) = events.blocking_recv() {
+            loop {
+                let event = match events.blocking_recv() {
+                    Ok(event) => event,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => break,
+                };
                 if let Event::Error { message, .. } = &event {
                     error = Some(message.clone());
                 }
@@ -224,7 +230,7 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
         });
         workers.push(worker);
     }
-    Ok(Nodes::Threads { servers, workers })
+    Ok(Nodes::Threads { workers, servers })
 }
 
 fn start_processes(

@@ -274,7 +274,9 @@ struct Joined {
 
 impl Run {
     fn run(self) -> Result<WorkerReport> {
-        let outcome = self.train();
+        // A panic must still end the event stream with an error, or subscribers wait forever.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.train()))
+            .unwrap_or_else(|p| Err(NodeError::Thread(panic_message(&p))));
         if let Err(e) = &outcome {
             self.events.emit(Event::Error {
                 rank: None,
@@ -329,7 +331,9 @@ impl Run {
                 }
                 Err(e) => {
                     self.wait(format!("shard 0 at {shard0} ({e}); trying again in 2 s"));
-                    std::thread::sleep(Duration::from_secs(2));
+                    if self.control.sleep(Duration::from_secs(2)) == Next::Stop {
+                        return Err(NodeError::Stopped);
+                    }
                 }
             }
         }
@@ -485,6 +489,8 @@ impl Run {
                     continue;
                 }
             };
+            // Only failures in a row count against the rejoin attempts.
+            failures = 0;
             totals.pushed += bytes.pushed as u64;
             totals.pulled += bytes.pulled as u64;
             totals.f32_each_way += bytes.f32_each_way as u64;
@@ -573,7 +579,9 @@ impl Run {
                         "the servers again in {delay:?} (try {attempt} of {}: {e})",
                         self.config.rejoin_attempts
                     ));
-                    std::thread::sleep(delay);
+                    if self.control.sleep(delay) == Next::Stop {
+                        return Err(NodeError::Stopped);
+                    }
                     delay = (delay * 2).min(Duration::from_secs(30));
                 }
             }

@@ -154,7 +154,18 @@ pub fn join_job(
             Ok(None) => Err(NetError::Connection(format!(
                 "{server} closed the connection instead of handing out the job"
             ))),
-            Err(e) => Err(e),
+            Err(e) => Err(match conn.close_reason() {
+                // The server refused the join and said why: asking again will not help.
+                Some(quinn::ConnectionError::ApplicationClosed(c))
+                    if c.error_code == quinn::VarInt::from_u32(close::PROTOCOL) =>
+                {
+                    NetError::Protocol(format!(
+                        "{server} refused to hand out the job: {}",
+                        String::from_utf8_lossy(&c.reason)
+                    ))
+                }
+                _ => e,
+            }),
         };
         hang_up(&conn, close::DONE, "joined");
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;

@@ -207,11 +207,16 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                     hello.shard, hello.shards, options.shard, options.shards
                 )));
             }
-            let replaced = lock(shared).hello(id, &hello)?;
+            let identity = conn_of(shared, id).map_or("?".into(), |c| peer_fingerprint(&c));
+            let replaced = {
+                let mut state = lock(shared);
+                state.check_rank(&identity, hello.rank)?;
+                state.hello(id, &hello)?
+            };
             tracing::info!(
                 "shard {}: peer {} is rank {} of {} ({:?})",
                 options.shard,
-                conn_of(shared, id).map_or("?".into(), |c| peer_fingerprint(&c)),
+                identity,
                 hello.rank,
                 hello.world,
                 hello.node

@@ -120,8 +120,9 @@ impl ShardState {
 
     /// A rank for the certificate `identity` (its fingerprint), for a worker that joins
     /// knowing only the servers: the rank it had before if it joined earlier, else the lowest
-    /// rank never handed out, else the lowest rank whose holder is not connected now (a
-    /// worker that left for good gives its place to a newcomer). Needs a fixed world.
+    /// rank never handed out. A rank stays its certificate's for the server's life (a paused
+    /// worker comes back to it), so a job takes at most `world` certificates; freeing the
+    /// places of workers that left for good belongs to elastic membership. Needs a fixed world.
     pub fn assign_rank(&mut self, identity: &str) -> Result<u16> {
         let Some(world) = self.world else {
             return protocol("this server was started without a job; it assigns no ranks".into());
@@ -130,18 +131,28 @@ impl ShardState {
             return Ok(rank);
         }
         let taken: Vec<u16> = self.assigned.values().copied().collect();
-        let connected: Vec<u16> = self.peers.values().map(|p| p.rank).collect();
-        let rank = (0..world)
-            .find(|r| !taken.contains(r))
-            .or_else(|| (0..world).find(|r| !connected.contains(r)));
-        let Some(rank) = rank else {
+        let Some(rank) = (0..world).find(|r| !taken.contains(r)) else {
             return protocol(format!(
-                "all {world} worker places of this job are held by connected workers"
+                "all {world} worker places of this job are taken by other certificates"
             ));
         };
-        self.assigned.retain(|_, r| *r != rank);
         self.assigned.insert(identity.to_string(), rank);
         Ok(rank)
+    }
+
+    /// Checks that the certificate `identity` may say hello as `rank`: where this shard hands
+    /// out ranks, only as the rank it was given, so no certificate takes another's place.
+    pub fn check_rank(&self, identity: &str, rank: u16) -> Result<()> {
+        if self.assigned.is_empty() {
+            return Ok(());
+        }
+        match self.assigned.get(identity) {
+            Some(&r) if r == rank => Ok(()),
+            Some(&r) => protocol(format!("this certificate holds rank {r}, not {rank}")),
+            None => protocol(format!(
+                "rank {rank} was not given to this certificate: join first"
+            )),
+        }
     }
 
     /// The rank that peer `id` registered with, or `None` if it is not connected to this shard.
@@ -471,16 +482,18 @@ mod tests {
         assert_eq!(state.assign_rank("b").unwrap(), 1);
         // The same certificate gets its rank back.
         assert_eq!(state.assign_rank("a").unwrap(), 0);
-        // Both ranks are held by connected workers: a third certificate is refused.
+        // Both ranks are taken: a third certificate is refused.
         state.hello(10, &hello(0)).unwrap();
         state.hello(11, &hello(1)).unwrap();
         assert!(state.assign_rank("c").is_err());
-        // Rank 1's worker leaves for good: a newcomer takes its place, and the old
-        // certificate no longer holds it.
+        // Rank 1's worker leaves: its place stays its own, and a newcomer is still refused.
         state.disconnect(11);
-        assert_eq!(state.assign_rank("c").unwrap(), 1);
-        state.hello(13, &hello(1)).unwrap();
-        assert!(state.assign_rank("b").is_err());
+        assert!(state.assign_rank("c").is_err());
+        assert_eq!(state.assign_rank("b").unwrap(), 1);
+        // No certificate may say hello as another's rank.
+        assert!(state.check_rank("b", 1).is_ok());
+        assert!(state.check_rank("b", 0).is_err());
+        assert!(state.check_rank("c", 1).is_err());
         // The world is the job's, whatever a peer says.
         let mut liar = hello(0);
         liar.world = 3;
