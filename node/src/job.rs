@@ -17,6 +17,7 @@ use std::path::Path;
 
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
+use murmur_engine::train::{ClassifierConfig, OptimizerKind, WarmupCosine};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{NodeError, Result};
@@ -48,6 +49,22 @@ pub struct Job {
         arg(long, value_delimiter = ',', default_values_t = Job::default().hidden)
     )]
     pub hidden: Vec<usize>,
+    /// The optimizer: adamw or sgd.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().optimizer))]
+    pub optimizer: String,
+    /// AdamW's decoupled decay, or SGD's L2 term [default: the engine's, 0.01 for AdamW].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub weight_decay: Option<f32>,
+    /// SGD's momentum [default: the engine's].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub momentum: Option<f32>,
+    /// Linear warm-up over this many rounds, then cosine decay to a tenth of lr at the job's
+    /// end (otherwise lr throughout).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub warmup: Option<u64>,
+    /// Clip the averaged gradient to this global L2 norm.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub clip: Option<f32>,
     /// Seed of the initial model, the data order and every codec's randomness.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().seed))]
     pub seed: u64,
@@ -89,6 +106,11 @@ impl Default for Job {
             batch: 128,
             lr: 2e-3,
             hidden: vec![512, 256],
+            optimizer: "adamw".into(),
+            weight_decay: None,
+            momentum: None,
+            warmup: None,
+            clip: None,
             seed: 0,
             max_steps: None,
             train_limit: None,
@@ -111,6 +133,11 @@ pub const JOB_FIELDS: &[&str] = &[
     "batch",
     "lr",
     "hidden",
+    "optimizer",
+    "weight_decay",
+    "momentum",
+    "warmup",
+    "clip",
     "seed",
     "max_steps",
     "train_limit",
@@ -186,6 +213,20 @@ impl Job {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!("lr must be a positive number, not {}", self.lr));
         }
+        self.optimizer
+            .parse::<OptimizerKind>()
+            .map_err(|e| NodeError::Job(format!("optimizer {:?}: {e}", self.optimizer)))?;
+        for (what, v) in [
+            ("weight_decay", self.weight_decay),
+            ("momentum", self.momentum),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                return bad(format!("{what} must be a number of at least 0"));
+            }
+        }
+        if self.clip.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            return bad("clip must be a positive number".into());
+        }
         if self.hidden.contains(&0) {
             return bad("hidden layer widths must be at least 1".into());
         }
@@ -231,6 +272,31 @@ impl Job {
             )));
         }
         Ok(())
+    }
+
+    /// The model and optimizer every worker builds (the same on each, so replicas agree),
+    /// with the schedule spanning the job's `total_steps` rounds.
+    pub fn classifier_config(&self, total_steps: u64) -> Result<ClassifierConfig> {
+        let defaults = ClassifierConfig::default();
+        Ok(ClassifierConfig {
+            hidden: self.hidden.clone(),
+            optimizer: self
+                .optimizer
+                .parse()
+                .map_err(|e| NodeError::Job(format!("optimizer: {e}")))?,
+            lr: self.lr,
+            weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+            momentum: self.momentum.unwrap_or(defaults.momentum),
+            seed: self.seed,
+            schedule: self.warmup.map(|warmup| WarmupCosine {
+                peak: self.lr,
+                warmup,
+                total: total_steps,
+                min_ratio: 0.1,
+            }),
+            clip: self.clip,
+            ..defaults
+        })
     }
 
     /// How the model's tensors are cut into keys and compressed.
@@ -287,6 +353,24 @@ mod tests {
             let err = Job::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn the_optimizer_and_schedule_are_the_jobs() {
+        // Left out, they are the engine's defaults (the bits of jobs from before they existed).
+        let job = Job::default();
+        let config = job.classifier_config(100).unwrap();
+        let defaults = ClassifierConfig::default();
+        assert_eq!(config.optimizer, defaults.optimizer);
+        assert_eq!(config.weight_decay, defaults.weight_decay);
+        assert_eq!((config.schedule, config.clip), (None, None));
+        let job =
+            Job::from_toml("optimizer = \"sgd\"\nmomentum = 0.9\nwarmup = 10\nclip = 1.0").unwrap();
+        let config = job.classifier_config(100).unwrap();
+        assert_eq!(config.optimizer, OptimizerKind::Sgd);
+        assert_eq!(config.schedule.unwrap().total, 100);
+        assert!(Job::from_toml("optimizer = \"adam\"").is_err());
+        assert!(Job::from_toml("clip = 0.0").is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use murmur_engine::data::epoch_batches;
 use murmur_engine::nn::Module;
-use murmur_engine::train::{rank_slice, Classifier, ClassifierConfig, DataParallel, RoundBytes};
+use murmur_engine::train::{rank_slice, Classifier, DataParallel, RoundBytes};
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
@@ -379,12 +379,7 @@ impl Run {
             &device,
             joined.sets.train.features(),
             joined.sets.train.classes,
-            &ClassifierConfig {
-                hidden: job.hidden.clone(),
-                lr: job.lr,
-                seed: job.seed,
-                ..ClassifierConfig::default()
-            },
+            &job.classifier_config(total_steps)?,
         )?;
         let collective = self.connect(&joined)?;
         self.wait(format!(
