@@ -32,23 +32,23 @@ fn swarm(name: &str, nodes: &[&str]) -> RemovedOnDrop {
     dir
 }
 
+/// `murmur server` for shard 0 of the swarm in `dir`, serving the job file `job`.
+fn server_with_job(dir: &RemovedOnDrop, job: &std::path::Path) -> Command {
+    let mut cmd = murmur();
+    cmd.args(["server", "--listen", "localhost:0", "--node", "server-0"])
+        .arg("--swarm")
+        .arg(&dir.0)
+        .arg("--config")
+        .arg(job);
+    cmd
+}
+
 #[test]
 fn flags_override_only_the_job_fields_given_and_the_file_keeps_the_rest() {
     let dir = swarm("job-cli", &["server-0"]);
     let job = dir.0.join("job.toml");
     std::fs::write(&job, "workers = 3\ncodec = \"sign\"\n").unwrap();
-    let mut server = murmur()
-        .args([
-            "server",
-            "--listen",
-            "localhost:0",
-            "--node",
-            "server-0",
-            "--swarm",
-        ])
-        .arg(&dir.0)
-        .arg("--config")
-        .arg(&job)
+    let mut server = server_with_job(&dir, &job)
         .args(["--codec", "topk:0.01"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -78,20 +78,7 @@ fn a_job_that_cannot_run_and_a_host_that_does_not_resolve_are_clear_errors_at_on
     ] {
         std::fs::write(&job, text).unwrap();
         let started = Instant::now();
-        let out = murmur()
-            .args([
-                "server",
-                "--listen",
-                "localhost:0",
-                "--node",
-                "server-0",
-                "--swarm",
-            ])
-            .arg(&dir.0)
-            .arg("--config")
-            .arg(&job)
-            .output()
-            .unwrap();
+        let out = server_with_job(&dir, &job).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(needle),

@@ -135,27 +135,19 @@ impl Control {
     /// Rests for what the budget asks after a step of `step`; a pause or stop cuts the rest
     /// short. Returns what to do next.
     pub(crate) fn rest(&self, step: Duration) -> Next {
-        let until = Instant::now() + self.budget().rest_after(step);
-        let mut s = self.state.lock().expect("control lock");
-        loop {
-            if s.stopped || s.paused {
-                break;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            s = self.changed.wait_timeout(s, left).expect("control lock").0;
-        }
-        drop(s);
-        self.next()
+        self.wait_for(self.budget().rest_after(step), |s| s.stopped || s.paused)
     }
 
     /// Waits `d` unless a stop comes first. Returns what to do next.
     pub(crate) fn sleep(&self, d: Duration) -> Next {
+        self.wait_for(d, |s| s.stopped)
+    }
+
+    /// Waits `d`, or until `cut_short` holds. Returns what to do next.
+    fn wait_for(&self, d: Duration, cut_short: impl Fn(&State) -> bool) -> Next {
         let until = Instant::now() + d;
         let mut s = self.state.lock().expect("control lock");
-        while !s.stopped {
+        while !cut_short(&s) {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
