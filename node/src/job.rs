@@ -125,32 +125,16 @@ impl Default for Job {
     }
 }
 
-/// The names of [`Job`]'s fields, as in TOML and as flags (with `-` for `_`).
-pub const JOB_FIELDS: &[&str] = &[
-    "workers",
-    "dataset",
-    "epochs",
-    "batch",
-    "lr",
-    "hidden",
-    "optimizer",
-    "weight_decay",
-    "momentum",
-    "warmup",
-    "clip",
-    "seed",
-    "max_steps",
-    "train_limit",
-    "codec",
-    "pull_codec",
-    "memory",
-    "server_memory",
-    "partition_bytes",
-    "min_compress_bytes",
-    "snapshot_every",
-];
-
 impl Job {
+    /// The names of the job's fields, as in TOML and as flags (with `-` for `_`), read from
+    /// its serialised form so that the list never drifts from the struct.
+    pub fn field_names() -> Vec<String> {
+        match serde_json::to_value(Job::default()) {
+            Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
+            _ => unreachable!("a job serialises to an object"),
+        }
+    }
+
     /// Parses a job from TOML text; fields left out take their defaults, unknown fields are
     /// an error (a typo must not silently fall back to a default). The job is validated.
     pub fn from_toml(text: &str) -> Result<Job> {
@@ -177,10 +161,10 @@ impl Job {
         let mut mine = serde_json::to_value(self).expect("a job serialises");
         let theirs = serde_json::to_value(other).expect("a job serialises");
         for field in fields {
-            if !JOB_FIELDS.contains(field) {
+            let Some(value) = theirs.get(*field) else {
                 return Err(NodeError::Job(format!("no job field {field:?}")));
-            }
-            mine[*field] = theirs[*field].clone();
+            };
+            mine[*field] = value.clone();
         }
         let job: Job = serde_json::from_value(mine).map_err(|e| NodeError::Job(e.to_string()))?;
         job.validate()?;
@@ -396,5 +380,7 @@ mod tests {
         let job = file.with_fields_from(&flags, &["lr"]).unwrap();
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
+        let names = Job::field_names();
+        assert!(names.len() == 21 && names.iter().any(|n| n == "min_compress_bytes"));
     }
 }

@@ -91,7 +91,7 @@ pub struct WorkerReport {
     pub steps: u64,
     /// The last test accuracy it measured (rank 0 evaluates).
     pub final_accuracy: Option<f64>,
-    /// Bytes pushed and pulled in all.
+    /// Bytes pushed in all.
     pub bytes_pushed: u64,
     /// Bytes pulled in all.
     pub bytes_pulled: u64,
@@ -384,7 +384,7 @@ impl Run {
         let collective = self.connect(&joined)?;
         self.wait(format!(
             "all {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
-            ClientOptions::default().start_timeout
+            self.client_options().start_timeout
         ));
         let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;
         catch_up(&mut dp)?;
@@ -490,7 +490,7 @@ impl Run {
             totals.pulled += bytes.pulled as u64;
             totals.f32_each_way += bytes.f32_each_way as u64;
             totals.samples += slice.len();
-            self.report_step(rank, dp.round(), loss.item()?, bytes, &totals, started);
+            self.report_step(rank, dp.round(), loss, bytes, &totals, started);
             if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
                 let state = dp.clf.save_state()?;
                 let step = dp.round();

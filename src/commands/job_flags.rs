@@ -5,7 +5,6 @@ use std::path::Path;
 
 use clap::parser::ValueSource;
 use clap::ArgMatches;
-use murmur_node::job::JOB_FIELDS;
 use murmur_node::Job;
 
 /// The job: `file`'s, with the job flags given in `matches` on top; the flags alone when
@@ -15,9 +14,10 @@ pub fn job_from(file: Option<&Path>, flags: &Job, matches: &ArgMatches) -> anyho
         flags.validate()?;
         return Ok(flags.clone());
     };
-    let given: Vec<&str> = JOB_FIELDS
+    let names = Job::field_names();
+    let given: Vec<&str> = names
         .iter()
-        .copied()
+        .map(String::as_str)
         .filter(|f| matches.value_source(f) == Some(ValueSource::CommandLine))
         .collect();
     Ok(Job::load(path)?.with_fields_from(flags, &given)?)
