@@ -126,7 +126,7 @@ fn gpu_payloads_equal_cpu_payloads_and_decode_alike() {
 }
 
 #[test]
-fn tiny_scales_match_too() {
+fn tiny_and_huge_scales_match_too() {
     let device = common::gpu();
     let gpu = device.as_gpu().unwrap();
     let ctx = CodecContext {
@@ -141,13 +141,38 @@ fn tiny_scales_match_too() {
             vec![1e-40f32, 0.0, -1e-40, 0.0, 2e-39],
             vec![1e-37, 0.0, -3e-38],
             vec![1e38, -3e38, 0.0, 1.0],
+            // Values near f32::MAX: scales saturate, random-k's n / k saturates, recursive
+            // sign's rounds add up past the range; every payload still decodes alike.
+            vec![f32::MAX; 64],
+            (0..333)
+                .map(|i| if i % 2 == 0 { f32::MAX } else { -3e38 })
+                .collect(),
         ] {
+            let n = x.len();
             let want = codec.encode(&x, &ctx);
             let gx = gpu.upload(bytemuck::cast_slice(&x)).unwrap();
             let got = gpu
-                .read(&codec.encode_gpu(gpu, &gx, x.len(), &ctx).unwrap())
+                .read(&codec.encode_gpu(gpu, &gx, n, &ctx).unwrap())
                 .unwrap();
             assert_eq!(&got[..want.len()], &want[..], "{spec} {x:?}");
+            let decoded = codec.decode(&want, n, &ctx).unwrap();
+            let out = gpu.zeros(4 * n as u64).unwrap();
+            codec
+                .decode_gpu(
+                    gpu,
+                    &upload_bytes(gpu, &want),
+                    &out,
+                    n,
+                    &ctx,
+                    DecodeMode::Set,
+                )
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&read_f32(gpu, &out, n)),
+                bits(&decoded),
+                "{spec} {x:?}"
+            );
         }
     }
 }

@@ -51,7 +51,7 @@ fn fused_residual_equals_the_unfused_definition() {
                 q[2] = f32::NAN;
             }
             let mut fused = vec![0.0; n];
-            let payload = c.encode_residual(&q, &ctx(0), &mut fused);
+            let payload = c.encode_residual(&q, &ctx(0), &mut fused).unwrap();
             assert_eq!(payload, c.encode(&q, &ctx(0)), "{spec}: same payload");
             let mut unfused: Vec<f32> = q.iter().map(|&v| clean(v)).collect();
             c.decode_into(&payload, &mut unfused, &ctx(0), DecodeMode::Subtract)

@@ -44,6 +44,11 @@ fn unit_f32(word: u32) -> f32 {
 
 // ---- values ----
 
+// f32's largest finite value: results past f32's range saturate here.
+const F32_MAX: f32 = 3.40282346638528859812e38;
+// The largest scale of the max- and l2-scaled quantizers (compress::support::MAX_SCALE).
+const MAX_SCALE: f32 = 1.70141183460469231732e38;
+
 // Non-finite inputs count as zero (compress::support::clean).
 fn clean(v: f32) -> f32 {
     if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) {

@@ -66,7 +66,9 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     var v: f32;
     if (KIND == 0u) {
-        v = bitcast<f32>(code[i]);
+        // A checked payload is finite, so the clamp changes nothing there; the recursive sign
+        // decodes the sum of its rounds through here, and saturates as on the CPU.
+        v = clamp(bitcast<f32>(code[i]), -F32_MAX, F32_MAX);
     } else {
         v = half_value((code[i / 2u] >> (16u * (i % 2u))) & 0xffffu);
     }

@@ -25,7 +25,6 @@ override MODE: u32 = 0u;
 override FINISH: u32 = 0u;
 
 const LANES: u32 = 256u;
-const F32_MAX: f32 = 3.40282346638528859812e38;
 const CHUNK: u32 = 4096u;
 var<workgroup> lanes: array<f32, 256>;
 
@@ -74,9 +73,10 @@ fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 fn finish() {
     let v = x[0];
     switch FINISH {
-        case 0u: { out[p.dst] = v; }
-        // Sums past f32's range saturate at its largest value (as the CPU side does).
-        case 1u: { out[p.dst] = min(sqrt(v), F32_MAX); }
+        // A quantizer's scale stops at 2^127 (compress::support::MAX_SCALE), so that its
+        // largest value stays finite; sums past f32's range saturate too.
+        case 0u: { out[p.dst] = min(v, MAX_SCALE); }
+        case 1u: { out[p.dst] = min(sqrt(v), MAX_SCALE); }
         default: {
             if (p.n == 0u) {
                 out[p.dst] = 0.0;

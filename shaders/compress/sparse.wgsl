@@ -11,10 +11,11 @@ struct Params {
     // Word offsets of the hybrid's support mask and codes.
     mask_offset: u32,
     codes_offset: u32,
-    // Random-k's n / k (1 when unscaled).
+    // Random-k's n / k (1 when unscaled), and the largest |v| whose product with it is
+    // finite (compress::sparse::randk_factor): past it the value saturates at f32's maximum.
     factor: f32,
-    _pad0: u32,
-    _pad1: u32,
+    limit: f32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,6 +30,14 @@ override MODE: u32 = 0u;
 
 fn hybrid_top() -> f32 {
     return f32((1u << (p.bits - 1u)) - 1u);
+}
+
+// Random-k's v * n / k, saturating as compress::sparse::scale_saturating does.
+fn scale_saturating(v: f32) -> f32 {
+    if (abs(v) > p.limit) {
+        return select(F32_MAX, -F32_MAX, v < 0.0);
+    }
+    return v * p.factor;
 }
 
 // One invocation per kept element j.
@@ -51,11 +60,11 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             tmp[j] = f32_to_f16(clamp(v, -65504.0, 65504.0));
         }
         case 2u: {
-            payload[j] = bitcast<u32>(v * p.factor);
+            payload[j] = bitcast<u32>(scale_saturating(v));
         }
         case 3u: {
             payload[j] = i;
-            payload[p.k + j] = bitcast<u32>(v * p.factor);
+            payload[p.k + j] = bitcast<u32>(scale_saturating(v));
         }
         default: {
             let scale = bitcast<f32>(payload[0]);

@@ -268,7 +268,7 @@ impl Exchange {
                     let mut kept = vec![0.0; if residual || decoded { b.len } else { 0 }];
                     let push = push_of(b);
                     let payload = if residual {
-                        push.encode_residual(x, &ctx, &mut kept)
+                        push.encode_residual(x, &ctx, &mut kept)?
                     } else {
                         push.encode(x, &ctx)
                     };

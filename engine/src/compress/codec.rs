@@ -131,17 +131,23 @@ pub trait Codec: Send + Sync + fmt::Debug {
 
     /// Compresses `q` and writes `clean(q) - decode(payload)` into `residual`: the update of
     /// an error-feedback memory. Codecs may override this with a single fused pass, which must
-    /// give these exact bits.
-    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
+    /// give these exact bits. Every codec decodes its own payloads, whatever the input (a test
+    /// holds each to it); should one not, this is an error, never a panic, and `residual` is
+    /// then unspecified.
+    fn encode_residual(
+        &self,
+        q: &[f32],
+        ctx: &CodecContext,
+        residual: &mut [f32],
+    ) -> Result<Vec<u8>> {
         use rayon::prelude::*;
         let payload = self.encode(q, ctx);
         residual
             .par_iter_mut()
             .zip(q)
             .for_each(|(r, &v)| *r = support::clean(v));
-        self.decode_into(&payload, residual, ctx, DecodeMode::Subtract)
-            .expect("a codec decodes its own payloads");
-        payload
+        self.decode_into(&payload, residual, ctx, DecodeMode::Subtract)?;
+        Ok(payload)
     }
 
     /// Checks a payload without decoding it into anything.

@@ -26,7 +26,7 @@ use super::gpu::{dense_decode_gpu, dense_encode_gpu, DenseLayout};
 use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::{
     canonical_sum, check_padding, check_payload_len, clean, max_abs, packed_len, payload_err,
-    read_scale, rne, sign_extend, to_pattern, MAX_FACTOR,
+    read_scale, rne, sign_extend, to_pattern, MAX_FACTOR, MAX_SCALE,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -125,11 +125,11 @@ impl DenseCodec {
             CodecSpec::Dither {
                 norm: Norm::Max, ..
             }
-            | CodecSpec::Qsgd { .. } => vec![max_abs(x)],
+            | CodecSpec::Qsgd { .. } => vec![max_abs(x).min(MAX_SCALE)],
             CodecSpec::Dither { norm: Norm::L2, .. } => {
                 vec![canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i]))
                     .sqrt()
-                    .min(f32::MAX)]
+                    .min(MAX_SCALE)]
             }
             CodecSpec::BlockQ { bits, group } => x
                 .par_chunks(group)
@@ -541,8 +541,13 @@ impl Codec for DenseCodec {
         self.encode_with(x, ctx, None)
     }
 
-    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
-        self.encode_with(q, ctx, Some(residual))
+    fn encode_residual(
+        &self,
+        q: &[f32],
+        ctx: &CodecContext,
+        residual: &mut [f32],
+    ) -> Result<Vec<u8>> {
+        Ok(self.encode_with(q, ctx, Some(residual)))
     }
 
     fn decode_into(

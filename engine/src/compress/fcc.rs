@@ -11,7 +11,7 @@ use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties
 use super::plain::Plain;
 use super::sign::ScaledSign;
 use super::spec::CodecSpec;
-use super::support::{check_payload_len, clean, payload_err};
+use super::support::{check_payload_len, clean};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 
@@ -49,11 +49,12 @@ impl Codec for RecursiveSign {
         // Non-finite values count as zero in every round.
         let mut left: Vec<f32> = x.iter().map(|&v| clean(v)).collect();
         let mut out = Vec::with_capacity(self.payload_len(x.len()));
+        let mut next = vec![0.0f32; x.len()];
         for _ in 0..self.rounds {
-            let m = ScaledSign.encode(&left, ctx);
-            ScaledSign
-                .decode_into(&m, &mut left, ctx, DecodeMode::Subtract)
-                .expect("the sign codec decodes its own payloads");
+            // What is left only shrinks (|l - s sign(l)| <= max(|l|, s) <= max |left|), so it
+            // stays finite.
+            let m = ScaledSign.encode_with_residual(&left, ctx, &mut next);
+            std::mem::swap(&mut left, &mut next);
             out.extend_from_slice(&m);
         }
         out
@@ -79,13 +80,11 @@ impl Codec for RecursiveSign {
             };
             ScaledSign.decode_into(chunk, &mut sum, ctx, m)?;
         }
-        // Each round's scale is finite, but two huge ones of one sign add up to infinity.
-        if sum.iter().any(|v| !v.is_finite()) {
-            return Err(payload_err(
-                "sign:rounds",
-                "the rounds' scales add up past f32's range".into(),
-            ));
-        }
+        // Each round's scale is finite, but two huge ones of one sign add up past f32's range:
+        // the sum saturates there (as the GPU decoder does), so that every payload the encoder
+        // makes decodes.
+        sum.iter_mut()
+            .for_each(|v| *v = v.clamp(-f32::MAX, f32::MAX));
         out.iter_mut()
             .zip(&sum)
             .for_each(|(o, &v)| mode.apply(o, v));

@@ -395,6 +395,7 @@ pub(super) fn dense_decode_gpu(
 
 pub(super) mod sparse_gpu {
     use super::*;
+    use crate::compress::sparse::randk_factor;
 
     /// What the sparse kernels need to know of a sparsifier for `n` elements.
     pub struct SparseLayout {
@@ -426,7 +427,8 @@ pub(super) mod sparse_gpu {
         mask_offset: u32,
         codes_offset: u32,
         factor: f32,
-        _pad: [u32; 2],
+        limit: f32,
+        _pad: u32,
     }
 
     const BLOCK: usize = 4096;
@@ -509,10 +511,10 @@ pub(super) mod sparse_gpu {
 
     fn params(s: &SparseLayout, n: usize) -> SparseParams {
         let k = s.k;
-        let (bits, factor) = match s.spec {
-            CodecSpec::Hybrid { bits, .. } => (bits, 1.0),
-            CodecSpec::RandK { scaled: true, .. } if k > 0 => (0, n as f32 / k as f32),
-            _ => (0, 1.0),
+        let (bits, (factor, limit)) = match s.spec {
+            CodecSpec::Hybrid { bits, .. } => (bits, (1.0, f32::MAX)),
+            CodecSpec::RandK { scaled: true, .. } if k > 0 => (0, randk_factor(n, k)),
+            _ => (0, (1.0, f32::MAX)),
         };
         let mask_offset = 1;
         SparseParams {
@@ -522,7 +524,8 @@ pub(super) mod sparse_gpu {
             mask_offset,
             codes_offset: mask_offset + n.div_ceil(32) as u32,
             factor,
-            _pad: [0; 2],
+            limit,
+            _pad: 0,
         }
     }
 

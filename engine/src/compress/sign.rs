@@ -32,6 +32,27 @@ fn words(n: usize) -> usize {
     n.div_ceil(64)
 }
 
+impl ScaledSign {
+    /// The payload of `q`, and `clean(q) - decode(payload)` in `residual` (which cannot fail:
+    /// the scale is finite by construction).
+    pub(crate) fn encode_with_residual(
+        &self,
+        q: &[f32],
+        ctx: &CodecContext,
+        residual: &mut [f32],
+    ) -> Vec<u8> {
+        let payload = self.encode(q, ctx);
+        let mut scale = [0u8; 4];
+        scale.copy_from_slice(&payload[payload.len() - 4..]);
+        let scale = f32::from_le_bytes(scale);
+        residual.par_iter_mut().zip(q).for_each(|(r, &v)| {
+            let v = clean(v);
+            *r = v - if v < 0.0 { -scale } else { scale };
+        });
+        payload
+    }
+}
+
 impl Codec for ScaledSign {
     fn spec(&self) -> CodecSpec {
         CodecSpec::Sign
@@ -66,14 +87,13 @@ impl Codec for ScaledSign {
         out
     }
 
-    fn encode_residual(&self, q: &[f32], ctx: &CodecContext, residual: &mut [f32]) -> Vec<u8> {
-        let payload = self.encode(q, ctx);
-        let scale = f32::from_le_bytes(payload[payload.len() - 4..].try_into().expect("4 bytes"));
-        residual.par_iter_mut().zip(q).for_each(|(r, &v)| {
-            let v = clean(v);
-            *r = v - if v < 0.0 { -scale } else { scale };
-        });
-        payload
+    fn encode_residual(
+        &self,
+        q: &[f32],
+        ctx: &CodecContext,
+        residual: &mut [f32],
+    ) -> Result<Vec<u8>> {
+        Ok(self.encode_with_residual(q, ctx, residual))
     }
 
     fn decode_into(

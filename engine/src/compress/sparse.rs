@@ -22,7 +22,7 @@ use super::select::select_top;
 use super::spec::CodecSpec;
 use super::support::{
     clean, f16_to_f32, pack, packed_len, payload_err, read_scale, sign_extend, to_pattern, unpack,
-    MAX_FACTOR,
+    MAX_FACTOR, MAX_SCALE,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -84,6 +84,31 @@ impl Sparse {
 }
 
 /// Random-k's index set: the k largest random words, as the top-k machinery selects them.
+/// Scaled random-k's factor n / k, and the largest |v| whose product with it is finite.
+pub(crate) fn randk_factor(n: usize, k: usize) -> (f32, f32) {
+    let factor = n as f32 / k as f32;
+    let mut limit = f32::MAX / factor;
+    while (limit * factor).is_infinite() {
+        limit = limit.next_down();
+    }
+    while limit < f32::MAX && (limit.next_up() * factor).is_finite() {
+        limit = limit.next_up();
+    }
+    (factor, limit)
+}
+
+/// `v * factor`, saturating at ±f32::MAX past `limit` (from [`randk_factor`]): an infinite
+/// value would make a payload its own decoder refuses. The limit is compared instead of the
+/// product so that the GPU, whose overflow behaviour WGSL leaves open, gives the same bits.
+#[inline]
+pub(crate) fn scale_saturating(v: f32, factor: f32, limit: f32) -> f32 {
+    if v.abs() > limit {
+        f32::MAX.copysign(v)
+    } else {
+        v * factor
+    }
+}
+
 pub(crate) fn random_indices(n: usize, k: usize, ctx: &CodecContext) -> Vec<u32> {
     use rayon::prelude::*;
     // The selection reads each key several times: draw the words once, in bulk.
@@ -183,17 +208,21 @@ impl Codec for Sparse {
                 if !shared_seed {
                     out.extend(idx.iter().flat_map(|i| i.to_le_bytes()));
                 }
-                let factor = if scaled { n as f32 / k as f32 } else { 1.0 };
-                out.extend(
-                    idx.iter()
-                        .flat_map(|&i| (clean(x[i as usize]) * factor).to_le_bytes()),
-                );
+                let (factor, limit) = if scaled {
+                    randk_factor(n, k)
+                } else {
+                    (1.0, f32::MAX)
+                };
+                out.extend(idx.iter().flat_map(|&i| {
+                    scale_saturating(clean(x[i as usize]), factor, limit).to_le_bytes()
+                }));
             }
             CodecSpec::Hybrid { .. } => {
                 let (bits, top) = self.hybrid_levels();
                 let scale = idx
                     .iter()
-                    .fold(0.0f32, |m, &i| m.max(clean(x[i as usize]).abs()));
+                    .fold(0.0f32, |m, &i| m.max(clean(x[i as usize]).abs()))
+                    .min(MAX_SCALE);
                 out.extend(scale.to_le_bytes());
                 let mut mask = vec![0u32; n.div_ceil(32)];
                 idx.iter()
@@ -308,13 +337,10 @@ impl Codec for Sparse {
         if mode == DecodeMode::Set {
             out.par_iter_mut().for_each(|o| *o = 0.0);
         }
-        let kept_mode = if mode == DecodeMode::Set {
-            DecodeMode::Add
-        } else {
-            mode
-        };
+        // Indices are distinct (checked), so a kept value is written as it is, a negative zero
+        // included, as the GPU's scatter writes it.
         for (&i, v) in indices.iter().zip(values) {
-            kept_mode.apply(&mut out[i as usize], v);
+            mode.apply(&mut out[i as usize], v);
         }
         Ok(())
     }

@@ -30,6 +30,12 @@ pub fn rne(x: f32) -> f32 {
 /// `|v| * factor` can never overflow, and `0 * inf` never makes a NaN.
 pub const MAX_FACTOR: f32 = f32::from_bits(0x7e80_0000);
 
+/// Largest scale of the max- and l2-scaled quantizers (dithering, QSGD, the hybrid): 2^127.
+/// Their largest value is `L * (scale / L)`, which may round a little above the scale; under
+/// this cap it stays finite, so every payload an encoder makes decodes. Larger inputs saturate
+/// at the cap, as natural compression's do at 2^127.
+pub const MAX_SCALE: f32 = f32::from_bits(0x7f00_0000);
+
 /// Lanes of the reduction workgroup, and elements one workgroup folds per pass.
 pub const LANES: usize = 256;
 /// Elements one reduction workgroup folds per pass, the chunk of [`canonical_sum`].

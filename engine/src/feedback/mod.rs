@@ -203,7 +203,7 @@ impl Feedback {
                     .zip(e.iter())
                     .map(|(&a, &b)| clean(a + b))
                     .collect();
-                self.codec.encode_residual(&q, ctx, e)
+                self.codec.encode_residual(&q, ctx, e)?
             }
             State::Ema(..) => {
                 let (beta, se, inv_se, reset) = self.ema_params();
@@ -216,7 +216,7 @@ impl Feedback {
                     .map(|(&a, &c)| a + c as f32 * inv_se)
                     .collect();
                 let mut r = vec![0.0; self.n];
-                let payload = self.codec.encode_residual(&h, ctx, &mut r);
+                let payload = self.codec.encode_residual(&h, ctx, &mut r)?;
                 let keep = 1.0 - beta;
                 for i in 0..self.n {
                     let prev = match et {
