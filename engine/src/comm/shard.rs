@@ -169,9 +169,41 @@ impl KeyState {
         self.pending.len()
     }
 
+    /// Closes the round: the reply every rank receives, and opens the next round, whatever
+    /// happens. Should the round's arithmetic fail (an internal fault: the shard checked every
+    /// push as it arrived), the key still closes, with an update that changes nothing (zeros, or
+    /// an owner's parameters as they were), and the error comes back beside that reply: every
+    /// rank then receives the same bytes and the key stays in step with the shard's other keys.
+    pub fn close_or_skip(&mut self) -> (Vec<u8>, Option<Error>) {
+        let step = self.step;
+        match self.close() {
+            Ok(reply) => (reply, None),
+            Err(e) => {
+                let ctx = codec_context(self.spec.seed, step, self.spec.key);
+                let numel = self.spec.numel as usize;
+                let codec = if self.spec.is_sync_round(step) {
+                    &*self.plain
+                } else {
+                    self.pull.codec()
+                };
+                let unchanged = match self.owner.as_ref().and_then(|o| o.master()) {
+                    Some(params) => codec.encode(params, &ctx),
+                    None => codec.encode(&vec![0.0; numel], &ctx),
+                };
+                self.step = step + 1;
+                (unchanged, Some(e))
+            }
+        }
+    }
+
     /// Closes the round: the reply every rank receives. Opens the next round (the step advances
     /// only once the reply exists; the round's pushes are consumed either way).
     pub fn close(&mut self) -> Result<Vec<u8>> {
+        #[cfg(any(test, feature = "test-faults"))]
+        if self.spec.key == FAILING_KEY_FOR_TESTS {
+            self.pending.clear();
+            return Err(Error::Data("the test's key fails to close".into()));
+        }
         let pending = std::mem::take(&mut self.pending);
         let (step, numel) = (self.step, self.spec.numel as usize);
         let ctx = codec_context(self.spec.seed, step, self.spec.key);
@@ -214,6 +246,10 @@ impl KeyState {
         self.pull.error()
     }
 }
+
+/// A key whose close always fails, for the tests of what the shard does then.
+#[cfg(any(test, feature = "test-faults"))]
+pub const FAILING_KEY_FOR_TESTS: super::Key = 0xdead_0000;
 
 /// The mean of the pushes, summed in rank order whatever the arrival order, starting from the
 /// first push itself (so that one rank's push comes back bit for bit, signed zeros included).

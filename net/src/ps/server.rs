@@ -397,16 +397,22 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     let worker = shared.clone();
     let closed = tokio::task::spawn_blocking(move || {
         let mut state = lock(&worker);
-        state.close_round().map(|round| (round, state.listeners()))
+        let round = state.close_round();
+        (round, state.listeners())
     })
     .await;
     match closed {
-        Ok(Ok((Some(round), listeners))) => deliver(shared, &round, &listeners),
-        Ok(Ok((None, _))) => {}
-        Ok(Err(e)) => tracing::error!(
-            "shard {}: closing a round failed: {e}",
-            shared.options.shard
-        ),
+        Ok((Some(round), listeners)) => {
+            for fault in &round.faults {
+                tracing::error!(
+                    "shard {}: round {} of {fault}; the key closed with no update",
+                    shared.options.shard,
+                    round.step
+                );
+            }
+            deliver(shared, &round, &listeners)
+        }
+        Ok((None, _)) => {}
         Err(e) => tracing::error!("shard {}: closing task failed: {e}", shared.options.shard),
     }
 }

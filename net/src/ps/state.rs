@@ -43,6 +43,9 @@ pub struct ClosedRound {
     /// One entry per key owned by this shard: the key, its element count and the encoded reply
     /// payload.
     pub replies: Vec<(Key, u32, Bytes)>,
+    /// Keys whose arithmetic failed this round, with why: they closed with an update that
+    /// changes nothing ([`KeyState::close_or_skip`]), and the server reports them.
+    pub faults: Vec<String>,
 }
 
 /// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
@@ -386,29 +389,44 @@ impl ShardState {
     }
 
     /// Closes the open round if it is complete: sums, compensates and re-encodes every key
-    /// (keys in parallel) and logs the replies. Returns the closed round.
-    pub fn close_round(&mut self) -> murmur_engine::Result<Option<ClosedRound>> {
+    /// (keys in parallel) and logs the replies. Returns the closed round, with the keys that
+    /// failed in it (each closed all the same).
+    pub fn close_round(&mut self) -> Option<ClosedRound> {
         use rayon::prelude::*;
         if !self.round_complete() {
-            return Ok(None);
+            return None;
         }
         let step = self.open_step;
-        let replies = self
+        // Every key closes, even when another fails: one bad key must not leave the others
+        // open (a key left behind would refuse every later push as the wrong step).
+        let closed: Vec<_> = self
             .keys
             .par_iter_mut()
             .map(|(key, entry)| {
-                let numel = entry.spec.numel;
-                entry.close().map(|r| (*key, numel, Bytes::from(r)))
+                let (reply, fault) = entry.close_or_skip();
+                (
+                    (*key, entry.spec.numel, Bytes::from(reply)),
+                    fault.map(|e| (*key, e)),
+                )
             })
-            .collect::<murmur_engine::Result<Vec<_>>>()?;
-        let round = ClosedRound { step, replies };
+            .collect();
+        let (replies, faults): (Vec<_>, Vec<_>) = closed.into_iter().unzip();
+        let faults: Vec<(Key, murmur_engine::Error)> = faults.into_iter().flatten().collect();
+        let round = ClosedRound {
+            step,
+            replies,
+            faults: faults
+                .iter()
+                .map(|(k, e)| format!("key {k:#x}: {e}"))
+                .collect(),
+        };
         self.log.push_back(round.clone());
         while self.log.len() > self.max_log_rounds {
             self.log.pop_front();
         }
         self.pushed.clear();
         self.open_step += 1;
-        Ok(Some(round))
+        Some(round)
     }
 
     /// A snapshot of the model after `step` rounds: shard 0 keeps the bytes, every shard drops
@@ -471,6 +489,64 @@ mod tests {
             shards: 1,
             node: "w".into(),
         }
+    }
+
+    #[test]
+    fn one_failing_key_leaves_no_other_key_of_the_round_open() {
+        use murmur_engine::comm::shard::FAILING_KEY_FOR_TESTS;
+        use murmur_engine::comm::KeySpec;
+        let spec = |key: Key| KeySpec {
+            key,
+            numel: 3,
+            push: "f32".into(),
+            pull: "sign".into(),
+            server_memory: "ef".into(),
+            seed: 1,
+            sync_every: 0,
+            owner: String::new(),
+        };
+        let keys = [1, FAILING_KEY_FOR_TESTS, 0xffff_0000];
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(1);
+        let mut solo = hello(0);
+        solo.world = 1;
+        state.hello(7, &solo).unwrap();
+        let register = Register {
+            keys: keys.iter().map(|&k| spec(k)).collect(),
+        };
+        assert_eq!(state.register(7, &register).unwrap().len(), 1);
+        for step in 0..2u64 {
+            for key in keys {
+                let PushCheck::Decode(decoder) = state.check_push(7, key, step, 3).unwrap() else {
+                    panic!("step {step}: the push of key {key:#x} is not taken");
+                };
+                let push = decoder
+                    .decode(bytemuck_f32(&[1.0, -2.0, 0.5]).as_slice())
+                    .unwrap();
+                assert!(state.insert_push(7, key, step, push).unwrap());
+            }
+            let round = state.close_round().expect("the round is complete");
+            assert_eq!(round.step, step);
+            assert_eq!(round.replies.len(), keys.len(), "every key replies");
+            assert_eq!(round.faults.len(), 1, "{:?}", round.faults);
+            // The failed key's reply is an update that changes nothing; the others carry theirs.
+            for (key, numel, reply) in &round.replies {
+                let values = murmur_engine::compress::parse("sign")
+                    .unwrap()
+                    .decode(reply, *numel as usize, &Default::default())
+                    .unwrap();
+                let moved = values.iter().any(|v| *v != 0.0);
+                assert_eq!(
+                    moved,
+                    *key != FAILING_KEY_FOR_TESTS,
+                    "key {key:#x}: {values:?}"
+                );
+            }
+        }
+    }
+
+    fn bytemuck_f32(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
     #[test]
