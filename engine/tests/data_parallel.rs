@@ -110,3 +110,39 @@ fn rank_slices_partition_the_global_batch() {
     let parts: Vec<&[usize]> = (0..3).map(|r| rank_slice(&global, r, 3)).collect();
     assert_eq!(parts, [&[0, 1, 2, 3][..], &[4, 5, 6], &[7, 8, 9]]);
 }
+
+/// The number std gives the next thread it starts: thread ids count every thread ever started.
+fn next_thread_number() -> u64 {
+    let id = std::thread::spawn(|| std::thread::current().id())
+        .join()
+        .unwrap();
+    format!("{id:?}")
+        .trim_start_matches("ThreadId(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn rounds_start_no_threads() {
+    // A round used to start an OS thread for its encoding; on a long run that is one thread
+    // start (and stack) per round. The encoding now runs on rayon's pool.
+    let device = common::gpu();
+    let clf = Classifier::new(&device, 784, 10, &config()).unwrap();
+    let plan = PartitionPlan {
+        partition_bytes: 40_000,
+        min_compress_bytes: 0,
+        ..PartitionPlan::default()
+    };
+    let collective = local_collectives(1).pop().unwrap();
+    let mut dp = DataParallel::new(clf, collective, &plan, "ef").unwrap();
+    let x: Vec<f32> = (0..8 * 784).map(|i| (i % 7) as f32 / 7.0).collect();
+    let y: Vec<u32> = (0..8).map(|i| i % 10).collect();
+    dp.step(&x, &y).unwrap(); // rayon's pool starts its threads once, here
+    let before = next_thread_number();
+    for _ in 0..5 {
+        dp.step(&x, &y).unwrap();
+    }
+    let after = next_thread_number();
+    assert_eq!(after, before + 1, "threads started during 5 rounds");
+}

@@ -3,6 +3,8 @@
 //! partition, and applies the servers' averaged reply with its optimizer. All ranks apply the
 //! same reply bytes, so their replicas stay bit-identical, in-process or over QUIC.
 
+use std::sync::{mpsc, Arc};
+
 use super::Classifier;
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
@@ -30,7 +32,7 @@ pub struct DataParallel<C: Collective> {
     pub clf: Classifier,
     /// The collective the rank pushes and pulls through.
     pub collective: C,
-    parts: Vec<Partition>,
+    parts: Arc<[Partition]>,
     memories: Vec<Feedback>,
     pulls: Vec<Box<dyn Codec>>,
     seed: u64,
@@ -90,7 +92,7 @@ impl<C: Collective> DataParallel<C> {
         Ok(DataParallel {
             clf,
             collective,
-            parts,
+            parts: parts.into(),
             memories,
             pulls,
             seed: plan.seed,
@@ -148,7 +150,7 @@ impl<C: Collective> DataParallel<C> {
         let mut host =
             Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
         let loss = host.remove(0)[0];
-        let pushed = self.encode_and_push(&host)?;
+        let pushed = self.encode_and_push(host)?;
         let replies = self.collective.pull(self.round(), &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
@@ -169,16 +171,19 @@ impl<C: Collective> DataParallel<C> {
 
     /// Encodes the partitions in parallel (each with its error-feedback memory) and pushes each
     /// one the moment it is ready, so the first partitions travel while later ones encode.
-    /// Returns the bytes pushed.
-    fn encode_and_push(&mut self, host: &[Vec<f32>]) -> Result<usize> {
+    /// Returns the bytes pushed. The encoding runs as one task on rayon's pool (no thread is
+    /// started per round); this thread pushes what it makes, then takes the memories back.
+    fn encode_and_push(&mut self, host: Vec<Vec<f32>>) -> Result<usize> {
         use rayon::prelude::*;
         let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
-        let (tx, rx) = std::sync::mpsc::channel::<Result<(Key, Vec<u8>)>>();
-        let parts = &self.parts;
-        let memories = &mut self.memories;
-        let collective = &mut self.collective;
-        std::thread::scope(|s| {
-            s.spawn(move || {
+        let (tx, rx) = mpsc::channel::<Result<(Key, Vec<u8>)>>();
+        let (give_back, memories_back) = mpsc::sync_channel(1);
+        let parts = Arc::clone(&self.parts);
+        let mut memories = std::mem::take(&mut self.memories);
+        rayon::spawn(move || {
+            let failed = tx.clone();
+            // A panic on rayon's pool would abort the process: it becomes this round's error.
+            let encode = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 parts
                     .par_iter()
                     .zip(memories.par_iter_mut())
@@ -187,16 +192,26 @@ impl<C: Collective> DataParallel<C> {
                         let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
                         // The receiver only stops listening after an error it already holds.
                         let _ = tx.send(encoded.map(|bytes| (p.key, bytes)));
-                    });
-            });
-            let mut pushed = 0;
-            for encoded in rx {
-                let (key, bytes) = encoded?;
-                pushed += bytes.len();
-                collective.push(step, key, bytes)?;
+                    })
+            }));
+            if encode.is_err() {
+                let _ = failed.send(Err(Error::Data("encoding a partition panicked".into())));
             }
-            Ok(pushed)
-        })
+            drop(failed);
+            // The receiver waits for this below, whatever happened to the pushes.
+            let _ = give_back.send(memories);
+        });
+        let pushed = rx.iter().try_fold(0, |pushed, encoded| {
+            let (key, bytes) = encoded?;
+            let len = bytes.len();
+            self.collective.push(step, key, bytes)?;
+            Ok::<_, Error>(pushed + len)
+        });
+        drop(rx);
+        self.memories = memories_back.recv().map_err(|_| {
+            Error::Data("the encoding task ended without returning its memories".into())
+        })?;
+        pushed
     }
 
     /// Applies one round's replies (in partition order) with the optimizer: the second half of
