@@ -53,6 +53,22 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// A gradient holding NaN or infinite values. It is a local fault (a learning rate too
+    /// high, bad input data, a faulty device), so it is reported, never sent: a peer cannot
+    /// tell a fault from an update, and one non-finite value would poison every replica.
+    #[error(
+        "round {round}: the gradient holds {count} non-finite values (NaN or infinity), the \
+         first in parameter {tensor}; this is a fault of this node (a learning rate too high, \
+         bad input data or a faulty device), so it is not sent"
+    )]
+    NonFinite {
+        /// The round whose gradient it is.
+        round: u64,
+        /// How many values are not finite.
+        count: usize,
+        /// The first parameter tensor holding one.
+        tensor: usize,
+    },
     /// A configuration value that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),

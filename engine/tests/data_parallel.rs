@@ -146,3 +146,23 @@ fn rounds_start_no_threads() {
     let after = next_thread_number();
     assert_eq!(after, before + 1, "threads started during 5 rounds");
 }
+
+#[test]
+fn a_non_finite_gradient_is_reported_not_sent() {
+    // The codecs read NaN and infinity as zero, so a faulty rank's round used to go out as a
+    // zero gradient and the fault went unseen.
+    let device = common::gpu();
+    let clf = Classifier::new(&device, 784, 10, &config()).unwrap();
+    let plan = PartitionPlan::default();
+    let mut dp = DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, "ef").unwrap();
+    let mut x: Vec<f32> = (0..4 * 784).map(|i| (i % 5) as f32 / 5.0).collect();
+    let y: Vec<u32> = (0..4).collect();
+    dp.step(&x, &y).unwrap();
+    x[3] = f32::NAN;
+    let err = dp.step(&x, &y).unwrap_err();
+    assert!(
+        matches!(err, murmur_engine::Error::NonFinite { round: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not sent"), "{err}");
+}

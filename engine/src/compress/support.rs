@@ -4,9 +4,10 @@
 use crate::error::{Error, Result};
 use crate::kernels::math::workgroup_fold;
 
-/// Non-finite inputs count as zero in every lossy codec: one NaN or infinity must not poison
-/// a whole partition's scale, and zero is what error feedback then carries forward.
-/// (f32, f16 and bf16 keep NaN and infinities as IEEE casts do.)
+/// Non-finite inputs count as zero in every codec, the f32, f16 and bf16 casts included: one
+/// NaN or infinity must not poison a whole partition's scale, and zero is what error feedback
+/// then carries forward. (A non-finite gradient is a fault of the node that computed it: the
+/// data-parallel worker reports it before encoding, docs/wire-format.md.)
 #[inline]
 pub fn clean(v: f32) -> f32 {
     if v.is_finite() {
@@ -78,7 +79,8 @@ pub fn max_abs(x: &[f32]) -> f32 {
 }
 
 /// IEEE binary16 bits of `x`, rounding to nearest even; overflow gives infinity, NaN stays a
-/// (quiet) NaN. Mirrors `f32_to_f16` in common.wgsl.
+/// (quiet) NaN, as IEEE casts do. Mirrors `f32_to_f16` in common.wgsl. (The f16 codec clamps to
+/// ±65504 first, so its payloads saturate instead: `plain::half_code`.)
 pub fn f32_to_f16(x: f32) -> u16 {
     let b = x.to_bits();
     let sign = (b >> 16) & 0x8000;

@@ -44,6 +44,24 @@ pub struct DataParallel<C: Collective> {
     shapes: Vec<Vec<usize>>,
 }
 
+/// Refuses a gradient with non-finite values ([`Error::NonFinite`]): the codecs would send them
+/// as zeros (their encoders read a non-finite value as zero), hiding the fault.
+fn check_finite(grads: &[Vec<f32>], round: u64) -> Result<()> {
+    use rayon::prelude::*;
+    let counts: Vec<usize> = grads
+        .par_iter()
+        .map(|g| g.iter().filter(|v| !v.is_finite()).count())
+        .collect();
+    match counts.iter().position(|&c| c > 0) {
+        None => Ok(()),
+        Some(tensor) => Err(Error::NonFinite {
+            round,
+            count: counts.iter().sum(),
+            tensor,
+        }),
+    }
+}
+
 /// This rank's share of a global batch: equal slices, the first ranks taking one more sample
 /// when the batch does not divide.
 pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
@@ -150,6 +168,7 @@ impl<C: Collective> DataParallel<C> {
         let mut host =
             Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
         let loss = host.remove(0)[0];
+        check_finite(&host, self.round())?;
         let pushed = self.encode_and_push(host)?;
         let replies = self.collective.pull(self.round(), &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
