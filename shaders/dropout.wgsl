@@ -1,8 +1,9 @@
 // Inverted dropout driven by the counter-based generator: element i is kept when
-// unit_f32(word(seed, step, key, i)) >= rate and then scaled by 1 / (1 - rate), so the mask
-// is a pure function of (seed, step, key, i): the backward pass recomputes it instead of
-// storing it, and every device and peer draws the same one (kernels/dropout.rs is the CPU
-// reference; rng::element_u32 the generator).
+// unit_f32(word(seed, step, key, offset + i)) >= rate and then scaled by 1 / (1 - rate), so the
+// mask is a pure function of (seed, step, key, global element): the backward pass recomputes it
+// instead of storing it, and every device and peer draws the same one. `offset` places the
+// tensor's first sample in the step's global batch (kernels/dropout.rs is the CPU reference;
+// rng::element_u32 the generator).
 
 struct Params {
     n: u32,
@@ -12,7 +13,7 @@ struct Params {
     scale: f32,
     seed_lo: u32,
     seed_hi: u32,
-    _pad0: u32,
+    offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -26,7 +27,8 @@ fn apply_mask(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (i >= p.n) {
         return;
     }
-    let word = element_block(vec2<u32>(p.seed_lo, p.seed_hi), p.step, p.key, i / 4u)[i % 4u];
+    let g = p.offset + i;
+    let word = element_block(vec2<u32>(p.seed_lo, p.seed_hi), p.step, p.key, g / 4u)[g % 4u];
     var v = 0.0;
     if (unit_f32(word) >= p.rate) {
         v = src[i] * p.scale;

@@ -5,7 +5,7 @@ mod common;
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::{epoch_batches, ImageSet};
-use murmur_engine::train::{rank_slice, Classifier, ClassifierConfig, DataParallel};
+use murmur_engine::train::{rank_share, rank_slice, Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
 
 fn config() -> ClassifierConfig {
@@ -37,7 +37,7 @@ fn one_rank_with_the_identity_codec_is_plain_training_bit_for_bit() {
     for batch in epoch_batches(train.len(), 64, 5, 0).iter().take(6) {
         let (x, y) = train.batch(batch);
         plain.step(&x, &y).unwrap();
-        dp.step(&x, &y).unwrap();
+        dp.step(&x, &y, 0).unwrap();
     }
     assert_eq!(
         bits(&dp.clf),
@@ -69,8 +69,10 @@ fn swarm(
                         .iter()
                         .take(steps)
                     {
-                        let (x, y) = train.batch(rank_slice(global, rank, world));
-                        dp.step(&x, &y).unwrap();
+                        let share = rank_share(global.len(), rank, world);
+                        let first = share.start;
+                        let (x, y) = train.batch(&global[share]);
+                        dp.step(&x, &y, first).unwrap();
                     }
                     dp.clf
                 })
@@ -138,10 +140,10 @@ fn rounds_start_no_threads() {
     let mut dp = DataParallel::new(clf, collective, &plan, "ef").unwrap();
     let x: Vec<f32> = (0..8 * 784).map(|i| (i % 7) as f32 / 7.0).collect();
     let y: Vec<u32> = (0..8).map(|i| i % 10).collect();
-    dp.step(&x, &y).unwrap(); // rayon's pool starts its threads once, here
+    dp.step(&x, &y, 0).unwrap(); // rayon's pool starts its threads once, here
     let before = next_thread_number();
     for _ in 0..5 {
-        dp.step(&x, &y).unwrap();
+        dp.step(&x, &y, 0).unwrap();
     }
     let after = next_thread_number();
     assert_eq!(after, before + 1, "threads started during 5 rounds");
@@ -157,9 +159,9 @@ fn a_non_finite_gradient_is_reported_not_sent() {
     let mut dp = DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, "ef").unwrap();
     let mut x: Vec<f32> = (0..4 * 784).map(|i| (i % 5) as f32 / 5.0).collect();
     let y: Vec<u32> = (0..4).collect();
-    dp.step(&x, &y).unwrap();
+    dp.step(&x, &y, 0).unwrap();
     x[3] = f32::NAN;
-    let err = dp.step(&x, &y).unwrap_err();
+    let err = dp.step(&x, &y, 0).unwrap_err();
     assert!(
         matches!(err, murmur_engine::Error::NonFinite { round: 1, .. }),
         "{err}"

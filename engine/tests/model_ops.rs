@@ -164,6 +164,8 @@ fn dropout_mask_is_the_same_on_every_device_and_has_the_right_rate() {
             seed: 9,
             step: 3,
             key: 1,
+            first_sample: 0,
+            samples: 1,
         };
         let (c, g) = (
             dropout(&cx, &mask).unwrap().to_vec().unwrap(),
@@ -194,10 +196,57 @@ fn dropout_mask_is_the_same_on_every_device_and_has_the_right_rate() {
             rate: 1.0,
             seed: 0,
             step: 0,
-            key: 0
+            key: 0,
+            first_sample: 0,
+            samples: 1,
         }
     )
     .is_err());
+}
+
+#[test]
+fn each_sample_draws_its_own_mask_wherever_it_is_computed() {
+    // Masks were keyed by the row within the tensor, so every data-parallel rank applied the
+    // first rows' masks to its own, different samples. Keyed by the sample's place in the
+    // global batch, the ranks' shares laid end to end are the whole batch's masks, bit for bit.
+    let (samples, width) = (7usize, 13usize);
+    let x: Vec<f32> = (0..samples * width).map(|i| 1.0 + i as f32).collect();
+    let mask = |first_sample: usize, count: usize| DropoutMask {
+        rate: 0.5,
+        seed: 11,
+        step: 2,
+        key: 3,
+        first_sample: first_sample as u32,
+        samples: count as u32,
+    };
+    let (cx, gx) = both(&[samples, width], &x);
+    let whole = dropout(&cx, &mask(0, samples)).unwrap().to_vec().unwrap();
+    assert_eq!(
+        dropout(&gx, &mask(0, samples)).unwrap().to_vec().unwrap(),
+        whole
+    );
+    for world in [2usize, 3] {
+        let mut laid: Vec<f32> = Vec::new();
+        for rank in 0..world {
+            let share = murmur_engine::train::rank_share(samples, rank, world);
+            let part = &x[share.start * width..share.end * width];
+            let (cp, gp) = both(&[share.len(), width], part);
+            let m = mask(share.start, share.len());
+            let on_cpu = dropout(&cp, &m).unwrap().to_vec().unwrap();
+            assert_eq!(dropout(&gp, &m).unwrap().to_vec().unwrap(), on_cpu);
+            laid.extend(on_cpu);
+        }
+        assert_eq!(laid, whole, "{world} ranks");
+    }
+    // Identical samples at different places draw different masks.
+    let same = vec![1.0f32; 2 * 64];
+    let y = dropout(&both(&[2, 64], &same).0, &mask(0, 2))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert_ne!(y[..64], y[64..]);
+    // A tensor that does not split into its samples is an error.
+    assert!(dropout(&cx, &mask(0, 2)).is_err());
 }
 
 #[test]
@@ -281,6 +330,8 @@ fn gradients_of_dropout_permute_and_causal_attention() {
         seed: 5,
         step: 2,
         key: 7,
+        first_sample: 3,
+        samples: 4,
     };
     check_grad("dropout", std::slice::from_ref(&x), |g, v| {
         g.dropout(v[0], mask)

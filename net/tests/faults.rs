@@ -219,7 +219,7 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
                 while dp.round() < steps {
                     let (x, y) = batch(dp.round(), rank as usize);
                     let began = Instant::now();
-                    dp.step(&x, &y).unwrap();
+                    dp.step(&x, &y, rank as usize * BATCH).unwrap();
                     if dp.round() == stall_at + 1 {
                         assert!(
                             began.elapsed() >= deadline / 2,

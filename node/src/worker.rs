@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use murmur_engine::data::epoch_batches;
 use murmur_engine::nn::Module;
-use murmur_engine::train::{rank_slice, Classifier, DataParallel, RoundBytes};
+use murmur_engine::train::{rank_share, Classifier, DataParallel, RoundBytes};
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
@@ -469,10 +469,15 @@ impl Run {
                 batches_epoch = Some(epoch);
             }
             let global = &batches[(dp.round() % joined.steps_per_epoch) as usize];
-            let slice = rank_slice(global, rank as usize, world);
-            let (x, y) = joined.sets.train.batch(slice);
-            let (loss, bytes) = match dp.step(&x, &y) {
+            let share = rank_share(global.len(), rank as usize, world);
+            let (first_sample, samples) = (share.start, share.len());
+            let (x, y) = joined.sets.train.batch(&global[share]);
+            let (loss, bytes) = match dp.step(&x, &y, first_sample) {
                 Ok(done) => done,
+                // A fault of this node's own arithmetic: rejoining would not mend it.
+                Err(e @ murmur_engine::Error::NonFinite { .. }) => {
+                    return Err(NodeError::Engine(e))
+                }
                 Err(e) => {
                     failures += 1;
                     if failures > self.config.rejoin_attempts {
@@ -489,7 +494,7 @@ impl Run {
             totals.pushed += bytes.pushed as u64;
             totals.pulled += bytes.pulled as u64;
             totals.f32_each_way += bytes.f32_each_way as u64;
-            totals.samples += slice.len();
+            totals.samples += samples;
             self.report_step(rank, dp.round(), loss, bytes, &totals, started);
             if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
                 let state = dp.clf.save_state()?;

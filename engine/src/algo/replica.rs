@@ -27,12 +27,28 @@ pub struct ClassifierReplica<F> {
     /// The classifier being trained, whose parameters are the replica's flat vector.
     pub clf: Classifier,
     batch: F,
+    /// Where this worker's batches start in each step's global batch (dropout's keys).
+    first_sample: usize,
 }
 
 impl<F: FnMut(u64) -> (Vec<f32>, Vec<u32>) + Send> ClassifierReplica<F> {
-    /// A replica of `clf` that draws step `t`'s batch of (inputs, labels) from `batch(t)`.
+    /// A replica of `clf` that draws step `t`'s batch of (inputs, labels) from `batch(t)`, the
+    /// whole of each step's global batch.
     pub fn new(clf: Classifier, batch: F) -> Self {
-        ClassifierReplica { clf, batch }
+        ClassifierReplica {
+            clf,
+            batch,
+            first_sample: 0,
+        }
+    }
+
+    /// The same replica drawing the share of each global batch that starts at sample
+    /// `first_sample` (a rank's share: [`crate::train::rank_share`]).
+    pub fn sharing_from(self, first_sample: usize) -> Self {
+        ClassifierReplica {
+            first_sample,
+            ..self
+        }
     }
 }
 
@@ -58,7 +74,7 @@ impl<F: FnMut(u64) -> (Vec<f32>, Vec<u32>) + Send> Replica for ClassifierReplica
         let (x, labels) = (self.batch)(step);
         // Dropout (where a model has it) is keyed by the step.
         self.clf.steps = step;
-        let (loss, grads) = self.clf.loss_and_grads(&x, &labels)?;
+        let (loss, grads) = self.clf.loss_and_grads(&x, &labels, self.first_sample)?;
         let mut all: Vec<&Tensor> = vec![&loss];
         all.extend(grads.iter());
         let mut host = Tensor::read_many(&all)?;

@@ -16,7 +16,7 @@ use crate::data::{epoch_batches, ImageSet};
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::tensor::Device;
-use crate::train::{rank_slice, Classifier, ClassifierConfig};
+use crate::train::{rank_share, rank_slice, Classifier, ClassifierConfig};
 
 /// One simulated data-parallel training run: an algorithm, its codec and optimizer, and the
 /// workers, data and model it trains in-process.
@@ -174,7 +174,8 @@ pub fn simulate(
                     let global = &cache.as_ref().expect("just filled").1[step as usize % per_epoch];
                     train.batch(rank_slice(global, rank, world))
                 };
-                let mut replica = ClassifierReplica::new(new_classifier()?, batch_of);
+                let mut replica = ClassifierReplica::new(new_classifier()?, batch_of)
+                    .sharing_from(rank_share(world * config.batch, rank, world).start);
                 let mut worker = Worker::new(
                     config.method,
                     &config.codec,

@@ -30,6 +30,11 @@ pub struct DropoutPlan {
     pub seed: u64,
     /// The training step, so that every step draws new masks.
     pub step: u32,
+    /// The position of the batch's first sample in the step's global batch (0 for a whole
+    /// batch), so that each sample draws its own masks wherever it is computed.
+    pub first_sample: u32,
+    /// Samples in the batch.
+    pub samples: u32,
 }
 
 impl DropoutPlan {
@@ -40,6 +45,8 @@ impl DropoutPlan {
             seed: self.seed,
             step: self.step,
             key,
+            first_sample: self.first_sample,
+            samples: self.samples,
         }
     }
 }

@@ -82,8 +82,9 @@ impl Cnn {
     }
 
     /// Logits for `x [batch, side*side*channels]` (rows of pixels, channels last). `dropout`
-    /// names the step's mask; `None` evaluates without dropout.
-    pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32)>) -> Result<Var> {
+    /// names the step's mask: (seed, step, the batch's first sample in the step's global
+    /// batch); `None` evaluates without dropout.
+    pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32, u32)>) -> Result<Var> {
         let c = &self.config;
         let batch = g.shape(x)[0];
         let h = g.reshape(x, &[batch, c.side, c.side, c.channels])?;
@@ -95,12 +96,14 @@ impl Cnn {
         let flat = g.shape(h)[1..].iter().product();
         let h = g.reshape(h, &[batch, flat])?;
         let mut h = g.relu(self.fc1.forward(g, h)?)?;
-        if let Some((seed, step)) = dropout {
+        if let Some((seed, step, first_sample)) = dropout {
             let mask = DropoutMask {
                 rate: c.dropout,
                 seed,
                 step,
                 key: 0,
+                first_sample,
+                samples: batch as u32,
             };
             h = g.dropout(h, mask)?;
         }

@@ -89,8 +89,9 @@ pub enum ClassifierModel {
 }
 
 impl ClassifierModel {
-    /// Logits for `x [batch, features]`; `dropout` is `(seed, step)` in training.
-    fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32)>) -> Result<Var> {
+    /// Logits for `x [batch, features]`; `dropout` is `(seed, step, first sample)` in
+    /// training.
+    fn forward(&self, g: &Graph, x: Var, dropout: Option<(u64, u32, u32)>) -> Result<Var> {
         match self {
             ClassifierModel::Mlp(m) => m.forward(g, x),
             ClassifierModel::Cnn(m) => m.forward(g, x, dropout),
@@ -211,16 +212,27 @@ impl Classifier {
         })
     }
 
-    /// Mean loss and parameter gradients of one batch (`x [batch, features]`, labels).
-    pub fn loss_and_grads(&self, x: &[f32], labels: &[u32]) -> Result<(Tensor, Vec<Tensor>)> {
+    /// Mean loss and parameter gradients of one batch (`x [batch, features]`, labels) whose
+    /// first sample is sample `first_sample` of the step's global batch (0 for a whole batch;
+    /// a data-parallel rank's share starts further in): dropout keys its masks by it.
+    pub fn loss_and_grads(
+        &self,
+        x: &[f32],
+        labels: &[u32],
+        first_sample: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
         let batch = labels.len();
+        let first_sample = u32::try_from(first_sample)
+            .map_err(|_| Error::Config(format!("sample {first_sample} is past 2^32")))?;
         let xt = Tensor::from_vec(&self.device, &[batch, self.inputs], x.to_vec())?;
         let yt = Tensor::from_u32(&self.device, &[batch], labels.to_vec())?;
         let g = Graph::new(&self.device);
         let input = g.input(&xt);
-        let logits = self
-            .model
-            .forward(&g, input, Some((self.config.seed, self.steps as u32)))?;
+        let logits = self.model.forward(
+            &g,
+            input,
+            Some((self.config.seed, self.steps as u32, first_sample)),
+        )?;
         let loss = g.cross_entropy_mean(logits, &yt)?;
         let loss_value = g.value(loss);
         // Consuming the graph releases its handles on the parameters before the update.
@@ -247,7 +259,7 @@ impl Classifier {
     /// One training step; returns the batch's mean loss as a one-element tensor (reading it
     /// waits for the GPU, so callers read losses in groups).
     pub fn step(&mut self, x: &[f32], labels: &[u32]) -> Result<Tensor> {
-        let (loss, grads) = self.loss_and_grads(x, labels)?;
+        let (loss, grads) = self.loss_and_grads(x, labels, 0)?;
         self.apply(&grads)?;
         Ok(loss)
     }

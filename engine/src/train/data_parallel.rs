@@ -62,12 +62,17 @@ fn check_finite(grads: &[Vec<f32>], round: u64) -> Result<()> {
     }
 }
 
-/// This rank's share of a global batch: equal slices, the first ranks taking one more sample
-/// when the batch does not divide.
-pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
-    let (base, extra) = (global.len() / world, global.len() % world);
+/// The positions of this rank's share in a global batch of `len` samples: equal slices, the
+/// first ranks taking one more sample when the batch does not divide.
+pub fn rank_share(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (len / world, len % world);
     let start = rank * base + rank.min(extra);
-    &global[start..start + base + usize::from(rank < extra)]
+    start..start + base + usize::from(rank < extra)
+}
+
+/// This rank's share of a global batch ([`rank_share`]).
+pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
+    &global[rank_share(global.len(), rank, world)]
 }
 
 impl<C: Collective> DataParallel<C> {
@@ -160,11 +165,17 @@ impl<C: Collective> DataParallel<C> {
         &self.parts
     }
 
-    /// One round on this rank's batch: returns its loss and the bytes it moved. The loss comes
+    /// One round on this rank's batch, whose first sample is sample `first_sample` of the
+    /// round's global batch ([`rank_share`]): returns its loss and the bytes it moved. The loss comes
     /// back with the gradients in the round's one readback, so reporting it every round costs
     /// no extra wait for the GPU.
-    pub fn step(&mut self, x: &[f32], labels: &[u32]) -> Result<(f32, RoundBytes)> {
-        let (loss, grads) = self.clf.loss_and_grads(x, labels)?;
+    pub fn step(
+        &mut self,
+        x: &[f32],
+        labels: &[u32],
+        first_sample: usize,
+    ) -> Result<(f32, RoundBytes)> {
+        let (loss, grads) = self.clf.loss_and_grads(x, labels, first_sample)?;
         let mut host =
             Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
         let loss = host.remove(0)[0];

@@ -132,6 +132,8 @@ impl LanguageModel {
             rate: self.model.config.dropout,
             seed: self.config.seed,
             step: self.steps as u32,
+            first_sample: 0,
+            samples: self.config.batch as u32,
         });
         let (g, loss) = self.loss(ids, targets, self.config.batch, dropout)?;
         let loss_value = g.value(loss);

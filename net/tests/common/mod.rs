@@ -145,7 +145,8 @@ pub fn bits(clf: &Classifier) -> Vec<u32> {
 /// Trains one rank for rounds `dp.round()..steps`.
 pub fn train<C: Collective>(dp: &mut DataParallel<C>, steps: u64) {
     while dp.round() < steps {
-        let (x, y) = batch(dp.round(), dp.collective.rank());
-        dp.step(&x, &y).unwrap();
+        let rank = dp.collective.rank();
+        let (x, y) = batch(dp.round(), rank);
+        dp.step(&x, &y, rank * BATCH).unwrap();
     }
 }

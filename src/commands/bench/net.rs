@@ -287,7 +287,7 @@ fn shaped_steps(
                     let mut last = Default::default();
                     for i in 0..steps + 2 {
                         let t = Instant::now();
-                        let (_, bytes) = dp.step(&x, &y)?;
+                        let (_, bytes) = dp.step(&x, &y, rank as usize * batch)?;
                         // Time the whole round, the optimizer step included.
                         if let Some(gpu) = dp.clf.device.as_gpu() {
                             gpu.sync()?;
