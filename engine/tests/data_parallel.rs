@@ -168,3 +168,64 @@ fn a_non_finite_gradient_is_reported_not_sent() {
     );
     assert!(err.to_string().contains("not sent"), "{err}");
 }
+
+/// Eight data-parallel rounds on MNIST with 4-bit LoCo codes and `memory`: the replica's
+/// parameters and the last round's code statistics.
+fn loco_rounds(
+    train: &ImageSet,
+    codec: &str,
+    memory: &str,
+) -> (Vec<u32>, murmur_engine::train::CodeStats) {
+    let clf = Classifier::new(&Device::Cpu, 784, 10, &config()).unwrap();
+    let plan = PartitionPlan {
+        partition_bytes: 100_000,
+        min_compress_bytes: 0,
+        push: codec.into(),
+        pull: "f32".into(),
+        ..PartitionPlan::default()
+    };
+    let mut dp =
+        DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, memory).unwrap();
+    for batch in epoch_batches(train.len(), 64, 5, 0).iter().take(8) {
+        let (x, y) = train.batch(batch);
+        dp.step(&x, &y, 0).unwrap();
+    }
+    (bits(&dp.clf), dp.code_stats())
+}
+
+#[test]
+fn loco_left_to_calibration_neither_clips_nor_idles() {
+    use murmur_engine::algo::calibrate::{loco_log2s, with_calibrated_scale};
+    let Some((train, _)) = common::mnist_or_skip("loco_calibration") else {
+        return;
+    };
+    // The codec's default scale, 2^19, on a real gradient: nearly every code clips and nearly
+    // every int8 error entry is nonzero, pinned near its limit. This is what `murmur swarm
+    // --codec loco` ran before the product path calibrated.
+    let (_, uncalibrated) = loco_rounds(&train, "loco:bits=4", "loco-ema");
+    let clipped = uncalibrated.saturated.unwrap();
+    assert!(clipped > 0.5, "default scale: {uncalibrated:?}");
+    // Calibrated as the node does it: the first batch's gradient at the initial model.
+    let clf = Classifier::new(&Device::Cpu, 784, 10, &config()).unwrap();
+    let first = &epoch_batches(train.len(), 64, 5, 0)[0];
+    let (x, y) = train.batch(first);
+    let (_, grads) = clf.loss_and_grads(&x, &y, 0).unwrap();
+    let flat = murmur_engine::Tensor::read_many(&grads.iter().collect::<Vec<_>>())
+        .unwrap()
+        .concat();
+    let log2s = loco_log2s(&flat, 4).unwrap();
+    let (codec, memory) = with_calibrated_scale("loco:bits=4", "loco-ema", log2s);
+    let (loco, stats) = loco_rounds(&train, &codec, &memory);
+    let (clipped, nonzero) = (stats.saturated.unwrap(), stats.error_nonzero.unwrap());
+    assert!(clipped < 0.05, "calibrated 2^{log2s}: {stats:?}");
+    // Mode B's int8 memory rounds ordinary rounding residuals away (loco.md §7.2: beta * r
+    // is below half a step of s_e = 4s), so few entries hold an error early on; but some do,
+    // and they are not pinned.
+    assert!(
+        nonzero > 0.0 && nonzero < 0.5,
+        "calibrated 2^{log2s}: {stats:?}"
+    );
+    // And the memory does something: LoCo's replica is not naive 4-bit's.
+    let (naive, _) = loco_rounds(&train, &codec, "none");
+    assert_ne!(loco, naive, "LoCo's pushes equal naive 4-bit's");
+}

@@ -48,6 +48,14 @@ pub enum Event {
         f32_each_way: usize,
         /// This worker's samples per second since it started.
         samples_per_second: f64,
+        /// Fraction of its pushed LoCo codes clipped at either end of their range (LoCo
+        /// codecs only): most of them means the scale s is too large.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        saturated: Option<f64>,
+        /// Fraction of its error-feedback memory's entries that are nonzero (with error
+        /// feedback only): none means the memory does nothing, nearly all that it is pinned.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_nonzero: Option<f64>,
     },
     /// The model was evaluated on the test set (rank 0, at the end of every epoch).
     Evaluated {
@@ -160,6 +168,8 @@ mod tests {
             pulled: 0,
             f32_each_way: 0,
             samples_per_second: 0.0,
+            saturated: None,
+            error_nonzero: Some(0.25),
         };
         let line = serde_json::to_string(&step).unwrap();
         match serde_json::from_str::<Event>(&line).unwrap() {

@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 pub mod address;
+mod calibration;
 mod checks;
 mod control;
 pub mod data;

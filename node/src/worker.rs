@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use murmur_engine::data::epoch_batches;
 use murmur_engine::nn::Module;
-use murmur_engine::train::{rank_share, Classifier, DataParallel, RoundBytes};
+use murmur_engine::train::{rank_share, Classifier, CodeStats, DataParallel, RoundBytes};
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::address::resolve_all;
+use crate::calibration::calibrate_loco;
 use crate::checks::{load_credentials, positive_seconds};
 use crate::control::{Budget, Control, Next};
 use crate::data::{load_sets, DeviceKind, Sets};
@@ -354,6 +355,7 @@ impl Run {
         let (job, rank, world) = self.fetch_job()?;
         let sets = load_sets(&job.dataset, self.config.data.as_deref(), job.train_limit)?;
         let (steps_per_epoch, total_steps) = job.steps(sets.train.len());
+        let job = calibrate_loco(job, &sets, world as usize, total_steps)?;
         let joined = Joined {
             job,
             sets,
@@ -495,7 +497,8 @@ impl Run {
             totals.pulled += bytes.pulled as u64;
             totals.f32_each_way += bytes.f32_each_way as u64;
             totals.samples += samples;
-            self.report_step(rank, dp.round(), loss, bytes, &totals, started);
+            let codes = dp.code_stats();
+            self.report_step(rank, dp.round(), loss, (bytes, codes), &totals, started);
             if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
                 let state = dp.clf.save_state()?;
                 let step = dp.round();
@@ -528,7 +531,7 @@ impl Run {
         rank: u16,
         step: u64,
         loss: f32,
-        bytes: RoundBytes,
+        (bytes, codes): (RoundBytes, CodeStats),
         totals: &Totals,
         started: Instant,
     ) {
@@ -540,6 +543,8 @@ impl Run {
             pulled: bytes.pulled,
             f32_each_way: bytes.f32_each_way,
             samples_per_second: totals.samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            saturated: codes.saturated,
+            error_nonzero: codes.error_nonzero,
         });
     }
 

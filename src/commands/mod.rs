@@ -1,6 +1,7 @@
 //! Subcommands.
 
 mod bench;
+mod code_stats;
 mod info;
 mod job_flags;
 mod machine;

@@ -121,11 +121,14 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
                 pushed,
                 pulled,
                 samples_per_second,
+                saturated,
+                error_nonzero,
                 ..
             } => {
                 bar.set_position(step);
+                let codes = super::code_stats::code_stats_line(saturated, error_nonzero);
                 bar.set_message(format!(
-                    "loss {loss:.4}  {:.0} KB up / {:.0} KB down per step  {samples_per_second:.0} samples/s",
+                    "loss {loss:.4}  {:.0} KB up / {:.0} KB down per step  {samples_per_second:.0} samples/s{codes}",
                     pushed as f64 / 1e3,
                     pulled as f64 / 1e3
                 ));

@@ -3,6 +3,7 @@
 //! Every peer must use the same s: one peer measures it and the run's configuration carries
 //! log2 s to all.
 
+use crate::compress::CodecSpec;
 use crate::error::{Error, Result};
 
 /// `log2 s` for a `bits`-bit fixed-scale quantizer, from a gradient sample `g`.
@@ -30,6 +31,34 @@ pub fn loco_log2s(g: &[f32], bits: u32) -> Result<i32> {
     Ok((top / quantile).log2().round().clamp(-100.0, 100.0) as i32)
 }
 
+/// Where a job leaves LoCo's scale to calibration: the bits of its `loco` codec spec when the
+/// spec names no `log2s` (the codec's own default, 2^19, suits no real gradient: loco.md
+/// §7.5), else `None`.
+pub fn scale_left_to_calibration(codec: &str) -> Option<u32> {
+    let CodecSpec::Loco { bits, .. } = codec.parse().ok()? else {
+        return None;
+    };
+    let named = codec.split(':').any(|part| part.starts_with("log2s="));
+    (!named).then_some(bits)
+}
+
+/// `codec` with LoCo's calibrated scale named in it, and `memory` with the matching error
+/// scale s_e = 4s (the paper's choice, loco.md §2.3) where it is a LoCo memory that names none.
+/// A codec that names its scale, or is not LoCo, comes back unchanged with its memory.
+pub fn with_calibrated_scale(codec: &str, memory: &str, log2s: i32) -> (String, String) {
+    if scale_left_to_calibration(codec).is_none() {
+        return (codec.to_string(), memory.to_string());
+    }
+    let codec = format!("{codec}:log2s={log2s}");
+    let loco_memory = matches!(memory.split(':').next(), Some("loco-ema" | "loco"));
+    let memory = if loco_memory && !memory.split(':').any(|p| p.starts_with("se=")) {
+        format!("{memory}:se={}", 4.0 * 2f64.powi(log2s))
+    } else {
+        memory.to_string()
+    };
+    (codec, memory)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +77,33 @@ mod tests {
         assert!(loco_log2s(&[0.0; 10], 4).is_err());
         assert!(loco_log2s(&[], 4).is_err());
         assert!(loco_log2s(&[f32::NAN, 1.0], 4).is_ok());
+    }
+
+    #[test]
+    fn only_scales_left_open_are_filled_in() {
+        assert_eq!(scale_left_to_calibration("loco"), Some(4));
+        assert_eq!(scale_left_to_calibration("loco:bits=8"), Some(8));
+        assert_eq!(scale_left_to_calibration("loco:bits=4:log2s=11"), None);
+        assert_eq!(scale_left_to_calibration("topk:0.1"), None);
+        assert_eq!(
+            with_calibrated_scale("loco:bits=4", "loco-ema:beta=0.2", 11),
+            (
+                "loco:bits=4:log2s=11".to_string(),
+                "loco-ema:beta=0.2:se=8192".to_string()
+            )
+        );
+        // What the job names stays as named.
+        assert_eq!(
+            with_calibrated_scale("loco:log2s=9", "loco-ema:se=100", 11),
+            ("loco:log2s=9".to_string(), "loco-ema:se=100".to_string())
+        );
+        assert_eq!(
+            with_calibrated_scale("f32", "ef", 11),
+            ("f32".to_string(), "ef".to_string())
+        );
+        let (codec, memory) = with_calibrated_scale("loco", "loco", -3);
+        assert!(
+            codec.parse::<CodecSpec>().is_ok() && memory.parse::<crate::feedback::Memory>().is_ok()
+        );
     }
 }

@@ -49,6 +49,22 @@ pub fn parse(text: &str) -> Result<Box<dyn Codec>> {
     Ok(build(text.parse()?))
 }
 
+/// The fraction of a fixed-scale (LoCo) payload's codes that sit at either end of the code
+/// range, where the quantizer clips: LoCo's sign that its scale s is too large. `None` for
+/// other codecs, or a payload that does not decode.
+pub fn saturated_fraction(spec: CodecSpec, payload: &[u8], n: usize) -> Option<f64> {
+    let CodecSpec::Loco { bits, .. } = spec else {
+        return None;
+    };
+    let codes = support::unpack(payload, n, bits, "loco").ok()?;
+    let (top, bottom) = (
+        support::to_pattern((1 << (bits - 1)) - 1, bits),
+        support::to_pattern(-(1 << (bits - 1)), bits),
+    );
+    let clipped = codes.iter().filter(|&&c| c == top || c == bottom).count();
+    Some(clipped as f64 / n.max(1) as f64)
+}
+
 /// Every codec shader, for validation tests.
 pub fn gpu_shaders() -> Vec<&'static crate::gpu::Shader> {
     gpu::shaders()

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 use super::Classifier;
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
-use crate::compress::{parse, Codec, DecodeMode};
+use crate::compress::{parse, saturated_fraction, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::nn::Module;
@@ -25,6 +25,18 @@ pub struct RoundBytes {
     pub f32_each_way: usize,
 }
 
+/// How the last round's codes sat: LoCo's diagnostics (loco.md §7.2, §7.5), per round.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CodeStats {
+    /// Fraction of the pushed fixed-scale (LoCo) codes at either end of their range: a scale s
+    /// too large clips most of them. `None` where no partition travels as LoCo codes.
+    pub saturated: Option<f64>,
+    /// Fraction of the error-feedback memory's entries that are nonzero: an error stuck at
+    /// zero means the memory does nothing (s too small for s_e), one nonzero almost everywhere
+    /// that it is pinned at its limit. `None` without error feedback.
+    pub error_nonzero: Option<f64>,
+}
+
 /// One rank of data-parallel training: its classifier replica and the collective it exchanges
 /// compressed gradients through, partition by partition.
 pub struct DataParallel<C: Collective> {
@@ -34,6 +46,8 @@ pub struct DataParallel<C: Collective> {
     pub collective: C,
     parts: Arc<[Partition]>,
     memories: Vec<Feedback>,
+    /// The last round's code statistics.
+    codes: CodeStats,
     pulls: Vec<Box<dyn Codec>>,
     seed: u64,
     /// The partitions' keys, in push order.
@@ -117,6 +131,7 @@ impl<C: Collective> DataParallel<C> {
             collective,
             parts: parts.into(),
             memories,
+            codes: CodeStats::default(),
             pulls,
             seed: plan.seed,
             keys,
@@ -206,7 +221,9 @@ impl<C: Collective> DataParallel<C> {
     fn encode_and_push(&mut self, host: Vec<Vec<f32>>) -> Result<usize> {
         use rayon::prelude::*;
         let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
-        let (tx, rx) = mpsc::channel::<Result<(Key, Vec<u8>)>>();
+        // Each encoded partition comes with its clipped LoCo codes (where it has any).
+        type Encoded = Result<(Key, Vec<u8>, Option<(usize, usize)>)>;
+        let (tx, rx) = mpsc::channel::<Encoded>();
         let (give_back, memories_back) = mpsc::sync_channel(1);
         let parts = Arc::clone(&self.parts);
         let mut memories = std::mem::take(&mut self.memories);
@@ -220,8 +237,13 @@ impl<C: Collective> DataParallel<C> {
                     .for_each_with(tx, |tx, (p, m)| {
                         let ctx = codec_context(seed, step, p.key).sent_by(rank);
                         let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
+                        let encoded = encoded.map(|bytes| {
+                            let clipped = saturated_fraction(m.codec().spec(), &bytes, p.len)
+                                .map(|f| ((f * p.len as f64).round() as usize, p.len));
+                            (p.key, bytes, clipped)
+                        });
                         // The receiver only stops listening after an error it already holds.
-                        let _ = tx.send(encoded.map(|bytes| (p.key, bytes)));
+                        let _ = tx.send(encoded);
                     })
             }));
             if encode.is_err() {
@@ -231,8 +253,13 @@ impl<C: Collective> DataParallel<C> {
             // The receiver waits for this below, whatever happened to the pushes.
             let _ = give_back.send(memories);
         });
+        let mut clipped: Option<(usize, usize)> = None;
         let pushed = rx.iter().try_fold(0, |pushed, encoded| {
-            let (key, bytes) = encoded?;
+            let (key, bytes, codes) = encoded?;
+            if let Some((c, n)) = codes {
+                let (sum_c, sum_n) = clipped.get_or_insert((0, 0));
+                (*sum_c, *sum_n) = (*sum_c + c, *sum_n + n);
+            }
             let len = bytes.len();
             self.collective.push(step, key, bytes)?;
             Ok::<_, Error>(pushed + len)
@@ -241,7 +268,28 @@ impl<C: Collective> DataParallel<C> {
         self.memories = memories_back.recv().map_err(|_| {
             Error::Data("the encoding task ended without returning its memories".into())
         })?;
+        self.codes = CodeStats {
+            saturated: clipped.map(|(c, n)| c as f64 / n.max(1) as f64),
+            error_nonzero: self.error_nonzero()?,
+        };
         pushed
+    }
+
+    /// The fraction of nonzero entries over every partition's error-feedback memory.
+    fn error_nonzero(&self) -> Result<Option<f64>> {
+        let (mut nonzero, mut total) = (0.0, 0usize);
+        for (m, p) in self.memories.iter().zip(self.parts.iter()) {
+            if m.memory() != Memory::None {
+                nonzero += m.nonzero_fraction()? * p.len as f64;
+                total += p.len;
+            }
+        }
+        Ok((total > 0).then(|| nonzero / total as f64))
+    }
+
+    /// How the last round's codes sat ([`CodeStats`]).
+    pub fn code_stats(&self) -> CodeStats {
+        self.codes
     }
 
     /// Applies one round's replies (in partition order) with the optimizer: the second half of

@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use murmur_node::Event;
 
+use crate::commands::code_stats::code_stats_line;
+
 #[derive(Default, Clone)]
 struct WorkerTotals {
     steps: u64,
@@ -27,6 +29,29 @@ pub struct Dashboard {
     rejoins: usize,
     /// Without a terminal: the next step at which to print a plain progress line.
     next_line: u64,
+    /// Rank 0's code statistics summed over its rounds, and the rounds that had each.
+    saturated: Mean,
+    error_nonzero: Mean,
+}
+
+/// A running mean of the values that were there.
+#[derive(Default, Clone, Copy)]
+struct Mean {
+    sum: f64,
+    count: u64,
+}
+
+impl Mean {
+    fn add(&mut self, value: Option<f64>) {
+        if let Some(v) = value {
+            self.sum += v;
+            self.count += 1;
+        }
+    }
+
+    fn value(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
 }
 
 /// What the run achieved, printed as JSON on stdout.
@@ -47,6 +72,14 @@ pub struct Outcome {
     /// f32 traffic over actual traffic.
     pub reduction: f64,
     pub rejoins: usize,
+    /// Mean over rank 0's rounds of the fraction of its LoCo codes clipped at the ends of
+    /// their range (LoCo codecs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loco_clipped: Option<f64>,
+    /// Mean over rank 0's rounds of the fraction of nonzero error-feedback entries (with
+    /// error feedback only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_nonzero: Option<f64>,
 }
 
 impl Dashboard {
@@ -78,6 +111,8 @@ impl Dashboard {
             total_steps: 0,
             rejoins: 0,
             next_line: 0,
+            saturated: Mean::default(),
+            error_nonzero: Mean::default(),
         }
     }
 
@@ -122,19 +157,26 @@ impl Dashboard {
                 pulled,
                 f32_each_way,
                 samples_per_second,
+                saturated,
+                error_nonzero,
             } => {
                 let bar = &self.bars[index];
                 bar.set_position(step);
+                let codes = code_stats_line(saturated, error_nonzero);
                 bar.set_message(format!(
-                    "loss {loss:.3}  up {:.0} KB  down {:.0} KB /step (f32 {:.0} KB)  {samples_per_second:.0} samples/s",
+                    "loss {loss:.3}  up {:.0} KB  down {:.0} KB /step (f32 {:.0} KB)  {samples_per_second:.0} samples/s{codes}",
                     pushed as f64 / 1e3,
                     pulled as f64 / 1e3,
                     f32_each_way as f64 / 1e3
                 ));
+                if rank == 0 {
+                    self.saturated.add(saturated);
+                    self.error_nonzero.add(error_nonzero);
+                }
                 if self.multi.is_hidden() && rank == 0 && step >= self.next_line {
                     self.next_line = step + (self.total_steps / 10).max(1);
                     eprintln!(
-                        "step {step}/{}: loss {loss:.3}, {:.0} KB up and {:.0} KB down per worker per step (f32: {:.0} KB each way)",
+                        "step {step}/{}: loss {loss:.3}, {:.0} KB up and {:.0} KB down per worker per step (f32: {:.0} KB each way){codes}",
                         self.total_steps,
                         pushed as f64 / 1e3,
                         pulled as f64 / 1e3,
@@ -216,6 +258,8 @@ impl Dashboard {
             total_f32_bytes,
             reduction: total_f32_bytes as f64 / total_bytes.max(1) as f64,
             rejoins: self.rejoins,
+            loco_clipped: self.saturated.value(),
+            error_nonzero: self.error_nonzero.value(),
         }
     }
 

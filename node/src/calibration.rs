@@ -1,0 +1,72 @@
+//! LoCo's scale, calibrated where the job leaves it open: the codec's own default (2^19) suits
+//! no real gradient (loco.md §7.5), so a `loco` codec without `log2s` is calibrated the way
+//! `murmur repro loco` does it, from the gradient of the initial model on the job's first
+//! global batch.
+//!
+//! Every worker computes the same scale without talking to the others: the initial model and
+//! the first global batch follow from the job's seed, and the gradient is taken on the CPU,
+//! whose bits are the same on every machine. The scale then sits in the codec spec of every key
+//! a worker registers, and the servers refuse a worker whose keys differ, so no two workers can
+//! ever quantize at different scales (the integer sum of their codes stays exact).
+
+use murmur_engine::algo::calibrate::{
+    loco_log2s, scale_left_to_calibration, with_calibrated_scale,
+};
+use murmur_engine::data::epoch_batches;
+use murmur_engine::train::Classifier;
+use murmur_engine::Device;
+
+use crate::data::Sets;
+use crate::error::Result;
+use crate::job::Job;
+
+/// `job` with LoCo's scale filled in wherever it leaves it to calibration (the push codec, the
+/// reply codec, and the LoCo memories that go with them); unchanged otherwise.
+pub(crate) fn calibrate_loco(job: Job, sets: &Sets, world: usize, total_steps: u64) -> Result<Job> {
+    let pull = job.pull_codec.clone().unwrap_or_else(|| job.codec.clone());
+    let bits = match (
+        scale_left_to_calibration(&job.codec),
+        scale_left_to_calibration(&pull),
+    ) {
+        (Some(bits), _) | (None, Some(bits)) => bits,
+        (None, None) => return Ok(job),
+    };
+    let log2s = first_batch_log2s(&job, sets, world, total_steps, bits)?;
+    tracing::info!("LoCo's scale calibrated from the first global batch: s = 2^{log2s}");
+    let (codec, memory) = with_calibrated_scale(&job.codec, &job.memory, log2s);
+    let (pull_codec, server_memory) = with_calibrated_scale(&pull, &job.server_memory, log2s);
+    Ok(Job {
+        pull_codec: job.pull_codec.is_some().then_some(pull_codec),
+        codec,
+        memory,
+        server_memory,
+        ..job
+    })
+}
+
+/// `log2 s` that puts the 99.9th percentile of the initial gradient's magnitudes at the top
+/// code of `bits`-bit LoCo, on the job's first global batch.
+fn first_batch_log2s(
+    job: &Job,
+    sets: &Sets,
+    world: usize,
+    total_steps: u64,
+    bits: u32,
+) -> Result<i32> {
+    let train = &sets.train;
+    let clf = Classifier::new(
+        &Device::Cpu,
+        train.features(),
+        train.classes,
+        &job.classifier_config(total_steps)?,
+    )?;
+    let batches = epoch_batches(train.len(), job.batch * world, job.seed, 0);
+    let first = batches.first().ok_or_else(|| {
+        murmur_engine::Error::Config("calibrating LoCo's scale: no training batch".into())
+    })?;
+    let (x, labels) = train.batch(first);
+    let (_, grads) = clf.loss_and_grads(&x, &labels, 0)?;
+    let flat: Vec<f32> =
+        murmur_engine::Tensor::read_many(&grads.iter().collect::<Vec<_>>())?.concat();
+    Ok(loco_log2s(&flat, bits)?)
+}
