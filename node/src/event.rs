@@ -30,6 +30,10 @@ pub enum Event {
         keys: usize,
         /// The round it starts at (above 0 after catching up with a running swarm).
         from_step: u64,
+        /// The codec of its compressed pushes, with every parameter named (LoCo's calibrated
+        /// scale included).
+        #[serde(default)]
+        codec: String,
     },
     /// A round this worker took part in closed and was applied.
     Step {

@@ -398,6 +398,11 @@ impl Run {
             parameters: dp.clf.model.parameter_count(),
             keys: dp.partitions().len(),
             from_step: dp.round(),
+            codec: job
+                .codec
+                .parse::<murmur_engine::compress::CodecSpec>()
+                .map(|c| c.to_string())
+                .unwrap_or_else(|_| job.codec.clone()),
         });
         let started = Instant::now();
         let (totals, final_accuracy, stopped) = self.train_rounds(&joined, &mut dp)?;

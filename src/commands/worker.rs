@@ -105,6 +105,7 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
                 parameters,
                 keys,
                 from_step,
+                codec,
                 ..
             } => {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -112,7 +113,7 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
                 bar.set_position(from_step);
                 bar.set_prefix(rank.to_string());
                 bar.println(format!(
-                    "rank {rank} of {world}: {parameters} parameters in {keys} keys, rounds {from_step}..{steps}"
+                    "rank {rank} of {world}: {parameters} parameters in {keys} keys, rounds {from_step}..{steps}, pushes {codec}"
                 ));
             }
             Event::Step {

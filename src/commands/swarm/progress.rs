@@ -136,6 +136,7 @@ impl Dashboard {
                 from_step,
                 parameters,
                 keys,
+                codec,
                 ..
             } => {
                 let bar = &self.bars[index];
@@ -145,7 +146,7 @@ impl Dashboard {
                 self.total_steps = steps;
                 if rank == 0 {
                     self.say(format!(
-                        "model: {parameters} parameters in {keys} keys; {steps} rounds"
+                        "model: {parameters} parameters in {keys} keys; {steps} rounds; pushes {codec}"
                     ));
                 }
             }
