@@ -783,3 +783,59 @@ fn values_too_small_to_code_stay_in_error_feedback() {
         }
     }
 }
+
+/// ulps between two finite f32 of one sign.
+fn ulps(a: f32, b: f32) -> u32 {
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+}
+
+#[test]
+fn qsgd_values_are_within_ulps_of_the_papers_formula() {
+    // QSGD and block-absmax decode l * (scale / L); the formulation in the specs
+    // (clapping.md §5, byteps-clan.md's dithering) is scale * l / L. Both round twice; this
+    // measures how far apart they land, and how far each is from the exact value, over every
+    // level of many scales. (Printed with --nocapture; docs/wire-format.md quotes the numbers.)
+    let mut rng = Rng::new(77, 0);
+    for bits in [5u32, 6, 8] {
+        let c = parse(&format!("qsgd:bits={bits}")).unwrap();
+        let top = (1u32 << (bits - 1)) - 1;
+        let (mut differ, mut total, mut widest) = (0u64, 0u64, 0u32);
+        let (mut ours_worst, mut theirs_worst) = (0.0f64, 0.0f64);
+        for _ in 0..2000 {
+            let scale = (rng.normal() * 0.01).abs().max(1e-30);
+            // A payload of every level at this scale.
+            let x: Vec<f32> = (0..=top).map(|l| scale * l as f32 / top as f32).collect();
+            let mut payload = c.encode(&x, &ctx(0));
+            payload[..4].copy_from_slice(&scale.to_le_bytes());
+            let codes: Vec<u32> = (0..=top).collect();
+            let mut packed = vec![0u8; payload.len() - 4];
+            murmur_engine::compress::support::pack(&codes, bits, &mut packed);
+            payload[4..].copy_from_slice(&packed);
+            let ours = c.decode(&payload, x.len(), &ctx(0)).unwrap();
+            for (l, &v) in ours.iter().enumerate().skip(1) {
+                let theirs = scale * l as f32 / top as f32;
+                let exact = scale as f64 * l as f64 / top as f64;
+                let step = ((exact as f32).next_up() - exact as f32) as f64;
+                let ulp = |v: f32| (v as f64 - exact).abs() / step;
+                ours_worst = ours_worst.max(ulp(v));
+                theirs_worst = theirs_worst.max(ulp(theirs));
+                let d = ulps(v, theirs);
+                widest = widest.max(d);
+                differ += (d > 0) as u64;
+                total += 1;
+            }
+        }
+        println!(
+            "qsgd:bits={bits}: {:.1}% of values differ from scale * l / L, by at most {widest} ulp; \
+             worst error against the exact value: ours {ours_worst:.2} ulp, theirs {theirs_worst:.2} ulp",
+            100.0 * differ as f64 / total as f64
+        );
+        // Two correctly rounded operations each: a relative error below 2 * 2^-24, so at most
+        // 2 ulp from the exact value, and the two at most 3 ulp apart (measured: see above).
+        assert!(widest <= 3, "bits {bits}: {widest} ulps apart");
+        assert!(
+            ours_worst <= 2.0 && theirs_worst <= 2.0,
+            "{ours_worst} {theirs_worst}"
+        );
+    }
+}
