@@ -839,3 +839,29 @@ fn qsgd_values_are_within_ulps_of_the_papers_formula() {
         );
     }
 }
+
+#[test]
+fn the_l2_norm_is_right_past_the_squares_range() {
+    // Squares in f32 overflowed from about 1.8e19: the norm saturated at f32::MAX (so the
+    // scale was capped and every value decoded far too large or too small).
+    use murmur_engine::compress::support::l2_norm;
+    for (v, n) in [(2e19f32, 100usize), (3e30, 7), (1e36, 4096 * 2 + 3)] {
+        let x = vec![v; n];
+        let want = (v as f64) * (n as f64).sqrt();
+        let got = l2_norm(&x) as f64;
+        assert!(
+            (got - want).abs() <= 4e-7 * want,
+            "{n} x {v}: {got} against {want}"
+        );
+    }
+    // Below the overflow the bits are those of the plain sum, as before.
+    let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1e-3).collect();
+    let plain: f32 = murmur_engine::compress::support::canonical_sum(x.len(), |i| x[i] * x[i]);
+    assert_eq!(l2_norm(&x).to_bits(), plain.sqrt().to_bits());
+    // And the codec's scale follows: a vector of 2e19s decodes back to about 2e19.
+    let c = parse("dither:linear:s=15:norm=l2").unwrap();
+    let x = vec![2e19f32; 100];
+    let y = c.decode(&c.encode(&x, &ctx(0)), 100, &ctx(0)).unwrap();
+    let mean = y.iter().map(|&v| v as f64).sum::<f64>() / 100.0;
+    assert!((mean / 2e19 - 1.0).abs() < 0.3, "decoded mean {mean}");
+}

@@ -141,6 +141,8 @@ fn tiny_and_huge_scales_match_too() {
             vec![1e-40f32, 0.0, -1e-40, 0.0, 2e-39],
             vec![1e-37, 0.0, -3e-38],
             vec![1e38, -3e38, 0.0, 1.0],
+            // Squares past f32's range: the l2 norm is taken of values scaled by 2^-64.
+            vec![2e19; 100],
             // Values near f32::MAX: scales saturate, random-k's n / k saturates, recursive
             // sign's rounds add up past the range; every payload still decodes alike.
             vec![f32::MAX; 64],

@@ -4,9 +4,10 @@
 // over the chunk results until one value is left.
 //
 // `chunks`: MODE 0 sums |clean(x)|, 1 sums clean(x)^2, 2 takes max |clean(x)|, 3 sums x as
-//   given, 4 takes max of x as given (levels after the first).
+//   given, 4 takes max of x as given (levels after the first), 5 sums (clean(x) * 2^-64)^2.
 // `finish`: writes the final value into payload word `dst`: FINISH 0 copies, 1 takes the
-//   square root, 2 divides by f32(n); results past f32's range saturate at its maximum.
+//   square root of x[0], or where that sum overflowed, of x[1] (MODE 5's) times 2^64
+//   (compress::support::l2_norm), 2 divides by f32(n); results past f32's range saturate.
 // `group_max`: blockq's per-group scales, max|v| * 2^(1-bits) (or 1 for an all-zero group),
 //   one invocation per group walking it in order.
 
@@ -25,6 +26,9 @@ override MODE: u32 = 0u;
 override FINISH: u32 = 0u;
 
 const LANES: u32 = 256u;
+// 2^-64 and 2^64 (compress::support::L2_DOWNSCALE and its inverse).
+const L2_DOWNSCALE: f32 = 5.42101086242752217004e-20;
+const L2_UPSCALE: f32 = 18446744073709551616.0;
 const CHUNK: u32 = 4096u;
 var<workgroup> lanes: array<f32, 256>;
 
@@ -32,6 +36,7 @@ fn term(v: f32) -> f32 {
     switch MODE {
         case 0u: { return abs(clean(v)); }
         case 1u: { let c = clean(v); return c * c; }
+        case 5u: { let c = clean(v) * L2_DOWNSCALE; return c * c; }
         case 2u: { return abs(clean(v)); }
         default: { return v; }
     }
@@ -76,7 +81,13 @@ fn finish() {
         // A quantizer's scale stops at 2^127 (compress::support::MAX_SCALE), so that its
         // largest value stays finite; sums past f32's range saturate too.
         case 0u: { out[p.dst] = min(v, MAX_SCALE); }
-        case 1u: { out[p.dst] = min(sqrt(v), MAX_SCALE); }
+        case 1u: {
+            if ((bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u) { // finite
+                out[p.dst] = min(sqrt(v), MAX_SCALE);
+            } else {
+                out[p.dst] = min(sqrt(x[1]) * L2_UPSCALE, MAX_SCALE);
+            }
+        }
         default: {
             if (p.n == 0u) {
                 out[p.dst] = 0.0;

@@ -25,8 +25,8 @@ use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties
 use super::gpu::{dense_decode_gpu, dense_encode_gpu, DenseLayout};
 use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::{
-    canonical_sum, check_padding, check_payload_len, clean, max_abs, packed_len, payload_err,
-    read_scale, rne, sign_extend, to_pattern, MAX_FACTOR, MAX_SCALE,
+    check_padding, check_payload_len, clean, l2_norm, max_abs, packed_len, payload_err, read_scale,
+    rne, sign_extend, to_pattern, MAX_FACTOR, MAX_SCALE,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -126,11 +126,7 @@ impl DenseCodec {
                 norm: Norm::Max, ..
             }
             | CodecSpec::Qsgd { .. } => vec![max_abs(x).min(MAX_SCALE)],
-            CodecSpec::Dither { norm: Norm::L2, .. } => {
-                vec![canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i]))
-                    .sqrt()
-                    .min(MAX_SCALE)]
-            }
+            CodecSpec::Dither { norm: Norm::L2, .. } => vec![l2_norm(x).min(MAX_SCALE)],
             CodecSpec::BlockQ { bits, group } => x
                 .par_chunks(group)
                 .map(|g| {

@@ -65,6 +65,8 @@ enum Fold {
     SumAbs = 0,
     SumSquares = 1,
     MaxAbs = 2,
+    /// Squares of the values scaled by 2^-64 (support::L2_DOWNSCALE).
+    SumScaledSquares = 5,
 }
 
 /// The canonical reduction of `x[..n]` into a one-element buffer.
@@ -327,14 +329,20 @@ pub(super) fn dense_encode_gpu(
             Finish::Copy,
             n,
         ),
-        CodecSpec::Dither { norm: Norm::L2, .. } => finish(
-            gpu,
-            &canonical(gpu, x, n, Fold::SumSquares)?,
-            &payload,
-            0,
-            Finish::Sqrt,
-            n,
-        ),
+        CodecSpec::Dither { norm: Norm::L2, .. } => {
+            // Both sums, plain and of values scaled by 2^-64; the finish takes the plain one
+            // unless it overflowed (support::l2_norm).
+            let twins = gpu.alloc(8)?;
+            gpu.copy(&canonical(gpu, x, n, Fold::SumSquares)?, 0, &twins, 0, 4);
+            gpu.copy(
+                &canonical(gpu, x, n, Fold::SumScaledSquares)?,
+                0,
+                &twins,
+                4,
+                4,
+            );
+            finish(gpu, &twins, &payload, 0, Finish::Sqrt, n)
+        }
         CodecSpec::BlockQ { bits, group } => {
             let params = ReduceParams {
                 n: n as u32,

@@ -65,6 +65,27 @@ pub fn canonical_sum(n: usize, f: impl Fn(usize) -> f32 + Sync) -> f32 {
     canonical_sum_of(&partials)
 }
 
+/// `2^-64`: what the l2 norm scales values by when their squares' sum passes f32's range.
+pub const L2_DOWNSCALE: f32 = f32::from_bits(0x1f80_0000);
+
+/// `sqrt(Σ clean(v)²)`, the squares summed in the canonical order. Where that sum passes
+/// f32's range (values from about 1.8e19 up), the values are scaled by 2^-64 first, exactly,
+/// and the root scaled back, so the norm stays right up to f32's largest values (past it, it
+/// saturates). Finite sums keep their bits: the scaled sum is only taken when the plain one
+/// overflowed. The GPU computes both sums and takes the same one.
+pub fn l2_norm(x: &[f32]) -> f32 {
+    let plain = canonical_sum(x.len(), |i| clean(x[i]) * clean(x[i]));
+    if plain.is_finite() {
+        return plain.sqrt();
+    }
+    let scaled = canonical_sum(x.len(), |i| {
+        let v = clean(x[i]) * L2_DOWNSCALE;
+        v * v
+    });
+    // Times 2^64, exactly (a power of two), as the GPU does it.
+    (scaled.sqrt() * f32::from_bits(0x5f80_0000)).min(f32::MAX)
+}
+
 /// [`canonical_sum`] of a slice.
 pub fn canonical_sum_of(values: &[f32]) -> f32 {
     canonical_sum(values.len(), |i| values[i])
