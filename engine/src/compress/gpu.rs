@@ -403,7 +403,7 @@ pub(super) fn dense_decode_gpu(
 
 pub(super) mod sparse_gpu {
     use super::*;
-    use crate::compress::sparse::randk_factor;
+    use crate::compress::support::randk_factor;
 
     /// What the sparse kernels need to know of a sparsifier for `n` elements.
     pub struct SparseLayout {

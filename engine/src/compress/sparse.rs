@@ -21,8 +21,8 @@ use super::gpu::sparse_gpu::{self, SparseLayout};
 use super::select::select_top;
 use super::spec::CodecSpec;
 use super::support::{
-    clean, f16_to_f32, pack, packed_len, payload_err, read_scale, sign_extend, to_pattern, unpack,
-    MAX_FACTOR, MAX_SCALE,
+    clean, f16_to_f32, pack, packed_len, payload_err, randk_factor, read_scale, scale_saturating,
+    sign_extend, to_pattern, unpack, MAX_FACTOR, MAX_SCALE,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -84,31 +84,6 @@ impl Sparse {
 }
 
 /// Random-k's index set: the k largest random words, as the top-k machinery selects them.
-/// Scaled random-k's factor n / k, and the largest |v| whose product with it is finite.
-pub(crate) fn randk_factor(n: usize, k: usize) -> (f32, f32) {
-    let factor = n as f32 / k as f32;
-    let mut limit = f32::MAX / factor;
-    while (limit * factor).is_infinite() {
-        limit = limit.next_down();
-    }
-    while limit < f32::MAX && (limit.next_up() * factor).is_finite() {
-        limit = limit.next_up();
-    }
-    (factor, limit)
-}
-
-/// `v * factor`, saturating at ±f32::MAX past `limit` (from [`randk_factor`]): an infinite
-/// value would make a payload its own decoder refuses. The limit is compared instead of the
-/// product so that the GPU, whose overflow behaviour WGSL leaves open, gives the same bits.
-#[inline]
-pub(crate) fn scale_saturating(v: f32, factor: f32, limit: f32) -> f32 {
-    if v.abs() > limit {
-        f32::MAX.copysign(v)
-    } else {
-        v * factor
-    }
-}
-
 pub(crate) fn random_indices(n: usize, k: usize, ctx: &CodecContext) -> Vec<u32> {
     use rayon::prelude::*;
     // The selection reads each key several times: draw the words once, in bulk.

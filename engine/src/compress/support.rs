@@ -37,6 +37,31 @@ pub const MAX_FACTOR: f32 = f32::from_bits(0x7e80_0000);
 /// at the cap, as natural compression's do at 2^127.
 pub const MAX_SCALE: f32 = f32::from_bits(0x7f00_0000);
 
+/// Scaled random-k's factor n / k, and the largest |v| whose product with it is finite.
+pub fn randk_factor(n: usize, k: usize) -> (f32, f32) {
+    let factor = n as f32 / k as f32;
+    let mut limit = f32::MAX / factor;
+    while (limit * factor).is_infinite() {
+        limit = limit.next_down();
+    }
+    while limit < f32::MAX && (limit.next_up() * factor).is_finite() {
+        limit = limit.next_up();
+    }
+    (factor, limit)
+}
+
+/// `v * factor`, saturating at ±f32::MAX past `limit` (from [`randk_factor`]): an infinite
+/// value would make a payload its own decoder refuses. The limit is compared instead of the
+/// product so that the GPU, whose overflow behaviour WGSL leaves open, gives the same bits.
+#[inline]
+pub fn scale_saturating(v: f32, factor: f32, limit: f32) -> f32 {
+    if v.abs() > limit {
+        f32::MAX.copysign(v)
+    } else {
+        v * factor
+    }
+}
+
 /// Lanes of the reduction workgroup, and elements one workgroup folds per pass.
 pub const LANES: usize = 256;
 /// Elements one reduction workgroup folds per pass, the chunk of [`canonical_sum`].
