@@ -49,10 +49,10 @@ pub fn parse(text: &str) -> Result<Box<dyn Codec>> {
     Ok(build(text.parse()?))
 }
 
-/// The fraction of a fixed-scale (LoCo) payload's codes that sit at either end of the code
-/// range, where the quantizer clips: LoCo's sign that its scale s is too large. `None` for
-/// other codecs, or a payload that does not decode.
-pub fn saturated_fraction(spec: CodecSpec, payload: &[u8], n: usize) -> Option<f64> {
+/// How many of a fixed-scale (LoCo) payload's `n` codes sit at either end of the code range,
+/// where the quantizer clips: LoCo's sign that its scale s is too large. `None` for other
+/// codecs, or a payload that does not decode.
+pub fn clipped_codes(spec: CodecSpec, payload: &[u8], n: usize) -> Option<usize> {
     let CodecSpec::Loco { bits, .. } = spec else {
         return None;
     };
@@ -61,8 +61,7 @@ pub fn saturated_fraction(spec: CodecSpec, payload: &[u8], n: usize) -> Option<f
         support::to_pattern((1 << (bits - 1)) - 1, bits),
         support::to_pattern(-(1 << (bits - 1)), bits),
     );
-    let clipped = codes.iter().filter(|&&c| c == top || c == bottom).count();
-    Some(clipped as f64 / n.max(1) as f64)
+    Some(codes.iter().filter(|&&c| c == top || c == bottom).count())
 }
 
 /// Every codec shader, for validation tests.

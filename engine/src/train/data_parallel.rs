@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 use super::Classifier;
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
-use crate::compress::{parse, saturated_fraction, Codec, DecodeMode};
+use crate::compress::{clipped_codes, parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::nn::Module;
@@ -238,8 +238,8 @@ impl<C: Collective> DataParallel<C> {
                         let ctx = codec_context(seed, step, p.key).sent_by(rank);
                         let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
                         let encoded = encoded.map(|bytes| {
-                            let clipped = saturated_fraction(m.codec().spec(), &bytes, p.len)
-                                .map(|f| ((f * p.len as f64).round() as usize, p.len));
+                            let clipped =
+                                clipped_codes(m.codec().spec(), &bytes, p.len).map(|c| (c, p.len));
                             (p.key, bytes, clipped)
                         });
                         // The receiver only stops listening after an error it already holds.
