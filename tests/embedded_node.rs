@@ -272,3 +272,45 @@ fn a_worker_runs_from_inside_an_async_runtime() {
     });
     assert!(report.stopped && report.steps >= 3);
 }
+
+#[test]
+fn workers_calibrate_loco_alike_and_report_how_its_codes_sit() {
+    // A `loco` codec that names no scale used to run at the codec's fixed 2^19 (most codes
+    // clipped). Each worker now derives s from the first global batch: both derive the same
+    // (the server takes only identical keys, so both training is the proof), and every round
+    // reports its clipped codes and nonzero error entries.
+    if !have_mnist() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("embedded-loco");
+    prepare(&dir.0, 1, 2).unwrap();
+    let loco = Job {
+        codec: "loco".into(),
+        memory: "loco-ema".into(),
+        server_memory: "none".into(),
+        pull_codec: Some("f32".into()),
+        ..job(2, 4)
+    };
+    let server = server(&dir.0, loco);
+    let workers: Vec<WorkerHandle> = (0..2)
+        .map(|i| worker(&dir.0, &server, i, DeviceKind::Cpu))
+        .collect();
+    let mut events = workers[0].events();
+    let (clipped, nonzero) = wait_for(&mut events, Duration::from_secs(120), |e| match e {
+        Event::Step {
+            saturated,
+            error_nonzero,
+            ..
+        } => Some((*saturated, *error_nonzero)),
+        _ => None,
+    });
+    assert!(clipped.is_some_and(|c| c < 0.5), "{clipped:?}");
+    assert!(nonzero.is_some(), "{nonzero:?}");
+    let reports: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    assert_eq!(reports[0].steps, 4);
+    let ran = &reports[0].job;
+    assert!(ran.codec.starts_with("loco:log2s="), "{}", ran.codec);
+    assert_ne!(ran.codec, "loco:log2s=19");
+    assert!(ran.memory.starts_with("loco-ema:se="), "{}", ran.memory);
+    assert_eq!(reports[1].job, *ran, "both workers ran one scale");
+}
