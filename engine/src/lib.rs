@@ -21,6 +21,7 @@ pub mod optim;
 pub mod pipeline;
 pub mod rng;
 pub mod shaders;
+pub mod stats;
 pub mod tensor;
 pub mod train;
 

@@ -865,3 +865,29 @@ fn the_l2_norm_is_right_past_the_squares_range() {
     let mean = y.iter().map(|&v| v as f64).sum::<f64>() / 100.0;
     assert!((mean / 2e19 - 1.0).abs() < 0.3, "decoded mean {mean}");
 }
+
+#[test]
+fn clipped_codes_are_counted_in_the_packed_bytes() {
+    use murmur_engine::compress::{clipped_codes, support, CodecSpec};
+    let x = normal(1001, 21);
+    for (bits, log2s) in [(4u32, 2), (8, 6), (4, 9), (8, 12)] {
+        let spec = CodecSpec::Loco { bits, log2s };
+        let payload = parse(&spec.to_string()).unwrap().encode(&x, &ctx(0));
+        let codes = support::unpack(&payload, x.len(), bits, "loco").unwrap();
+        let (top, bottom) = (
+            support::to_pattern((1 << (bits - 1)) - 1, bits),
+            support::to_pattern(-(1 << (bits - 1)), bits),
+        );
+        let want = codes.iter().filter(|&&c| c == top || c == bottom).count();
+        assert_eq!(clipped_codes(spec, &payload, x.len()), Some(want), "{spec}");
+        assert!(
+            want > 0 && want < x.len(),
+            "{spec}: {want} clipped, a case that tells"
+        );
+    }
+    assert_eq!(clipped_codes(CodecSpec::Sign, &[0; 12], 64), None);
+    assert_eq!(
+        clipped_codes(CodecSpec::Loco { bits: 4, log2s: 0 }, &[0; 3], 64),
+        None
+    );
+}

@@ -15,6 +15,7 @@ use crate::comm::Collective;
 use crate::data::{epoch_batches, ImageSet};
 use crate::error::{Error, Result};
 use crate::nn::Module;
+use crate::stats::Mean;
 use crate::tensor::Device;
 use crate::train::{rank_share, rank_slice, Classifier, ClassifierConfig};
 
@@ -92,30 +93,6 @@ struct EpochEnd {
     contraction: Mean,
     server_contraction: Mean,
     bytes: u64,
-}
-
-#[derive(Default, Clone, Copy)]
-struct Mean {
-    sum: f64,
-    count: u64,
-}
-
-impl Mean {
-    fn add(&mut self, v: Option<f64>) {
-        if let Some(v) = v {
-            self.sum += v;
-            self.count += 1;
-        }
-    }
-
-    fn merge(&mut self, other: Mean) {
-        self.sum += other.sum;
-        self.count += other.count;
-    }
-
-    fn get(self) -> Option<f64> {
-        (self.count > 0).then(|| self.sum / self.count as f64)
-    }
 }
 
 /// Steps per epoch: whole global batches only, so that every worker has a full batch.

@@ -51,17 +51,34 @@ pub fn parse(text: &str) -> Result<Box<dyn Codec>> {
 
 /// How many of a fixed-scale (LoCo) payload's `n` codes sit at either end of the code range,
 /// where the quantizer clips: LoCo's sign that its scale s is too large. `None` for other
-/// codecs, or a payload that does not decode.
+/// codecs, or a payload of the wrong length. Counted in the packed bytes, without unpacking:
+/// a data-parallel worker counts every push.
 pub fn clipped_codes(spec: CodecSpec, payload: &[u8], n: usize) -> Option<usize> {
     let CodecSpec::Loco { bits, .. } = spec else {
         return None;
     };
-    let codes = support::unpack(payload, n, bits, "loco").ok()?;
+    if payload.len() != support::packed_len(n, bits) {
+        return None;
+    }
+    let mask = (1u64 << bits) - 1;
     let (top, bottom) = (
-        support::to_pattern((1 << (bits - 1)) - 1, bits),
-        support::to_pattern(-(1 << (bits - 1)), bits),
+        support::to_pattern((1 << (bits - 1)) - 1, bits) as u64,
+        support::to_pattern(-(1 << (bits - 1)), bits) as u64,
     );
-    Some(codes.iter().filter(|&&c| c == top || c == bottom).count())
+    // Codes are LSB-first in the byte stream: refill a 64-bit window a byte at a time.
+    let (mut window, mut held, mut bytes) = (0u64, 0u32, payload.iter());
+    let mut clipped = 0;
+    for _ in 0..n {
+        while held < bits {
+            window |= (*bytes.next()? as u64) << held;
+            held += 8;
+        }
+        let code = window & mask;
+        clipped += usize::from(code == top || code == bottom);
+        window >>= bits;
+        held -= bits;
+    }
+    Some(clipped)
 }
 
 /// Every codec shader, for validation tests.

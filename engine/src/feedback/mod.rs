@@ -404,7 +404,20 @@ impl Feedback {
     /// Fraction of nonzero error entries: LoCo's diagnostic for an error stuck at zero
     /// (loco.md §7.2).
     pub fn nonzero_fraction(&self) -> Result<f64> {
-        let e = self.error()?;
-        Ok(e.iter().filter(|v| **v != 0.0).count() as f64 / self.n.max(1) as f64)
+        Ok(self.nonzero_entries()? as f64 / self.n.max(1) as f64)
+    }
+
+    /// Nonzero error entries, counted where the memory lives (a CPU memory is not copied: a
+    /// data-parallel worker counts them every round).
+    pub fn nonzero_entries(&self) -> Result<usize> {
+        Ok(match &self.state {
+            State::None => 0,
+            State::Residual(e) => e.iter().filter(|v| **v != 0.0).count(),
+            // A nonzero int8 code times 1/s_e is nonzero (1/s_e >= 2^-128 > 0).
+            State::Ema(eq, _) => eq.iter().filter(|c| **c != 0).count(),
+            State::ResidualGpu(_) | State::EmaGpu(..) => {
+                self.error()?.iter().filter(|v| **v != 0.0).count()
+            }
+        })
     }
 }

@@ -277,14 +277,14 @@ impl<C: Collective> DataParallel<C> {
 
     /// The fraction of nonzero entries over every partition's error-feedback memory.
     fn error_nonzero(&self) -> Result<Option<f64>> {
-        let (mut nonzero, mut total) = (0.0, 0usize);
+        let (mut nonzero, mut total) = (0usize, 0usize);
         for (m, p) in self.memories.iter().zip(self.parts.iter()) {
             if m.memory() != Memory::None {
-                nonzero += m.nonzero_fraction()? * p.len as f64;
+                nonzero += m.nonzero_entries()?;
                 total += p.len;
             }
         }
-        Ok((total > 0).then(|| nonzero / total as f64))
+        Ok((total > 0).then(|| nonzero as f64 / total as f64))
     }
 
     /// How the last round's codes sat ([`CodeStats`]).

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use murmur_engine::stats::Mean;
 use murmur_node::Event;
 
 use crate::commands::code_stats::code_stats_line;
@@ -32,26 +33,6 @@ pub struct Dashboard {
     /// Rank 0's code statistics summed over its rounds, and the rounds that had each.
     saturated: Mean,
     error_nonzero: Mean,
-}
-
-/// A running mean of the values that were there.
-#[derive(Default, Clone, Copy)]
-struct Mean {
-    sum: f64,
-    count: u64,
-}
-
-impl Mean {
-    fn add(&mut self, value: Option<f64>) {
-        if let Some(v) = value {
-            self.sum += v;
-            self.count += 1;
-        }
-    }
-
-    fn value(&self) -> Option<f64> {
-        (self.count > 0).then(|| self.sum / self.count as f64)
-    }
 }
 
 /// What the run achieved, printed as JSON on stdout.
@@ -259,8 +240,8 @@ impl Dashboard {
             total_f32_bytes,
             reduction: total_f32_bytes as f64 / total_bytes.max(1) as f64,
             rejoins: self.rejoins,
-            loco_clipped: self.saturated.value(),
-            error_nonzero: self.error_nonzero.value(),
+            loco_clipped: self.saturated.get(),
+            error_nonzero: self.error_nonzero.get(),
         }
     }
 
