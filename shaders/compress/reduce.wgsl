@@ -3,10 +3,13 @@
 // taking values t, t + 256, ... in order, then the 256 lanes combine as a tree; levels repeat
 // over the chunk results until one value is left.
 //
-// `chunks`: MODE 0 sums |clean(x)|, 1 sums clean(x)^2, 2 takes max |clean(x)|, 3 sums x as
-//   given, 4 takes max of x as given (levels after the first), 5 sums (clean(x) * 2^-64)^2.
+// `chunks`: MODE 0 sums |clean(x)|, 2 takes max |clean(x)|, 3 sums x as given, 4 takes max
+//   of x as given (levels after the first).
+// `twins`: the l2 norm's two sums in one pass, in the same order per component: LEVEL 0 sums
+//   (clean(x)^2, (clean(x) * 2^-64)^2), LEVEL 1 sums the pairs (x[2i], x[2i + 1]) of the level
+//   below; each chunk writes its pair to out[2c], out[2c + 1].
 // `finish`: writes the final value into payload word `dst`: FINISH 0 copies, 1 takes the
-//   square root of x[0], or where that sum overflowed, of x[1] (MODE 5's) times 2^64
+//   square root of x[0], or where that sum overflowed, of x[1] times 2^64
 //   (compress::support::l2_norm), 2 divides by f32(n); results past f32's range saturate.
 // `group_max`: blockq's per-group scales, max|v| * 2^(1-bits) (or 1 for an all-zero group),
 //   one invocation per group walking it in order.
@@ -35,8 +38,6 @@ var<workgroup> lanes: array<f32, 256>;
 fn term(v: f32) -> f32 {
     switch MODE {
         case 0u: { return abs(clean(v)); }
-        case 1u: { let c = clean(v); return c * c; }
-        case 5u: { let c = clean(v) * L2_DOWNSCALE; return c * c; }
         case 2u: { return abs(clean(v)); }
         default: { return v; }
     }
@@ -71,6 +72,41 @@ fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     if (lid == 0u) {
         out[c] = lanes[0];
+    }
+}
+
+override LEVEL: u32 = 0u;
+var<workgroup> twin_lanes: array<vec2<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn twins(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.y * nwg.x + wid.x;
+    let start = c * CHUNK;
+    if (start >= p.n && c > 0u) {
+        return;
+    }
+    let end = min(start + CHUNK, p.n);
+    var acc = vec2<f32>(0.0, 0.0);
+    for (var i = start + lid; i < end; i += LANES) {
+        if (LEVEL == 0u) {
+            let v = clean(x[i]);
+            let s = v * L2_DOWNSCALE;
+            acc = acc + vec2<f32>(v * v, s * s);
+        } else {
+            acc = acc + vec2<f32>(x[2u * i], x[2u * i + 1u]);
+        }
+    }
+    twin_lanes[lid] = acc;
+    workgroupBarrier();
+    for (var w = LANES / 2u; w > 0u; w = w / 2u) {
+        if (lid < w) {
+            twin_lanes[lid] = twin_lanes[lid] + twin_lanes[lid + w];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        out[2u * c] = twin_lanes[0].x;
+        out[2u * c + 1u] = twin_lanes[0].y;
     }
 }
 

@@ -63,10 +63,7 @@ struct ReduceParams {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fold {
     SumAbs = 0,
-    SumSquares = 1,
     MaxAbs = 2,
-    /// Squares of the values scaled by 2^-64 (support::L2_DOWNSCALE).
-    SumScaledSquares = 5,
 }
 
 /// The canonical reduction of `x[..n]` into a one-element buffer.
@@ -94,6 +91,37 @@ fn canonical(gpu: &Gpu, x: &GpuBuf, n: usize, fold: Fold) -> Result<GpuBuf> {
         }
         // Later levels fold the chunk results as they are.
         mode = if fold == Fold::MaxAbs { 4 } else { 3 };
+        input = out;
+        len = chunks;
+    }
+}
+
+/// The l2 norm's two canonical sums of squares, plain and of the values scaled by 2^-64, in
+/// one pass over `x[..n]`: a two-element buffer for the finish, which takes the plain one
+/// unless it overflowed (support::l2_norm).
+fn l2_twins(gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
+    let mut len = n;
+    let mut level = 0;
+    let mut input = x.clone();
+    loop {
+        let chunks = len.div_ceil(CHUNK).max(1);
+        let out = gpu.alloc(8 * chunks as u64)?;
+        let pipeline = gpu.pipeline(&REDUCE, "twins", &[("LEVEL", level as f64)]);
+        gpu.launch(
+            &pipeline,
+            &ReduceParams {
+                n: len as u32,
+                dst: 0,
+                group: 0,
+                bits: 0,
+            },
+            &[&input, &out],
+            grid_groups(chunks),
+        );
+        if chunks == 1 {
+            return Ok(out);
+        }
+        level = 1;
         input = out;
         len = chunks;
     }
@@ -330,18 +358,7 @@ pub(super) fn dense_encode_gpu(
             n,
         ),
         CodecSpec::Dither { norm: Norm::L2, .. } => {
-            // Both sums, plain and of values scaled by 2^-64; the finish takes the plain one
-            // unless it overflowed (support::l2_norm).
-            let twins = gpu.alloc(8)?;
-            gpu.copy(&canonical(gpu, x, n, Fold::SumSquares)?, 0, &twins, 0, 4);
-            gpu.copy(
-                &canonical(gpu, x, n, Fold::SumScaledSquares)?,
-                0,
-                &twins,
-                4,
-                4,
-            );
-            finish(gpu, &twins, &payload, 0, Finish::Sqrt, n)
+            finish(gpu, &l2_twins(gpu, x, n)?, &payload, 0, Finish::Sqrt, n)
         }
         CodecSpec::BlockQ { bits, group } => {
             let params = ReduceParams {
