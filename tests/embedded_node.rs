@@ -31,6 +31,17 @@ fn job(workers: u16, max_steps: u64) -> Job {
     }
 }
 
+/// A swarm folder with one server's and `workers` workers' certificates, removed when the
+/// test ends; `None` (the test skips) where MNIST is not fetched.
+fn swarm_dir(name: &str, workers: u16) -> Option<RemovedOnDrop> {
+    if !have_mnist() {
+        return None;
+    }
+    let dir = RemovedOnDrop::temp(name);
+    prepare(&dir.0, 1, workers).unwrap();
+    Some(dir)
+}
+
 fn server(dir: &std::path::Path, job: Job) -> murmur_node::ServerHandle {
     ServerNode::start(ServerConfig {
         listen: "127.0.0.1:0".into(),
@@ -113,11 +124,9 @@ fn rounds_per_second(events: &mut Receiver<Event>, rounds: u64) -> (f64, u64) {
 
 #[test]
 fn a_paused_worker_leaves_the_rounds_and_rejoins_with_the_same_bits() {
-    if !have_mnist() {
+    let Some(dir) = swarm_dir("embedded-node", 3) else {
         return;
-    }
-    let dir = RemovedOnDrop::temp("embedded-node");
-    prepare(&dir.0, 1, 3).unwrap();
+    };
     let total = 80;
     let server = server(&dir.0, job(3, total));
     let workers: Vec<WorkerHandle> = (0..3)
@@ -207,11 +216,9 @@ fn a_paused_worker_leaves_the_rounds_and_rejoins_with_the_same_bits() {
 
 #[test]
 fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
-    if !have_mnist() {
+    let Some(dir) = swarm_dir("embedded-stop", 2) else {
         return;
-    }
-    let dir = RemovedOnDrop::temp("embedded-stop");
-    prepare(&dir.0, 1, 2).unwrap();
+    };
     let server = server(&dir.0, job(1, 100_000));
     let w = worker(&dir.0, &server, 0, DeviceKind::Cpu);
     let mut events = w.events();
@@ -239,11 +246,9 @@ fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
 
 #[test]
 fn a_worker_runs_from_inside_an_async_runtime() {
-    if !have_mnist() {
+    let Some(dir) = swarm_dir("embedded-async", 1) else {
         return;
-    }
-    let dir = RemovedOnDrop::temp("embedded-async");
-    prepare(&dir.0, 1, 1).unwrap();
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -279,11 +284,9 @@ fn workers_calibrate_loco_alike_and_report_how_its_codes_sit() {
     // clipped). Each worker now derives s from the first global batch: both derive the same
     // (the server takes only identical keys, so both training is the proof), and every round
     // reports its clipped codes and nonzero error entries.
-    if !have_mnist() {
+    let Some(dir) = swarm_dir("embedded-loco", 2) else {
         return;
-    }
-    let dir = RemovedOnDrop::temp("embedded-loco");
-    prepare(&dir.0, 1, 2).unwrap();
+    };
     let loco = Job {
         codec: "loco".into(),
         memory: "loco-ema".into(),
