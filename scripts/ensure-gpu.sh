@@ -9,8 +9,10 @@ say() { printf 'ensure-gpu: %s\n' "$*" >&2; }
 [ "$(uname -s)" = Linux ] || exit 0
 
 has_vulkan() {
-    # ldconfig lives in /sbin, which is not on an ordinary user's PATH on Debian.
-    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' || return 1
+    # ldconfig lives in /sbin, which is not on an ordinary user's PATH on Debian. grep reads
+    # the whole list (no -q): with pipefail, `grep -q` stopping at the first match can kill
+    # ldconfig with SIGPIPE and fail the pipeline, which made this check flaky.
+    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null || return 1
     local d f dirs=(/usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d)
     # The loader's override variables hold colon-separated lists of driver manifests.
     local -a listed=()
