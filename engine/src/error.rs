@@ -70,7 +70,7 @@ pub enum Error {
         tensor: usize,
     },
     /// A configuration value that cannot work.
-    #[error("invalid configuration: {0}")]
+    #[error("{0}")]
     Config(String),
     /// An I/O error reading data files or checkpoints.
     #[error(transparent)]

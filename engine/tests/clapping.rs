@@ -191,7 +191,7 @@ fn fu_steps_on_fresh_samples_take_the_exact_gradient() {
 fn top_k_feedback_on_frozen_weights_reaches_the_exact_gradient() {
     // Invariant 7 with E = 2: the forward buffer is exact after ceil(d/K) steps, the backward
     // one ceil(d/K) steps after that, and from then on the gradient is the exact one.
-    let mut c = config(Variant::Fc, "topk:3", 2, 0.0);
+    let mut c = config(Variant::Fc, "topk:k=3", 2, 0.0);
     c.lr = 0.0;
     let rounds = c.cut_width(0).div_ceil(3);
     let mut exact_c = c.clone();

@@ -11,7 +11,7 @@ const ALL: &[&str] = &[
     "sign",
     "sign:rounds=2",
     "topk:0.1",
-    "topk:7:f16",
+    "topk:k=7:f16",
     "randk:0.25",
     "randk:0.25:explicit:unscaled",
     "dither:linear:s=15:norm=max",
@@ -308,7 +308,7 @@ fn top_k_support_ties_and_error_bound() {
         .sum();
     assert!(err <= (1.0 - k as f64 / n as f64) * norm2(&x));
     // f16 values: the same support, values rounded.
-    let h = parse("topk:500:f16").unwrap();
+    let h = parse("topk:k=500:f16").unwrap();
     let yh = h.decode(&h.encode(&x, &ctx(0)), n, &ctx(0)).unwrap();
     assert_eq!((0..n).filter(|&i| yh[i] != 0.0).collect::<Vec<_>>(), kept);
 }
@@ -475,7 +475,7 @@ fn qsgd_and_hybrid_errors_stay_within_half_a_step() {
         .all(|(a, b)| (a - b).abs() <= step / 2.0 * 1.0001));
     let h = parse("hybrid:bits=6:topk=0.3").unwrap();
     let y = h.decode(&h.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
-    let t = parse("topk:3000").unwrap();
+    let t = parse("topk:k=3000").unwrap();
     let support = t.decode(&t.encode(&x, &ctx(0)), x.len(), &ctx(0)).unwrap();
     for i in 0..x.len() {
         if support[i] == 0.0 {
@@ -648,7 +648,7 @@ fn decode_add_sums_into_the_accumulator() {
 
 #[test]
 fn specific_malformed_payloads_name_the_problem() {
-    let topk = parse("topk:2").unwrap();
+    let topk = parse("topk:k=2").unwrap();
     let mut p = topk.encode(&[1.0, 5.0, 3.0, 4.0], &ctx(0));
     p[0..4].copy_from_slice(&9u32.to_le_bytes());
     assert!(

@@ -15,8 +15,8 @@ const ALL: &[&str] = &[
     "sign:rounds=2",
     "topk:0.1",
     "topk:0.3",
-    "topk:7:f16",
-    "topk:1",
+    "topk:k=7:f16",
+    "topk:k=1",
     "randk:0.25",
     "randk:0.05:explicit:unscaled",
     "dither:linear:s=15:norm=max",
@@ -29,11 +29,11 @@ const ALL: &[&str] = &[
     "qsgd:bits=3",
     "loco:bits=4:log2s=10",
     "loco:bits=8:log2s=12",
-    "loco:bits=6:log2s=-2",
+    "loco:bits=2:log2s=-2",
     "blockq:bits=4:group=16",
     "blockq:bits=8:group=100",
     "hybrid:bits=6:topk=0.3",
-    "hybrid:bits=3:topk=5",
+    "hybrid:bits=3:k=5",
 ];
 
 fn upload_bytes(gpu: &Gpu, bytes: &[u8]) -> GpuBuf {

@@ -44,7 +44,7 @@ fn with_the_identity_codec_every_algorithm_is_p_sgd() {
 #[test]
 fn with_period_one_liec_is_p_sgd_for_any_codec() {
     let reference = Run::new(MethodSpec::PSgd, "f32").trace();
-    for codec in ["sign", "topk:3"] {
+    for codec in ["sign", "topk:k=3"] {
         let trace = Run::new(MethodSpec::Liec { period: 1 }, codec).trace();
         for t in 0..trace.x.len() {
             assert!(

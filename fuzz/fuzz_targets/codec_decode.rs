@@ -12,7 +12,7 @@ const SPECS: &[&str] = &[
     "sign",
     "sign:rounds=2",
     "topk:0.1",
-    "topk:3:f16",
+    "topk:k=3:f16",
     "randk:0.25",
     "randk:0.25:explicit",
     "dither:linear:s=15:norm=max",

@@ -297,8 +297,8 @@ mod tests {
     fn server_error_feedback_is_the_two_way_ef_recursion() {
         // One rank, top-1 of 3 with server EF: the server's residual carries what it did not send.
         let mut c = local_collectives(1).pop().unwrap();
-        c.register(&[spec(7, 3, "topk:1", "ef")]).unwrap();
-        let codec = parse("topk:1").unwrap();
+        c.register(&[spec(7, 3, "topk:k=1", "ef")]).unwrap();
+        let codec = parse("topk:k=1").unwrap();
         let ctx = |step| codec_context(3, step, 7);
         let push = codec.encode(&[0.5, -2.0, 1.0], &ctx(0)); // sends -2.0 at index 1
         let reply = codec
@@ -326,11 +326,11 @@ mod tests {
         let key = KeySpec {
             sync_every: 3,
             owner: String::new(),
-            push: "topk:2".into(),
-            ..spec(5, 3, "topk:1", "ef")
+            push: "topk:k=2".into(),
+            ..spec(5, 3, "topk:k=1", "ef")
         };
         c.register(std::slice::from_ref(&key)).unwrap();
-        let (topk, plain) = (parse("topk:2").unwrap(), parse("f32").unwrap());
+        let (topk, plain) = (parse("topk:k=2").unwrap(), parse("f32").unwrap());
         let ctx = |step| codec_context(3, step, 5);
         assert!(!key.is_sync_round(0) && !key.is_sync_round(1) && key.is_sync_round(2));
         for step in 0..2 {

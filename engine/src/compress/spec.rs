@@ -35,24 +35,40 @@ impl Amount {
         }
     }
 
-    fn parse(s: &str) -> Result<Amount> {
-        let bad = || {
+    /// A fraction of the tensor: `0.001`, `1e-3`, `1/32` or `1.0`. A bare integer is
+    /// refused: `topk:2` could mean two elements or (mistyped) a fraction, so counts are
+    /// written `k=2`.
+    fn parse_fraction(s: &str) -> Result<Amount> {
+        let bad = |why: &str| {
             Error::Config(format!(
-                "{s:?} is not an amount: use a fraction like 0.001 or 1/32, or a count like 100"
+                "{s:?} {why}: write a fraction of the tensor (0.001, 1e-3, 1/32 or 1.0) or a count as k=<elements>"
             ))
         };
         if let Some((a, b)) = s.split_once('/') {
-            let (a, b): (f64, f64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-            return Self::fraction(a / b).ok_or_else(bad);
+            let (a, b): (f64, f64) = (
+                a.parse().map_err(|_| bad("is not an amount"))?,
+                b.parse().map_err(|_| bad("is not an amount"))?,
+            );
+            return Self::fraction(a / b).ok_or_else(|| bad("is not a fraction in (0, 1]"));
         }
         if s.contains('.') || s.contains('e') {
-            return Self::fraction(s.parse().map_err(|_| bad())?).ok_or_else(bad);
+            let f = s.parse().map_err(|_| bad("is not an amount"))?;
+            return Self::fraction(f).ok_or_else(|| bad("is not a fraction in (0, 1]"));
         }
-        let c: usize = s.parse().map_err(|_| bad())?;
-        if c == 0 {
-            return Err(bad());
+        if s.parse::<u64>().is_ok() {
+            return Err(bad("is ambiguous"));
         }
-        Ok(Amount::Count(c))
+        Err(bad("is not an amount"))
+    }
+
+    /// A count of elements, at least 1 (the value of `k=`).
+    fn parse_count(s: &str) -> Result<Amount> {
+        match s.parse::<usize>() {
+            Ok(c) if c > 0 => Ok(Amount::Count(c)),
+            _ => Err(Error::Config(format!(
+                "k={s}: the count of elements kept must be an integer of at least 1"
+            ))),
+        }
     }
 
     fn fraction(f: f64) -> Option<Amount> {
@@ -63,8 +79,10 @@ impl Amount {
 impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Amount::Fraction(x) => write!(f, "{x}"),
-            Amount::Count(c) => write!(f, "{c}"),
+            // Debug keeps a decimal point ("1.0"), so a fraction never prints as a bare
+            // integer, which would parse back as an ambiguous count.
+            Amount::Fraction(x) => write!(f, "{x:?}"),
+            Amount::Count(c) => write!(f, "k={c}"),
         }
     }
 }
@@ -175,8 +193,8 @@ pub enum CodecSpec {
 const HELP: &str =
     "codecs: f32, f16, bf16, sign[:rounds=R], topk:<k>[:f16], randk:<k>[:explicit][:unscaled], \
 dither:linear|natural[:s=N|:bits=B][:norm=max|l2], natural, qsgd:bits=B[:stochastic], \
-loco:bits=4|8[:log2s=N], blockq:bits=4|8[:group=N], hybrid:bits=B:topk=<k> \
-(k is a fraction such as 0.001 or 1/32, or a count)";
+loco:bits=2|4|8[:log2s=N], blockq:bits=4|8[:group=N], hybrid:bits=B:topk=<fraction>|k=<count> \
+(<k> is a fraction of the tensor such as 0.001 or 1/32, or a count written k=100)";
 
 fn parse_u32(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32> {
     match v.parse::<u32>() {
@@ -210,11 +228,22 @@ impl FromStr for CodecSpec {
             }
             Ok(())
         };
-        let amount = |i: usize| -> Result<Amount> {
-            args.get(i)
-                .filter(|a| !a.contains('='))
-                .map(|a| Amount::parse(a))
-                .unwrap_or_else(|| Err(bad("needs an amount".into())))
+        // How many elements a sparsifier keeps: the fraction under `fraction_key` (the
+        // first positional argument when None), or a count `k=N`, not both.
+        let amount = |fraction_key: Option<&str>| -> Result<Amount> {
+            let fraction = match fraction_key {
+                Some(key) => kv(key),
+                None => args
+                    .iter()
+                    .copied()
+                    .find(|a| a.starts_with(|c: char| c.is_ascii_digit() || c == '.')),
+            };
+            match (fraction, kv("k")) {
+                (Some(f), None) => Amount::parse_fraction(f).map_err(|e| bad(e.to_string())),
+                (None, Some(k)) => Amount::parse_count(k).map_err(|e| bad(e.to_string())),
+                (Some(_), Some(_)) => Err(bad("give a fraction or k=<count>, not both".into())),
+                (None, None) => Err(bad("needs a fraction of the tensor or k=<count>".into())),
+            }
         };
         let spec = match name.as_str() {
             "f32" | "identity" | "none" => CodecSpec::F32,
@@ -231,19 +260,19 @@ impl FromStr for CodecSpec {
                 }
             }
             "topk" => {
-                known(&["f16"])?;
+                known(&["f16", "k"])?;
                 CodecSpec::TopK {
-                    amount: amount(0)?,
+                    amount: amount(None)?,
                     f16_values: flag("f16"),
                 }
             }
             "randk" => {
-                known(&["explicit", "scaled", "unscaled"])?;
+                known(&["explicit", "scaled", "unscaled", "k"])?;
                 if flag("scaled") && flag("unscaled") {
                     return Err(bad("scaled and unscaled both given".into()));
                 }
                 CodecSpec::RandK {
-                    amount: amount(0)?,
+                    amount: amount(None)?,
                     shared_seed: !flag("explicit"),
                     scaled: !flag("unscaled"),
                 }
@@ -291,7 +320,13 @@ impl FromStr for CodecSpec {
             }
             "loco" => {
                 known(&["bits", "log2s"])?;
-                let bits = parse_u32("bits", kv("bits").unwrap_or("4"), 2, 8)?;
+                // LoCo packs its codes whole into bytes: 2, 4 or 8 bits.
+                let bits = match kv("bits").unwrap_or("4") {
+                    b @ ("2" | "4" | "8") => b.parse().expect("a digit"),
+                    other => {
+                        return Err(bad(format!("bits={other}: LoCo codes take 2, 4 or 8 bits")))
+                    }
+                };
                 let log2s = match kv("log2s").unwrap_or("19").parse::<i32>() {
                     Ok(v) if (-100..=100).contains(&v) => v,
                     _ => return Err(bad("log2s must be an integer from -100 to 100".into())),
@@ -310,13 +345,14 @@ impl FromStr for CodecSpec {
                 CodecSpec::BlockQ { bits, group }
             }
             "hybrid" => {
-                known(&["bits", "topk"])?;
+                known(&["bits", "topk", "k"])?;
                 let bits = parse_u32("bits", kv("bits").unwrap_or("6"), 2, 8)?;
-                let amount =
-                    Amount::parse(kv("topk").ok_or_else(|| bad("needs topk=<k>".into()))?)?;
-                CodecSpec::Hybrid { bits, amount }
+                CodecSpec::Hybrid {
+                    bits,
+                    amount: amount(Some("topk"))?,
+                }
             }
-            _ => return Err(bad(format!("unknown codec {name:?}"))),
+            _ => return Err(bad("no such codec".into())),
         };
         Ok(spec)
     }
@@ -367,7 +403,10 @@ impl fmt::Display for CodecSpec {
             }
             CodecSpec::Loco { bits, log2s } => write!(f, "loco:bits={bits}:log2s={log2s}"),
             CodecSpec::BlockQ { bits, group } => write!(f, "blockq:bits={bits}:group={group}"),
-            CodecSpec::Hybrid { bits, amount } => write!(f, "hybrid:bits={bits}:topk={amount}"),
+            CodecSpec::Hybrid { bits, amount } => match amount {
+                Amount::Fraction(_) => write!(f, "hybrid:bits={bits}:topk={amount}"),
+                Amount::Count(_) => write!(f, "hybrid:bits={bits}:{amount}"),
+            },
         }
     }
 }
@@ -385,7 +424,12 @@ mod tests {
             ("sign:rounds=2", "sign:rounds=2"),
             ("sign:rounds=1", "sign"),
             ("topk:0.001", "topk:0.001"),
-            ("topk:100:f16", "topk:100:f16"),
+            ("topk:k=100:f16", "topk:k=100:f16"),
+            ("topk:f16:k=100", "topk:k=100:f16"),
+            ("topk:1.0", "topk:1.0"),
+            ("topk:1e-5", "topk:1e-5"),
+            ("randk:k=7:explicit", "randk:k=7:explicit"),
+            ("hybrid:bits=6:k=12", "hybrid:bits=6:k=12"),
             ("randk:1/32", "randk:0.03125"),
             ("randk:0.5:explicit:unscaled", "randk:0.5:explicit:unscaled"),
             ("dither:linear:s=15:norm=max", "dither:linear:s=15:norm=max"),
@@ -416,6 +460,14 @@ mod tests {
             "zip",
             "topk",
             "topk:0",
+            "topk:2",
+            "topk:k=0",
+            "topk:k=0.5",
+            "topk:0.1:k=3",
+            "randk:7",
+            "hybrid:bits=6:topk=12",
+            "loco:bits=3",
+            "loco:bits=16",
             "topk:1.5",
             "topk:abc",
             "dither:s=3",

@@ -262,7 +262,7 @@ mod tests {
             Policy::PerSample,
         ];
         for policy in policies {
-            for codec in ["topk:2", "natural", "qsgd:bits=4+natural"] {
+            for codec in ["topk:k=2", "natural", "qsgd:bits=4+natural"] {
                 let (mut tx, mut rx) = pair(policy, codec);
                 for step in 0..6u64 {
                     let d = draw(step, &[step as usize % 3, 7], &[step % 2 == 0, step == 0]);
@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn top_k_feedback_on_a_fixed_value_becomes_exact_in_ceil_d_over_k_steps() {
-        let (mut tx, _) = pair(Policy::Carried(OnFresh::Compress), "topk:2");
+        let (mut tx, _) = pair(Policy::Carried(OnFresh::Compress), "topk:k=2");
         let y: Vec<f32> = (0..10).map(|i| (i as f32 - 4.5) * 1.3).collect();
         let mut errors = Vec::new();
         for step in 0..3 {
@@ -295,13 +295,13 @@ mod tests {
 
     #[test]
     fn fu_stores_fresh_rows_exactly_and_aq_sgd_sends_first_visits_raw() {
-        let (mut fu, _) = pair(Policy::Carried(OnFresh::Raw), "topk:1");
+        let (mut fu, _) = pair(Policy::Carried(OnFresh::Raw), "topk:k=1");
         let y = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
         let (payload, recon) = fu.send(&y, &draw(1, &[0, 1], &[true, false]), true);
         assert_eq!(recon[..5], y[..5]);
         assert_eq!(recon[5..], [0.0, 0.0, 0.0, 0.0, 10.0]);
         assert_eq!(payload.len(), 20 + fu.codec.payload_len(5));
-        let (mut aq, _) = pair(Policy::PerSample, "topk:1");
+        let (mut aq, _) = pair(Policy::PerSample, "topk:k=1");
         let (payload, _) = aq.send(&y, &draw(0, &[4, 5], &[true, true]), true);
         assert_eq!(payload.len(), 40, "first visits travel raw");
         assert_eq!(aq.memory_floats(), 10);
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(rx.state_bits(), before);
         assert!(rx.receive(&payload, &d, true).is_ok());
         // Deltas that are each finite but overflow the buffer are refused too.
-        let (mut tx, mut rx) = pair(Policy::Carried(OnFresh::Compress), "topk:5");
+        let (mut tx, mut rx) = pair(Policy::Carried(OnFresh::Compress), "topk:k=5");
         let d = draw(1, &[0, 1], &[false, false]);
         let (big, _) = tx.send(&[3e38; 10], &d, true);
         rx.receive(&big, &d, true).unwrap();
