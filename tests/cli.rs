@@ -131,7 +131,11 @@ fn flags_a_model_does_not_use_are_refused_not_ignored() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args}: {stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "a usage error: {args}: {stderr}"
+        );
         assert!(
             stderr.contains("does not use") && stderr.contains(named),
             "{args}: {stderr}"

@@ -223,13 +223,12 @@ impl Job {
         self.dataset
             .parse::<ImageDataset>()
             .map_err(|e| NodeError::Job(format!("dataset: {e}")))?;
-        for (what, spec) in [
-            ("codec", Some(&self.codec)),
-            ("pull_codec", self.pull_codec.as_ref()),
-        ] {
+        // The codec's own refusal names it (`codec "x": ...`); the pull codec's gets the
+        // field's name in front (`pull_codec "x": ...`).
+        for (prefix, spec) in [("", Some(&self.codec)), ("pull_", self.pull_codec.as_ref())] {
             if let Some(spec) = spec {
                 murmur_engine::compress::parse(spec)
-                    .map_err(|e| NodeError::Job(format!("{what} {spec:?}: {e}")))?;
+                    .map_err(|e| NodeError::Job(format!("{prefix}{e}")))?;
             }
         }
         self.memory

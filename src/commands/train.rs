@@ -14,7 +14,7 @@ use murmur_node::data::{load_sets, Sets};
 
 use super::machine::Machine;
 use super::train_args::{ModelKind, TrainArgs};
-use super::train_output::{progress_bar, write_checkpoint};
+use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint};
 
 #[derive(Serialize)]
 struct Summary {
@@ -41,6 +41,8 @@ struct Summary {
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    a.validate()?;
+    crate::signals::listen();
     if a.model == ModelKind::Gpt {
         return super::train_lm::run(a);
     }
@@ -54,11 +56,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         refused.extend(a.activation.as_ref().map(|_| "--activation"));
     }
     if !refused.is_empty() {
-        bail!(
+        return Err(crate::exit::usage(format!(
             "--model {} does not use {}",
             format!("{:?}", a.model).to_lowercase(),
             refused.join(", ")
-        );
+        )));
     }
     // Flags not given take the engine's defaults.
     let defaults = ClassifierConfig::default();
@@ -66,9 +68,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let hidden = a.hidden.clone().unwrap_or(defaults.hidden);
     let optim = a.optim.clone().unwrap_or_else(|| "adamw".into());
     let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(defaults.lr));
-    if batch == 0 || epochs == 0 {
-        bail!("--batch and --epochs must be at least 1");
-    }
     let Sets {
         train,
         test,
@@ -164,6 +163,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             if clf.steps >= total_steps {
                 break;
             }
+            stop_if_interrupted(a.save.as_deref(), clf.steps, || clf.save_state())?;
             let (x, y) = train.batch(&batch);
             latest = Some(clf.step(&x, &y)?);
             samples += batch.len();

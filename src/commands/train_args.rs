@@ -127,6 +127,56 @@ pub struct LmArgs {
 }
 
 impl TrainArgs {
+    /// Refuses values no run could use, before any data is read or any step taken.
+    pub(super) fn validate(&self) -> anyhow::Result<()> {
+        use super::flag_checks::{below_one, non_negative, positive, readable, writable};
+        for (flag, value) in [("--lr", self.lr), ("--clip", self.clip)] {
+            if let Some(v) = value {
+                positive(flag, v)?;
+            }
+        }
+        if let Some(t) = self.lm.temperature {
+            non_negative("--temperature", t)?;
+        }
+        if let Some(w) = self.weight_decay {
+            non_negative("--weight-decay", w)?;
+        }
+        if let Some(m) = self.momentum {
+            below_one("--momentum", m)?;
+        }
+        if let Some(d) = self.dropout {
+            below_one("--dropout", d)?;
+        }
+        for (flag, value) in [
+            ("--batch", self.batch.map(|b| b as u64)),
+            ("--epochs", self.epochs.map(u64::from)),
+            ("--max-steps", self.max_steps),
+            ("--train-limit", self.train_limit.map(|n| n as u64)),
+            ("--log-every", Some(self.log_every)),
+            ("--steps", self.lm.steps),
+            ("--eval-every", self.lm.eval_every),
+        ] {
+            if value == Some(0) {
+                return Err(crate::exit::usage(format!("{flag} must be at least 1")));
+            }
+        }
+        if let Some(name) = &self.optim {
+            (name.parse::<murmur_engine::train::OptimizerKind>())
+                .map_err(|e| crate::exit::usage(e.to_string()))?;
+        }
+        if let Some(name) = &self.activation {
+            (name.parse::<murmur_engine::nn::Activation>())
+                .map_err(|e| crate::exit::usage(e.to_string()))?;
+        }
+        if let Some(path) = &self.save {
+            writable("--save", path)?;
+        }
+        if let Some(path) = &self.resume {
+            readable("--resume", path)?;
+        }
+        Ok(())
+    }
+
     /// Image-model flags that were given (for refusing them with the language model).
     pub(super) fn image_flags_given(&self) -> Vec<&'static str> {
         [

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use murmur_engine::data::{default_root, TextCorpus, HELD_OUT_PLAYS};
 use murmur_engine::nn::{GptConfig, Module};
 use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::machine::Machine;
 use super::train_args::{LmArgs, TrainArgs};
-use super::train_output::{progress_bar, write_checkpoint};
+use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint};
 
 /// [`LmArgs`] with the defaults filled in.
 struct Lm {
@@ -85,14 +85,16 @@ struct Summary {
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let dataset = a.dataset.as_deref().unwrap_or("shakespeare");
     if dataset != "shakespeare" {
-        bail!("--model gpt trains on --dataset shakespeare, not {dataset:?}");
+        return Err(crate::exit::usage(format!(
+            "--model gpt trains on --dataset shakespeare, not {dataset:?}"
+        )));
     }
     let image_only = a.image_flags_given();
     if !image_only.is_empty() {
-        bail!(
+        return Err(crate::exit::usage(format!(
             "--model gpt does not use {} (it trains with AdamW on the whole corpus for --steps)",
             image_only.join(", ")
-        );
+        )));
     }
     let root = a.data.clone().unwrap_or_else(default_root);
     let corpus = TextCorpus::load_shakespeare(&root)?;
@@ -142,6 +144,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let first_step = lm.steps;
     let (mut valid_loss, mut last_loss) = (vec![], f32::NAN);
     while lm.steps < total {
+        stop_if_interrupted(a.save.as_deref(), lm.steps, || lm.save_state())?;
         // Readings stay on the device unless logged: a read waits for the GPU.
         let s = lm.step(&corpus.train)?;
         bar.inc(1);

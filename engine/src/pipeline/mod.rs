@@ -194,6 +194,27 @@ impl PipelineConfig {
                 return Err(Error::Config(format!("{name} = {p} is not a probability")));
             }
         }
+        // 0 freezes the weights (tests do, to isolate the messages); NaN or a negative rate
+        // is never meant.
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(Error::Config(format!(
+                "the learning rate must be a number of at least 0, not {}",
+                self.lr
+            )));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(Error::Config(format!(
+                "the weight decay must be a number of at least 0, not {}",
+                self.weight_decay
+            )));
+        }
+        if let OptimizerSpec::Ema { m } = self.optimizer {
+            if !(m > 0.0 && m <= 1.0) {
+                return Err(Error::Config(format!(
+                    "the momentum weight m must be above 0 and at most 1, not {m}"
+                )));
+            }
+        }
         self.forward_codec.parse::<message::RowCodec>()?;
         self.backward_codec.parse::<message::RowCodec>()?;
         Ok(())

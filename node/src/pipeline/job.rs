@@ -156,6 +156,37 @@ impl PipelineJob {
         out
     }
 
+    /// Refuses a job no run could use, before any data is read: every field the stages'
+    /// config checks (with the data's widths left open), and those only the launcher reads.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(NodeError::Job(m));
+        if self.epochs == 0 {
+            return bad("epochs must be at least 1".into());
+        }
+        if !(self.p > 0.0 && self.p <= 1.0) {
+            return bad(format!(
+                "p must be above 0 and at most 1 (the chance of a fresh batch), not {}",
+                self.p
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("lr must be a number above 0, not {}", self.lr));
+        }
+        if self.train_limit == Some(0) {
+            return bad("train_limit must be at least 1 when given".into());
+        }
+        self.dataset
+            .parse::<murmur_engine::data::ImageDataset>()
+            .map_err(|e| NodeError::Job(format!("dataset: {e}")))?;
+        // The images' widths change the first and last layer's sizes, not whether the rest
+        // fits: stand-ins do.
+        let sizes = [1]
+            .into_iter()
+            .chain(self.hidden.iter().copied())
+            .chain([1]);
+        self.config_for(sizes.collect(), 1).map(|_| ())
+    }
+
     /// The training set (cut to `train_limit`) and the test set.
     pub fn load(&self) -> Result<Sets> {
         load_sets(&self.dataset, self.data.as_deref(), self.train_limit)
@@ -176,9 +207,13 @@ impl PipelineJob {
 
     /// The config every stage builds, checked (the split must fit the model).
     pub fn config(&self, train: &ImageSet) -> Result<PipelineConfig> {
-        let steps = self.steps(train);
+        self.config_for(self.sizes(train), self.steps(train))
+    }
+
+    /// The config for an MLP of widths `sizes` trained for `steps` steps, checked.
+    fn config_for(&self, sizes: Vec<usize>, steps: u64) -> Result<PipelineConfig> {
         let config = PipelineConfig {
-            model: ModelSpec::Mlp(self.sizes(train)),
+            model: ModelSpec::Mlp(sizes),
             stages: self.stages,
             batch: self.batch,
             variant: self.variant.parse()?,

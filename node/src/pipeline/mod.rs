@@ -91,6 +91,7 @@ pub fn run_pipeline(
     launch: Launch,
     mut progress: impl FnMut(PipelineProgress),
 ) -> Result<PipelineOutcome> {
+    job.validate()?;
     let sets = job.load()?;
     let config = job.config(&sets.train)?;
     let sizes = job.sizes(&sets.train);

@@ -15,7 +15,7 @@ use murmur_engine::train::{Classifier, ClassifierConfig};
 use murmur_engine::Device;
 use serde::Serialize;
 
-use super::report::{command_line, keep_arms, mean_std, results_path, write_keeping_notes};
+use super::report::{command_line, mean_std, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 use murmur_node::DeviceKind;
 
@@ -154,10 +154,9 @@ impl Bench {
         )
     }
 
-    /// Runs every arm the options select over the seeds, announcing the plan as `title`
-    /// (with `detail`) and showing progress on stderr.
+    /// Runs `arms` (those `--arms` selected, through `report::keep_arms`) over the seeds,
+    /// announcing the plan as `title` (with `detail`) and showing progress on stderr.
     pub fn run(&self, title: &str, detail: &str, arms: Vec<Arm>) -> anyhow::Result<Vec<ArmResult>> {
-        let arms = keep_arms(arms, &self.args.arms, |a| &a.label);
         eprintln!(
             "{title}: {} arms x {} seeds, {} workers, {} epochs of {} steps on {}{detail}, {}",
             arms.len(),

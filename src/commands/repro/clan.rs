@@ -7,7 +7,7 @@ use clap::Args;
 use murmur_engine::algo::{Blocking, MethodSpec, OptimizerSpec};
 
 use super::arms::{Arm, ArmResult, Bench, CommonArgs};
-use super::report::pm;
+use super::report::{keep_arms, pm};
 
 #[derive(Args, Debug)]
 pub struct ClanArgs {
@@ -88,8 +88,9 @@ fn arms(a: &ClanArgs, blocking: Blocking) -> Vec<Arm> {
 
 pub fn run(a: ClanArgs) -> anyhow::Result<()> {
     let blocking: Blocking = a.blocking.parse()?;
+    // An unknown --arms name is refused before any work.
+    let arms = keep_arms(arms(&a, blocking), &a.common.arms, |x| &x.label)?;
     let bench = Bench::new(a.common.clone(), "clan")?;
-    let arms = arms(&a, blocking);
     let results = bench.run("CLAN reproduction", "", arms)?;
     let mut text = bench.header("CLAN and the NAG suite: reproduction");
     let mut w = |s: String| {

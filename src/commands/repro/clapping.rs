@@ -118,7 +118,7 @@ fn arm(label: String, table: Table, variant: Variant, p: f32, stages: usize) -> 
 /// The p of the depth and streaming tables (the middle of the paper's good range).
 const DEPTH_P: f32 = 0.6;
 
-fn arms(a: &ClappingArgs) -> Vec<Arm> {
+fn arms(a: &ClappingArgs) -> anyhow::Result<Vec<Arm>> {
     let e = a.stages;
     let ps: &[f32] = if a.quick {
         &[0.4, 0.8]
@@ -320,6 +320,8 @@ fn train_one(
 }
 
 pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
+    // An unknown --arms name is refused before any work.
+    let arms = arms(&a)?;
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 3 });
     let epochs = a.epochs.unwrap_or(if a.quick { 2 } else { 3 });
     let out = results_path(&a.out, a.quick, "clapping.md");
@@ -340,7 +342,6 @@ pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let logistic = logistic_table(&a, seeds)?;
-    let arms = arms(&a);
     eprintln!(
         "Clapping reproduction: {} arms x {seeds} seeds, {epochs} epochs of {steps_per_epoch} \
          steps on {}, {adapter}",

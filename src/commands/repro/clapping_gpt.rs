@@ -142,7 +142,7 @@ impl ArmResult {
     }
 }
 
-fn arms(a: &ClappingGptArgs) -> Vec<Arm> {
+fn arms(a: &ClappingGptArgs) -> anyhow::Result<Vec<Arm>> {
     let arm = |label: &str, variant: Variant, p: f32| Arm {
         label: label.into(),
         variant: variant.to_string(),
@@ -258,6 +258,8 @@ fn train_one(
 }
 
 pub fn run(a: ClappingGptArgs) -> anyhow::Result<()> {
+    // An unknown --arms name is refused before any work.
+    let arms = arms(&a)?;
     let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 2 });
     let steps = a.steps.unwrap_or(if a.quick { 150 } else { 2000 });
     let eval_windows = a.eval_windows.unwrap_or(if a.quick { 128 } else { 512 });
@@ -278,7 +280,6 @@ pub fn run(a: ClappingGptArgs) -> anyhow::Result<()> {
         steps,
         eval_windows,
     };
-    let arms = arms(&a);
     eprintln!(
         "Clapping GPT reproduction: {} arms x {seeds} seeds, {steps} steps, {adapter}",
         arms.len()

@@ -9,7 +9,7 @@ use murmur_engine::algo::calibrate::loco_log2s;
 use murmur_engine::algo::{Blocking, ClassifierReplica, MethodSpec, OptimizerSpec, Replica};
 
 use super::arms::{Arm, ArmResult, Bench, CommonArgs};
-use super::report::pm;
+use super::report::{keep_arms, pm};
 
 #[derive(Args, Debug)]
 pub struct LocoArgs {
@@ -121,12 +121,15 @@ fn calibrate(bench: &Bench) -> anyhow::Result<i32> {
 }
 
 pub fn run(a: LocoArgs) -> anyhow::Result<()> {
+    // The arms' labels do not depend on the scale: an unknown --arms name is refused before
+    // any work, calibration included.
+    keep_arms(arms(&a, 0), &a.common.arms, |x| &x.label)?;
     let bench = Bench::new(a.common.clone(), "loco")?;
     let log2s = match a.log2s {
         Some(l) => l,
         None => calibrate(&bench)?,
     };
-    let arms = arms(&a, log2s);
+    let arms = keep_arms(arms(&a, log2s), &a.common.arms, |x| &x.label)?;
     let results = bench.run("LoCo reproduction", &format!(", s = 2^{log2s}"), arms)?;
     let mut text = bench.header("LoCo and its baselines: reproduction");
     let mut w = |s: String| {

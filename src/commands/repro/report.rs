@@ -43,19 +43,27 @@ pub fn results_path(out: &Option<PathBuf>, quick: bool, file: &str) -> PathBuf {
     })
 }
 
-/// The arms that `--arms` names by label (all of them without it), in their order.
+/// The arms that `--arms` names by label (all of them without it), in their order. A name
+/// that is no arm's label is refused, with the labels there are.
 pub fn keep_arms<A>(
     arms: Vec<A>,
     keep: &Option<Vec<String>>,
     label: impl Fn(&A) -> &str,
-) -> Vec<A> {
-    match keep {
-        Some(keep) => arms
-            .into_iter()
-            .filter(|a| keep.iter().any(|k| k == label(a)))
-            .collect(),
-        None => arms,
+) -> anyhow::Result<Vec<A>> {
+    let Some(keep) = keep else {
+        return Ok(arms);
+    };
+    if let Some(unknown) = keep.iter().find(|k| !arms.iter().any(|a| label(a) == *k)) {
+        let labels: Vec<String> = arms.iter().map(|a| format!("{:?}", label(a))).collect();
+        return Err(crate::exit::usage(format!(
+            "--arms {unknown:?}: no such arm; the arms are {}",
+            labels.join(", ")
+        )));
     }
+    Ok(arms
+        .into_iter()
+        .filter(|a| keep.iter().any(|k| k == label(a)))
+        .collect())
 }
 
 /// The heading under which people write their reading of the tables; a rerun keeps it.
@@ -121,12 +129,16 @@ mod tests {
         );
 
         let arms = vec!["a", "b", "c"];
-        assert_eq!(keep_arms(arms.clone(), &None, |x| x), arms);
-        let keep = Some(vec!["c".to_string(), "a".to_string(), "z".to_string()]);
+        assert_eq!(keep_arms(arms.clone(), &None, |x| x).unwrap(), arms);
+        let keep = Some(vec!["c".to_string(), "a".to_string()]);
         assert_eq!(
-            keep_arms(arms, &keep, |x| x),
+            keep_arms(arms.clone(), &keep, |x| x).unwrap(),
             ["a", "c"],
             "the arms' own order"
         );
+        let bogus = Some(vec!["a".to_string(), "bogus".to_string()]);
+        let e = keep_arms(arms, &bogus, |x| x).unwrap_err();
+        assert_eq!(crate::exit::code(&e), crate::exit::USAGE);
+        assert!(e.to_string().contains("\"bogus\": no such arm"), "{e}");
     }
 }
