@@ -43,6 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             link: LinkConfig::default(),
             deadline_s: 30.0,
             dir: dir.clone(),
+            save: None,
+            save_every: None,
         },
         Launch::Threads,
     )?;

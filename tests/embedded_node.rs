@@ -64,7 +64,7 @@ fn worker(
         swarm: dir.to_path_buf(),
         node: format!("worker-{index}"),
         device,
-        checkpoint: Some(dir.join(format!("worker-{index}.state"))),
+        save: Some(dir.join(format!("worker-{index}.state"))),
         ..WorkerConfig::default()
     })
     .unwrap()

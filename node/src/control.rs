@@ -2,12 +2,34 @@
 //! shared between the handle (any thread, sync or async) and the node's own thread, which
 //! looks at it between steps.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{NodeError, Result};
+
+/// Stops a node from anywhere its handle cannot go: a signal handler, another thread. Does
+/// what `stop` on the node's handle does; clones stop the same node.
+#[derive(Clone)]
+pub struct Stopper(Arc<dyn Fn() + Send + Sync>);
+
+impl Stopper {
+    pub(crate) fn new(stop: impl Fn() + Send + Sync + 'static) -> Stopper {
+        Stopper(Arc::new(stop))
+    }
+
+    /// Asks the node to stop gracefully, as its handle's `stop` does.
+    pub fn stop(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stopper")
+    }
+}
 
 /// How much of the machine a node may take: the fraction of wall-clock time it spends
 /// stepping, and a cap on steps per second. Changeable while the node runs.

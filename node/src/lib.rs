@@ -69,6 +69,7 @@ mod control;
 pub mod data;
 pub mod error;
 pub mod event;
+pub mod files;
 pub mod job;
 pub mod link;
 pub mod pipeline;
@@ -78,7 +79,7 @@ pub mod server;
 pub mod swarm;
 pub mod worker;
 
-pub use control::Budget;
+pub use control::{Budget, Stopper};
 pub use data::DeviceKind;
 pub use error::{NodeError, Result};
 pub use event::Event;

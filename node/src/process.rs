@@ -1,9 +1,15 @@
 //! Nodes as child processes (what the launchers do when they are given a binary to run):
 //! children that die with the launcher, each logging to a file whose end is shown when it
 //! fails.
+//!
+//! Children run in a process group of their own, so that a Ctrl-C at the terminal reaches
+//! only the launcher, which stops them in order ([`Children::terminate`]). On Linux each
+//! child also asks the kernel for SIGTERM when the launcher dies, so that not even a
+//! `kill -9` of the launcher leaves nodes running.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::error::{NodeError, Result};
 
@@ -22,6 +28,56 @@ impl Children {
             }
         }
         Ok(())
+    }
+}
+
+impl Children {
+    /// Stops the children whose names start with `prefix`: SIGTERM (a graceful stop: a
+    /// worker finishes its round and writes its checkpoint), then SIGKILL for any still
+    /// running after `grace`. Returns how many had to be killed.
+    pub fn terminate(&mut self, prefix: &str, grace: Duration) -> usize {
+        let mut chosen: Vec<&mut Child> = (self.0.iter_mut())
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(_, child)| child)
+            .collect();
+        for child in chosen.iter_mut() {
+            ask_to_stop(child);
+        }
+        let deadline = Instant::now() + grace;
+        let mut killed = 0;
+        for child in chosen {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Ok(None) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        killed += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        killed
+    }
+}
+
+/// Sends SIGTERM (where there are signals; elsewhere the child is killed).
+fn ask_to_stop(child: &mut Child) {
+    #[cfg(unix)]
+    {
+        // A child already reaped is not signalled: its pid may belong to another process.
+        if let (Ok(None), Ok(pid)) = (child.try_wait(), libc::pid_t::try_from(child.id())) {
+            // SAFETY: kill(2) with a pid this process spawned and has not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = child.kill();
     }
 }
 
@@ -45,11 +101,44 @@ pub fn log_tail(path: &Path) -> String {
 pub fn spawn_logged(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
     let log_file = std::fs::File::create(log)
         .map_err(|e| NodeError::io(format!("creating {}", log.display()), e))?;
-    Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(log_file)
+        .stderr(log_file);
+    die_with_launcher(&mut command);
+    command
         .spawn()
         .map_err(|e| NodeError::io(format!("starting {}", exe.display()), e))
+}
+
+/// Puts the child in a process group of its own and, on Linux, has the kernel send it
+/// SIGTERM when the launcher's thread that started it ends (launchers start children from
+/// the thread that waits for them).
+fn die_with_launcher(command: &mut Command) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        command.process_group(0);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+        // (getpid, getppid, prctl, _exit).
+        let launcher = unsafe { libc::getpid() };
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher may have died before the request was made.
+                if libc::getppid() != launcher {
+                    libc::_exit(143);
+                }
+                Ok(())
+            });
+        }
+    }
 }

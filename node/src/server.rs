@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::address::resolve;
 use crate::checks::{load_credentials, positive_seconds};
+use crate::control::Stopper;
 use crate::error::{NodeError, Result};
+use crate::files::write_atomically;
 use crate::job::Job;
 use crate::link::LinkConfig;
 use crate::worker::panic_message;
@@ -39,6 +41,10 @@ pub struct ServerConfig {
     /// The job: shard 0 hands it to every worker that joins; every shard takes the world
     /// size from it.
     pub job: Job,
+    /// Shard 0 only: write the model snapshots it keeps for rejoining workers here (rank 0
+    /// sends one every `snapshot_every` rounds of the job), each replacing the last, so the
+    /// file holds the newest model when the shard stops.
+    pub save: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +58,7 @@ impl Default for ServerConfig {
             deadline_s: 30.0,
             link: LinkConfig::default(),
             job: Job::default(),
+            save: None,
         }
     }
 }
@@ -71,10 +78,16 @@ impl ServerNode {
                 config.shard, config.shards
             )));
         }
+        if config.save.is_some() && config.shard != 0 {
+            return Err(NodeError::Config(
+                "only shard 0 keeps the model's snapshots: give --save to shard 0".into(),
+            ));
+        }
         let listen = resolve(&config.listen)
             .map_err(|e| NodeError::Address(format!("to listen on: {e}")))?;
         let creds = load_credentials(&config.swarm, &config.node)?;
         let fingerprint = creds.fingerprint();
+        let snapshots = config.save.clone().map(save_snapshots).transpose()?;
         let options = ServerOptions {
             shard: config.shard,
             shards: config.shards,
@@ -84,6 +97,7 @@ impl ServerNode {
                 world: config.job.workers,
                 description: config.job.to_wire(),
             }),
+            snapshots,
             ..ServerOptions::default()
         };
         let (bound_tx, bound_rx) = mpsc::channel();
@@ -160,6 +174,12 @@ impl ServerHandle {
             .close(quinn::VarInt::from_u32(0), b"server stopped");
     }
 
+    /// A [`Stopper`] for this shard, to stop it from where the handle cannot go.
+    pub fn stopper(&self) -> Stopper {
+        let endpoint = self.endpoint.clone();
+        Stopper::new(move || endpoint.close(quinn::VarInt::from_u32(0), b"server stopped"))
+    }
+
     /// Waits for the shard to stop (after [`ServerHandle::stop`], or a fatal error).
     pub fn join(mut self) -> Result<()> {
         self.join_thread()
@@ -178,4 +198,21 @@ impl Drop for ServerHandle {
         self.stop();
         let _ = self.join_thread();
     }
+}
+
+/// A thread that writes every snapshot it is sent to `path` (atomically, newest last); it
+/// ends when the shard drops the sender.
+fn save_snapshots(path: PathBuf) -> Result<mpsc::Sender<(u64, bytes::Bytes)>> {
+    let (tx, rx) = mpsc::channel::<(u64, bytes::Bytes)>();
+    std::thread::Builder::new()
+        .name("murmur-server-save".into())
+        .spawn(move || {
+            for (step, bytes) in rx {
+                if let Err(e) = write_atomically(&path, &bytes) {
+                    tracing::error!("the snapshot of step {step}: {e}");
+                }
+            }
+        })
+        .map_err(|e| NodeError::io("starting the snapshot writer", e))?;
+    Ok(tx)
 }

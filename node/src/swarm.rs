@@ -39,6 +39,11 @@ pub struct SwarmConfig {
     pub deadline_s: f64,
     /// The swarm folder: credentials (a new authority unless one is there) and logs.
     pub dir: PathBuf,
+    /// Where the first worker writes the trained model (parameters and optimizer state) at
+    /// the end or on a stop; the replicas are identical, so one worker's is the swarm's.
+    pub save: Option<PathBuf>,
+    /// Also write `save` every this many rounds.
+    pub save_every: Option<u64>,
 }
 
 /// How the nodes run.
@@ -46,7 +51,8 @@ pub struct SwarmConfig {
 pub enum Launch {
     /// Threads of this process.
     Threads,
-    /// Processes of this `murmur` binary.
+    /// Processes of this `murmur` binary. Start the swarm from a thread that outlives it: on
+    /// Linux the children stop when the thread that started them ends.
     Processes {
         /// The binary's path.
         exe: PathBuf,
@@ -162,6 +168,28 @@ impl LocalSwarm {
         &self.logs
     }
 
+    /// Stops the swarm early and gracefully: every worker finishes its round (and writes
+    /// its checkpoint, if it has one), then the servers stop. Nodes still running `grace`
+    /// after being asked are killed; returns how many were.
+    pub fn stop(self, grace: Duration) -> usize {
+        match self.nodes {
+            Nodes::Threads { workers, servers } => {
+                for w in &workers {
+                    w.stop();
+                }
+                // Threads cannot be killed: a worker's stop takes effect after its round.
+                for w in workers {
+                    let _ = w.join();
+                }
+                drop(servers);
+                0
+            }
+            Nodes::Processes(mut children) => {
+                children.terminate("worker", grace) + children.terminate("server", grace)
+            }
+        }
+    }
+
     /// Waits for every worker to end, then stops the servers. The first worker failure is
     /// the error.
     pub fn finish(self) -> Result<()> {
@@ -193,6 +221,7 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             deadline_s: config.deadline_s,
             link: config.link,
             job: config.job.clone(),
+            save: None,
         })?);
     }
     let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
@@ -205,6 +234,8 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             device: config.device,
             data: config.data.clone(),
             link: config.link,
+            save: config.save.clone().filter(|_| index == 0),
+            save_every: config.save_every,
             ..WorkerConfig::default()
         })?;
         let mut events = worker.events();
@@ -289,6 +320,10 @@ fn start_processes(
         ];
         if let Some(d) = &config.data {
             args.push(format!("--data={}", d.display()));
+        }
+        if let (Some(path), 0) = (&config.save, index) {
+            args.push(format!("--save={}", path.display()));
+            args.extend(config.save_every.map(|n| format!("--save-every={n}")));
         }
         args.extend(config.link.to_args());
         let log = logs.join(format!("worker-{index}.log"));

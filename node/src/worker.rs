@@ -28,10 +28,11 @@ use tokio::sync::broadcast;
 use crate::address::resolve_all;
 use crate::calibration::calibrate_loco;
 use crate::checks::{load_credentials, positive_seconds};
-use crate::control::{Budget, Control, Next};
+use crate::control::{Budget, Control, Next, Stopper};
 use crate::data::{load_sets, DeviceKind, Sets};
 use crate::error::{NodeError, Result};
 use crate::event::{Event, Events};
+use crate::files::write_atomically;
 use crate::job::Job;
 use crate::link::LinkConfig;
 
@@ -59,8 +60,12 @@ pub struct WorkerConfig {
     pub rejoin_attempts: u32,
     /// How long to keep trying to reach the servers at the start, in seconds.
     pub join_timeout_s: f64,
-    /// Where to write the model and optimizer state when the worker stops or finishes.
-    pub checkpoint: Option<PathBuf>,
+    /// Where to write the model and optimizer state (a checkpoint `murmur train --resume`
+    /// and `murmur eval` read) when the worker stops or finishes, and every `save_every`
+    /// rounds.
+    pub save: Option<PathBuf>,
+    /// Also write `save` every this many rounds (at rounds that are multiples of it).
+    pub save_every: Option<u64>,
     /// Also print every event as a JSON line on stdout (what a process launcher reads).
     pub json_events: bool,
 }
@@ -77,7 +82,8 @@ impl Default for WorkerConfig {
             budget: Budget::default(),
             rejoin_attempts: 5,
             join_timeout_s: 120.0,
-            checkpoint: None,
+            save: None,
+            save_every: None,
             json_events: false,
         }
     }
@@ -117,6 +123,9 @@ impl Worker {
     pub fn start(config: WorkerConfig) -> Result<WorkerHandle> {
         config.budget.validate()?;
         positive_seconds("join_timeout_s", config.join_timeout_s)?;
+        if config.save_every == Some(0) {
+            return Err(NodeError::Config("save_every must be at least 1".into()));
+        }
         let servers = resolve_all(&config.servers)
             .map_err(|e| NodeError::Address(format!("of the servers: {e}")))?;
         let creds = load_credentials(&config.swarm, &config.node)?;
@@ -188,6 +197,13 @@ impl WorkerHandle {
     /// configured, and says goodbye to the servers. [`WorkerHandle::join`] returns then.
     pub fn stop(&self) {
         self.control.stop();
+    }
+
+    /// A [`Stopper`] for this worker, to stop it from where the handle cannot go (a signal
+    /// handler, another thread that does not own the handle).
+    pub fn stopper(&self) -> Stopper {
+        let control = self.control.clone();
+        Stopper::new(move || control.stop())
     }
 
     /// Changes the GPU budget, effective from the next round.
@@ -406,10 +422,8 @@ impl Run {
         });
         let started = Instant::now();
         let (totals, final_accuracy, stopped) = self.train_rounds(&joined, &mut dp)?;
-        if let Some(path) = &self.config.checkpoint {
-            let state = dp.clf.save_state()?;
-            std::fs::write(path, state)
-                .map_err(|e| NodeError::io(format!("writing {}", path.display()), e))?;
+        if let Some(path) = &self.config.save {
+            write_atomically(path, &dp.clf.save_state()?)?;
         }
         let report = WorkerReport {
             rank,
@@ -504,6 +518,11 @@ impl Run {
             totals.samples += samples;
             let codes = dp.code_stats();
             self.report_step(rank, dp.round(), loss, (bytes, codes), &totals, started);
+            if let (Some(path), Some(every)) = (&self.config.save, self.config.save_every) {
+                if dp.round().is_multiple_of(every.max(1)) {
+                    write_atomically(path, &dp.clf.save_state()?)?;
+                }
+            }
             if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
                 let state = dp.clf.save_state()?;
                 let step = dp.round();

@@ -36,10 +36,17 @@ pub struct ServerArgs {
     link: LinkConfig,
     #[command(flatten)]
     job: Job,
+    /// Shard 0: write the model here each time rank 0 sends its snapshot (every
+    /// --snapshot-every rounds), so that the newest model is there when the shard stops.
+    #[arg(long)]
+    save: Option<PathBuf>,
 }
 
 pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let job = job_from(a.config.as_deref(), &a.job, matches)?;
+    if let Some(path) = &a.save {
+        super::flag_checks::writable("--save", path)?;
+    }
     let server = ServerNode::start(ServerConfig {
         listen: a.listen,
         swarm: a.swarm,
@@ -49,6 +56,7 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         deadline_s: a.deadline,
         link: a.link,
         job: job.clone(),
+        save: a.save,
     })?;
     let listening = Listening {
         event: "listening".into(),
@@ -61,6 +69,8 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         "murmur server: shard {} of {} listening on {} as {}; serving a job of {} workers, codec {}",
         a.shard, a.shards, listening.addr, listening.fingerprint, job.workers, job.codec
     );
+    let stopper = server.stopper();
+    crate::signals::on_signal(move |_| stopper.stop());
     server.join()?;
-    Ok(())
+    crate::signals::check()
 }

@@ -37,9 +37,13 @@ pub struct WorkerArgs {
     /// Seconds to keep trying to reach the servers at the start.
     #[arg(long, default_value_t = 120.0)]
     join_timeout: f64,
-    /// Write the model and optimizer state here at the end (or on a stop).
+    /// Write the model and optimizer state here at the end, on a stop (SIGINT, SIGTERM) and
+    /// every --save-every rounds (safetensors: parameters and optimizer state).
     #[arg(long)]
-    checkpoint: Option<PathBuf>,
+    save: Option<PathBuf>,
+    /// With --save, also write it every this many rounds.
+    #[arg(long, requires = "save")]
+    save_every: Option<u64>,
     /// Report events as JSON lines on stdout (what `murmur swarm` reads) instead of a
     /// progress bar.
     #[arg(long)]
@@ -47,6 +51,9 @@ pub struct WorkerArgs {
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
+    if let Some(path) = &a.save {
+        super::flag_checks::writable("--save", path)?;
+    }
     let worker = Worker::start(WorkerConfig {
         servers: a.connect,
         swarm: a.swarm,
@@ -60,13 +67,20 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         },
         rejoin_attempts: a.rejoin_attempts,
         join_timeout_s: a.join_timeout,
-        checkpoint: a.checkpoint,
+        save: a.save,
+        save_every: a.save_every,
         json_events: a.json,
     })?;
+    let stopper = worker.stopper();
+    crate::signals::on_signal(move |_| stopper.stop());
     if !a.json {
         show_progress(worker.events());
     }
-    let report = worker.join()?;
+    let report = match worker.join() {
+        Ok(report) => report,
+        // A signal's stop may end the worker before it joined: that is an interruption.
+        Err(e) => return crate::signals::check().and(Err(e.into())),
+    };
     let saved = 2.0 * report.f32_bytes_each_way as f64
         / (report.bytes_pushed + report.bytes_pulled).max(1) as f64;
     eprintln!(
@@ -79,7 +93,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
             .final_accuracy
             .map_or(String::new(), |a| format!(", test accuracy {:.2}%", 100.0 * a))
     );
-    Ok(())
+    crate::signals::check()
 }
 
 /// A progress bar and plain lines from the worker's events, until it ends.

@@ -44,6 +44,9 @@ pub struct ServerOptions {
     /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
     /// to every worker that joins with [`Kind::Join`].
     pub job: Option<JobOffer>,
+    /// Where the snapshots this shard keeps (shard 0: rank 0's model every few rounds) are
+    /// also sent, as (step, bytes): what `murmur server --save` writes to disk.
+    pub snapshots: Option<std::sync::mpsc::Sender<(u64, bytes::Bytes)>>,
 }
 
 /// A job as the servers offer it to joining workers.
@@ -65,6 +68,7 @@ impl Default for ServerOptions {
             deadline: Duration::from_secs(30),
             max_log_rounds: 10_000,
             job: None,
+            snapshots: None,
         }
     }
 }
@@ -142,6 +146,9 @@ impl Server {
                 }
             });
         }
+        // Stopped: let the close frames reach the peers (briefly), so that they learn at
+        // once instead of after their idle time-out.
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
         Ok(())
     }
 }
@@ -238,7 +245,11 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         }
         Kind::Push => on_push(shared, id, frame).await?,
         Kind::Snapshot => {
-            lock(shared).snapshot(id, frame.step, frame.payload)?;
+            let kept = lock(shared).snapshot(id, frame.step, frame.payload)?;
+            if let (Some(kept), Some(sink)) = (kept, &shared.options.snapshots) {
+                // The receiver writes it to disk; if it has gone, nobody asked.
+                let _ = sink.send(kept);
+            }
         }
         Kind::CatchupRequest => {
             let _: CatchupRequest = frame.message()?;
@@ -413,6 +424,8 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
             deliver(shared, &round, &listeners)
         }
         Ok((None, _)) => {}
+        // The shard is stopping: its runtime cancels what is still running.
+        Err(e) if e.is_cancelled() => {}
         Err(e) => tracing::error!("shard {}: closing task failed: {e}", shared.options.shard),
     }
 }

@@ -430,8 +430,13 @@ impl ShardState {
     }
 
     /// A snapshot of the model after `step` rounds: shard 0 keeps the bytes, every shard drops
-    /// the rounds before it from its log.
-    pub fn snapshot(&mut self, id: PeerId, step: u64, payload: Vec<u8>) -> Result<()> {
+    /// the rounds before it from its log. Returns the snapshot kept, if this one was.
+    pub fn snapshot(
+        &mut self,
+        id: PeerId,
+        step: u64,
+        payload: Vec<u8>,
+    ) -> Result<Option<(u64, Bytes)>> {
         self.peer(id)?;
         if step > self.open_step {
             return protocol(format!(
@@ -439,13 +444,14 @@ impl ShardState {
                 self.open_step
             ));
         }
-        if !payload.is_empty() {
-            self.snapshot = Some((step, Bytes::from(payload)));
+        let kept = (!payload.is_empty()).then(|| (step, Bytes::from(payload)));
+        if kept.is_some() {
+            self.snapshot = kept.clone();
         }
         while self.log.front().is_some_and(|r| r.step < step) {
             self.log.pop_front();
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// What a rejoining peer is sent.

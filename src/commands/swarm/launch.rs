@@ -13,6 +13,7 @@ use murmur_node::{DeviceKind, Job, LinkConfig};
 
 use super::progress::Dashboard;
 use crate::commands::job_flags::job_from;
+use crate::exit::{usage, Interrupted};
 
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
@@ -40,10 +41,28 @@ pub struct LaunchArgs {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Write the trained model (safetensors: parameters and optimizer state) here at the end
+    /// or when stopped by SIGINT/SIGTERM.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// With --save, also write it every this many rounds.
+    #[arg(long, requires = "save")]
+    save_every: Option<u64>,
 }
+
+/// How long nodes get to stop gracefully before they are killed.
+const GRACE: Duration = Duration::from_secs(15);
 
 pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let job = job_from(a.config.as_deref(), &a.job, matches)?;
+    if a.servers == 0 {
+        return Err(usage("--servers must be at least 1"));
+    }
+    if let Some(path) = &a.save {
+        super::super::flag_checks::writable("--save", path)?;
+    }
+    let save = a.save.as_deref().map(std::path::absolute).transpose()?;
+    crate::signals::listen();
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()))
     });
@@ -73,6 +92,8 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             link: a.link,
             deadline_s: a.deadline,
             dir: dir.clone(),
+            save: save.clone(),
+            save_every: a.save_every,
         },
         Launch::Processes {
             exe: std::env::current_exe()?,
@@ -81,10 +102,29 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
 
     let mut dashboard = Dashboard::new(workers, a.quiet);
     let mut ended = 0;
+    let mut last_word = Instant::now();
     while ended < workers {
-        let Some(event) = swarm.next_event(Duration::from_secs(3600)) else {
-            bail!("no word from any worker for an hour");
+        if let Some(signal) = crate::signals::received() {
+            dashboard.clear();
+            eprintln!("murmur swarm: stopping every node (each worker finishes its round)");
+            let killed = swarm.stop(GRACE);
+            if killed > 0 {
+                eprintln!(
+                    "murmur swarm: {killed} nodes did not stop within {} s and were killed",
+                    GRACE.as_secs()
+                );
+            }
+            report_saved(&save);
+            eprintln!("logs in {}", dir.join("logs").display());
+            return Err(Interrupted { signal }.into());
+        }
+        let Some(event) = swarm.next_event(Duration::from_millis(200)) else {
+            if last_word.elapsed() > Duration::from_secs(3600) {
+                bail!("no word from any worker for an hour");
+            }
+            continue;
         };
+        last_word = Instant::now();
         match event {
             SwarmEvent::Worker { index, event } => dashboard.handle(index, event),
             SwarmEvent::Ended { error: None, .. } => ended += 1,
@@ -101,6 +141,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     dashboard.clear();
     // Workers are done: reap them, then stop the servers.
     swarm.finish()?;
+    report_saved(&save);
 
     let outcome = dashboard.outcome();
     eprintln!(
@@ -123,4 +164,11 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
+}
+
+/// Says where the model went, if it was saved.
+fn report_saved(save: &Option<PathBuf>) {
+    if let Some(path) = save.as_ref().filter(|p| p.exists()) {
+        eprintln!("model written to {}", path.display());
+    }
 }
