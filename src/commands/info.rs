@@ -1,69 +1,178 @@
-//! `murmur info`: adapters, limits, features, subgroup sizes.
+//! `murmur info`: the machine, the GPU adapters murmur can see, the one it picks with its
+//! limits, features, subgroup sizes and matmul kernel; as text or (`--json`) one JSON object.
 
 use clap::Args;
 use murmur_engine::gpu::{list_adapters, AdapterPreference, Gpu};
 use murmur_engine::kernels::matmul::MatmulKernel;
+use serde::Serialize;
+
+use super::machine::Machine;
 
 #[derive(Args)]
-pub struct InfoArgs {}
+pub struct InfoArgs {
+    /// Print one JSON object on stdout instead of text (for scripts and bug reports).
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_: InfoArgs) -> anyhow::Result<()> {
+/// Everything `murmur info` reports.
+#[derive(Serialize)]
+struct Info {
+    murmur: &'static str,
+    machine: Machine,
+    adapters: Vec<Adapter>,
+    selected: Selected,
+}
+
+#[derive(Serialize)]
+struct Adapter {
+    name: String,
+    backend: String,
+    device_type: String,
+    driver: String,
+}
+
+#[derive(Serialize)]
+struct Selected {
+    description: String,
+    #[serde(flatten)]
+    adapter: Adapter,
+    subgroup_sizes: [u32; 2],
+    matmul_kernel: String,
+    limits: Limits,
+    features: Vec<String>,
+}
+
+/// The limits murmur's kernels depend on.
+#[derive(Serialize)]
+struct Limits {
+    max_buffer_size: u64,
+    max_storage_buffer_binding_size: u64,
+    max_storage_buffers_per_shader_stage: u32,
+    max_compute_workgroup_storage_size: u32,
+    max_compute_invocations_per_workgroup: u32,
+    max_compute_workgroup_size: [u32; 3],
+    max_compute_workgroups_per_dimension: u32,
+    min_uniform_buffer_offset_alignment: u32,
+}
+
+fn adapter(i: &wgpu::AdapterInfo) -> Adapter {
+    Adapter {
+        name: i.name.clone(),
+        backend: format!("{:?}", i.backend),
+        device_type: format!("{:?}", i.device_type),
+        driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+    }
+}
+
+fn gather() -> anyhow::Result<Info> {
     let pref = AdapterPreference::from_env()?;
-    let all = list_adapters(&AdapterPreference {
+    let adapters = list_adapters(&AdapterPreference {
         name: None,
         backend: pref.backend,
-    });
-    println!("adapters with compute shaders: {}", all.len());
-    for a in &all {
-        let i = &a.adapter;
-        println!(
-            "  - {} ({:?}, {:?}, driver {} {})",
-            i.name, i.backend, i.device_type, i.driver, i.driver_info
-        );
-    }
+    })
+    .iter()
+    .map(|a| adapter(&a.adapter))
+    .collect();
     let gpu = Gpu::with_preference(&pref)?;
     let info = gpu.info();
     let (a, l) = (&info.adapter, &info.limits);
-    println!("selected: {}", gpu.describe());
-    println!("  device type: {:?}", a.device_type);
+    Ok(Info {
+        murmur: env!("CARGO_PKG_VERSION"),
+        machine: Machine::detect(),
+        adapters,
+        selected: Selected {
+            description: gpu.describe(),
+            adapter: adapter(a),
+            subgroup_sizes: [a.subgroup_min_size, a.subgroup_max_size],
+            matmul_kernel: format!("{:?}", MatmulKernel::for_gpu(&gpu)?),
+            limits: Limits {
+                max_buffer_size: l.max_buffer_size,
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+                max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                max_compute_workgroup_size: [
+                    l.max_compute_workgroup_size_x,
+                    l.max_compute_workgroup_size_y,
+                    l.max_compute_workgroup_size_z,
+                ],
+                max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+                min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
+            },
+            features: (info.features.features_wgpu.iter_names())
+                .map(|(name, _)| name.to_string())
+                .chain(
+                    (info.features.features_webgpu.iter_names()).map(|(name, _)| name.to_string()),
+                )
+                .collect(),
+        },
+    })
+}
+
+pub fn run(a: InfoArgs) -> anyhow::Result<()> {
+    let info = gather()?;
+    if a.json {
+        let json = serde_json::to_string_pretty(&info)? + "\n";
+        return super::stdout::print(json.as_bytes());
+    }
+    println!("murmur {} on {}", info.murmur, info.machine);
+    println!("adapters with compute shaders: {}", info.adapters.len());
+    for a in &info.adapters {
+        println!(
+            "  - {} ({}, {}, driver {})",
+            a.name, a.backend, a.device_type, a.driver
+        );
+    }
+    let s = &info.selected;
+    let l = &s.limits;
+    println!("selected: {}", s.description);
+    println!("  device type: {}", s.adapter.device_type);
     println!(
         "  subgroup size: {}..{}",
-        a.subgroup_min_size, a.subgroup_max_size
+        s.subgroup_sizes[0], s.subgroup_sizes[1]
     );
-    println!("  matmul kernel: {:?}", MatmulKernel::for_gpu(&gpu)?);
+    println!("  matmul kernel: {}", s.matmul_kernel);
     println!("  limits:");
-    println!("    max_buffer_size: {}", l.max_buffer_size);
-    println!(
-        "    max_storage_buffer_binding_size: {}",
-        l.max_storage_buffer_binding_size
-    );
-    println!(
-        "    max_storage_buffers_per_shader_stage: {}",
-        l.max_storage_buffers_per_shader_stage
-    );
-    println!(
-        "    max_compute_workgroup_storage_size: {}",
-        l.max_compute_workgroup_storage_size
-    );
-    println!(
-        "    max_compute_invocations_per_workgroup: {}",
-        l.max_compute_invocations_per_workgroup
-    );
-    println!(
-        "    max_compute_workgroup_size: {} x {} x {}",
-        l.max_compute_workgroup_size_x,
-        l.max_compute_workgroup_size_y,
-        l.max_compute_workgroup_size_z
-    );
-    println!(
-        "    max_compute_workgroups_per_dimension: {}",
-        l.max_compute_workgroups_per_dimension
-    );
-    println!(
-        "    min_uniform_buffer_offset_alignment: {}",
-        l.min_uniform_buffer_offset_alignment
-    );
-    println!("  features enabled: {:?}", info.features);
+    for (name, value) in [
+        ("max_buffer_size", l.max_buffer_size.to_string()),
+        (
+            "max_storage_buffer_binding_size",
+            l.max_storage_buffer_binding_size.to_string(),
+        ),
+        (
+            "max_storage_buffers_per_shader_stage",
+            l.max_storage_buffers_per_shader_stage.to_string(),
+        ),
+        (
+            "max_compute_workgroup_storage_size",
+            l.max_compute_workgroup_storage_size.to_string(),
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            l.max_compute_invocations_per_workgroup.to_string(),
+        ),
+        (
+            "max_compute_workgroup_size",
+            format!(
+                "{} x {} x {}",
+                l.max_compute_workgroup_size[0],
+                l.max_compute_workgroup_size[1],
+                l.max_compute_workgroup_size[2]
+            ),
+        ),
+        (
+            "max_compute_workgroups_per_dimension",
+            l.max_compute_workgroups_per_dimension.to_string(),
+        ),
+        (
+            "min_uniform_buffer_offset_alignment",
+            l.min_uniform_buffer_offset_alignment.to_string(),
+        ),
+    ] {
+        println!("    {name}: {value}");
+    }
+    println!("  features enabled: {}", s.features.join(", "));
     println!(
         "override with MURMUR_ADAPTER=<name substring> and MURMUR_BACKEND=vulkan|metal|dx12|gl"
     );

@@ -2,6 +2,8 @@
 
 mod bench;
 mod code_stats;
+mod docs;
+mod flag_checks;
 mod info;
 mod job_flags;
 mod machine;
@@ -9,6 +11,7 @@ mod pipeline;
 mod relay;
 mod repro;
 mod server;
+mod stdout;
 mod swarm;
 mod train;
 mod train_args;
@@ -57,10 +60,24 @@ enum Command {
     /// Measure performance against a reference run in the same process.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Print shell completions for murmur.
+    Completions(docs::CompletionsArgs),
+    /// Print murmur's manual page (or write every page into a folder).
+    Man(docs::ManArgs),
 }
 
 impl Cli {
-    /// What is logged unless `MURMUR_LOG` says otherwise: nodes of a swarm report peers
+    /// The command-line definition, as `main`, completions and the man page see it.
+    pub fn definition() -> clap::Command {
+        // `--lr -1` reaches the flag's own check (and its clear refusal) instead of being
+        // taken for an unknown flag `-1`, in every subcommand.
+        fn negatives(c: clap::Command) -> clap::Command {
+            c.allow_negative_numbers(true).mut_subcommands(negatives)
+        }
+        negatives(<Cli as clap::CommandFactory>::command())
+    }
+
+    /// What is logged unless `RUST_LOG` says otherwise: nodes of a swarm report peers
     /// coming and going; everything else only warnings, so that reports stay readable.
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
@@ -88,5 +105,7 @@ pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
         Command::PipelineStage(a) => pipeline::stage::run(a),
         Command::Repro(r) => repro::run(r),
         Command::Bench(b) => bench::run(b),
+        Command::Completions(a) => docs::completions(a),
+        Command::Man(a) => docs::man(a),
     }
 }
