@@ -38,6 +38,7 @@ pub fn install() -> anyhow::Result<()> {
                 }
                 let handlers = std::mem::take(&mut *HANDLERS.lock().expect("not poisoned"));
                 if handlers.is_empty() && !LISTENING.load(Ordering::SeqCst) {
+                    eprintln!("murmur: stopped by {}", name(signal));
                     std::process::exit(128 + signal);
                 }
                 eprintln!(
