@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use murmur_node::{Budget, DeviceKind, Event, LinkConfig, Worker, WorkerConfig};
+use murmur_node::{
+    Budget, DeviceKind, Event, LinkConfig, Metrics, MetricsFile, Worker, WorkerConfig,
+};
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -44,9 +46,16 @@ pub struct WorkerArgs {
     /// progress bar.
     #[arg(long)]
     json: bool,
+    /// Write metrics here as JSON lines (created at the start; `murmur plot` draws them): a
+    /// line per round with step, epoch, rank, loss, learning rate, bytes pushed (up) and
+    /// pulled (down) and the round's seconds, and a line with the test accuracy after each
+    /// epoch (rank 0).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
+    let metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let worker = Worker::start(WorkerConfig {
         servers: a.connect,
         swarm: a.swarm,
@@ -63,9 +72,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         checkpoint: a.checkpoint,
         json_events: a.json,
     })?;
-    if !a.json {
-        show_progress(worker.events());
-    }
+    follow(worker.events(), !a.json, metrics)?;
     let report = worker.join()?;
     let saved = 2.0 * report.f32_bytes_each_way as f64
         / (report.bytes_pushed + report.bytes_pulled).max(1) as f64;
@@ -82,8 +89,13 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A progress bar and plain lines from the worker's events, until it ends.
-fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
+/// Follows the worker's events until it ends: writes their metrics lines, and shows them as a
+/// progress bar and plain lines if `show`.
+fn follow(
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    show: bool,
+    mut metrics: Option<MetricsFile>,
+) -> anyhow::Result<()> {
     let bar = ProgressBar::hidden();
     bar.set_style(
         ProgressStyle::with_template("rank {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
@@ -96,6 +108,15 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(_) => break,
         };
+        if let (Some(file), Some(line)) = (&mut metrics, Metrics::from_event(&event)) {
+            file.write(&line)?;
+        }
+        if matches!(event, Event::Error { .. } | Event::Done { .. }) {
+            break;
+        }
+        if !show {
+            continue;
+        }
         match event {
             Event::Waiting { what } => bar.println(format!("waiting for {what}")),
             Event::Joined {
@@ -147,8 +168,9 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
             Event::Rejoined { step, reason, .. } => {
                 bar.println(format!("rejoined at step {step} after: {reason}"))
             }
-            Event::Error { .. } | Event::Done { .. } => break,
+            Event::Error { .. } | Event::Done { .. } => {}
         }
     }
     bar.finish_and_clear();
+    Ok(())
 }

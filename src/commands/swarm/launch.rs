@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::{ArgMatches, Args};
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Job, LinkConfig};
+use murmur_node::{DeviceKind, Job, LinkConfig, Metrics, MetricsFile};
 
 use super::progress::Dashboard;
 use crate::commands::job_flags::job_from;
@@ -40,10 +40,17 @@ pub struct LaunchArgs {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Write every worker's metrics here as JSON lines, each with its rank (created at the
+    /// start; `murmur plot` draws them): a line per worker and round with step, epoch,
+    /// loss, learning rate, bytes pushed (up) and pulled (down) and the round's seconds, and
+    /// a line with the test accuracy after each epoch.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
 }
 
 pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let job = job_from(a.config.as_deref(), &a.job, matches)?;
+    let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()))
     });
@@ -86,7 +93,13 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             bail!("no word from any worker for an hour");
         };
         match event {
-            SwarmEvent::Worker { index, event } => dashboard.handle(index, event),
+            SwarmEvent::Worker { index, event } => {
+                // The workers' own events, as they arrive: one file holds every rank.
+                if let (Some(file), Some(line)) = (&mut metrics, Metrics::from_event(&event)) {
+                    file.write(&line)?;
+                }
+                dashboard.handle(index, event)
+            }
             SwarmEvent::Ended { error: None, .. } => ended += 1,
             SwarmEvent::Ended {
                 index,
