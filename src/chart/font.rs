@@ -3,8 +3,9 @@
 //! only fonts handed to it, so the binary carries DejaVu Sans (assets/fonts/, with its
 //! licence beside it).
 
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
+use ab_glyph::FontRef;
 use plotters::style::{register_font, FontStyle};
 
 static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
@@ -18,4 +19,26 @@ pub fn register() {
             unreachable!("the bundled DejaVu Sans parses");
         }
     });
+}
+
+/// The font, for drawing glyphs directly (see [`super::typeset`]).
+pub fn dejavu() -> &'static FontRef<'static> {
+    static FONT: OnceLock<FontRef<'static>> = OnceLock::new();
+    FONT.get_or_init(|| match FontRef::try_from_slice(DEJAVU_SANS) {
+        Ok(font) => font,
+        Err(_) => unreachable!("the bundled DejaVu Sans parses"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_bundled_font_parses_and_has_the_glyphs_figures_use() {
+        use ab_glyph::Font;
+        super::register();
+        let font = super::dejavu();
+        for c in "azAZ09.,-±%()‖·".chars() {
+            assert_ne!(font.glyph_id(c).0, 0, "no glyph for {c:?}");
+        }
+    }
 }

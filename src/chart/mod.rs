@@ -5,6 +5,7 @@
 //! that font, drawn by the viewer's).
 
 mod font;
+mod typeset;
 
 use std::ops::Range;
 use std::path::Path;
@@ -113,7 +114,7 @@ fn save(drawing: &impl Drawing, path: &Path, size: (u32, u32)) -> anyhow::Result
     font::register();
     match path.extension().and_then(|e| e.to_str()) {
         Some(ext) if ext.eq_ignore_ascii_case("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
+            let root = typeset::Typeset(BitMapBackend::new(path, size)).into_drawing_area();
             drawing
                 .draw_on(&root)
                 .and_then(|()| root.present())
@@ -165,7 +166,8 @@ impl Drawing for Figure {
         let root = root.titled(&self.title, (FONT, 24))?;
         let (width, _) = root.dim_in_pixel();
         let longest = self.keys.iter().map(|k| k.label.chars().count()).max();
-        let legend_width = (70 + 9 * longest.unwrap_or(0) as u32).clamp(120, width / 3);
+        // At most a third of the width (at least 66 pixels: figures are 200 wide or more).
+        let legend_width = (70 + 9 * longest.unwrap_or(0) as u32).clamp(60, width / 3);
         let (charts, legend) = root.split_horizontally(width - legend_width);
         // One x range for every panel, so that they line up.
         let lines = self.panels.iter().flat_map(|p| &p.lines);
@@ -374,5 +376,50 @@ impl Drawing for DotChart {
             ))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_figures_and_empty_ones_draw_and_bad_sizes_are_refused() {
+        let dir = std::env::temp_dir().join(format!("murmur-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let figure = Figure {
+            title: "a long title that does not fit".into(),
+            keys: vec![Key {
+                label: "a label far longer than a third of the width".into(),
+                colour: 12,
+                dashed: false,
+            }],
+            panels: vec![Panel {
+                log_y: true,
+                lines: vec![Line {
+                    points: vec![(0.0, 0.0), (1.0, f64::NAN), (2.0, 1e-3), (3.0, 1e3)],
+                    markers: true,
+                    ..Line::default()
+                }],
+                ..Panel::default()
+            }],
+        };
+        for (name, size) in [("small.png", (200, 100)), ("small.svg", (200, 100))] {
+            figure.save(&dir.join(name), size).unwrap();
+        }
+        Figure::default()
+            .save(&dir.join("empty.png"), (400, 300))
+            .unwrap();
+        DotChart::default()
+            .save(&dir.join("dots.png"), 200)
+            .unwrap();
+        for size in [(199, 300), (400, 99), (10_001, 300)] {
+            let err = figure
+                .save(&dir.join("bad.png"), size)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("too small or too large"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

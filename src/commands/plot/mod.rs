@@ -53,10 +53,11 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
     let height = a.height.unwrap_or(40 + 300 * figure.panels.len() as u32);
     figure.save(&a.out, (a.width, height))?;
     eprintln!(
-        "wrote {} ({} panels, {} runs)",
+        "wrote {} ({} panels, {} run{})",
         a.out.display(),
         figure.panels.len(),
-        runs.len()
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" }
     );
     Ok(())
 }
