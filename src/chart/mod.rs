@@ -47,6 +47,8 @@ pub struct Panel {
     pub x_label: String,
     pub y_label: String,
     pub log_y: bool,
+    /// The y axis starts at 0 (for totals, which cannot be negative).
+    pub y_from_zero: bool,
     pub lines: Vec<Line>,
 }
 
@@ -182,7 +184,10 @@ impl Drawing for Figure {
                 let whiskers = l.whiskers.iter().flat_map(|w| [w.1, w.2]);
                 l.points.iter().map(|p| p.1).chain(whiskers)
             });
-            let y = padded(ys, panel.log_y);
+            let mut y = padded(ys, panel.log_y);
+            if panel.y_from_zero && !panel.log_y {
+                y.start = 0.0;
+            }
             if panel.log_y {
                 draw_panel(&area, panel, &self.keys, x, y.log_scale())?;
             } else {
@@ -210,6 +215,9 @@ fn padded(values: impl Iterator<Item = f64>, log: bool) -> Range<f64> {
         });
     if lo > hi {
         return if log { 0.1..1.0 } else { 0.0..1.0 };
+    }
+    if !log && lo == 0.0 && hi == 0.0 {
+        return 0.0..1.0;
     }
     if log {
         let (lo, hi) = if lo == hi {

@@ -137,6 +137,7 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
         title: "Traffic (0 for a run on one machine)".into(),
         x_label: "step".into(),
         y_label: "MB sent + received so far".into(),
+        y_from_zero: true,
         lines: traffic,
         ..Panel::default()
     });

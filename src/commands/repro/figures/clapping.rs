@@ -152,8 +152,8 @@ fn against_p(records: &[Record], seeds: usize) -> Option<Figure> {
             title: String::new(),
             x_label: "p, the probability of a fresh batch at each step".into(),
             y_label: "best test accuracy (%)".into(),
-            log_y: false,
             lines,
+            ..Panel::default()
         }],
     })
 }

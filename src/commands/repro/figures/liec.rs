@@ -75,6 +75,7 @@ pub fn draw(json: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 y_label: "error norm (log scale)".into(),
                 log_y: true,
                 lines,
+                ..Panel::default()
             }
         })
         .collect();
