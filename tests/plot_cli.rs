@@ -106,7 +106,7 @@ fn bad_input_is_an_error_naming_the_file_and_line() {
         ("broken.jsonl", "{\"step\":1,\"loss\":2}\n{\"step\":2,\"loss\":", "broken.jsonl is not a metrics file: line 2 is not a metrics record"),
         ("nostep.jsonl", "{\"loss\":2}\n", "nostep.jsonl is not a metrics file: line 1 is not a metrics record: missing field `step`"),
         ("empty.jsonl", "", "empty.jsonl is not a metrics file: it holds no records"),
-        ("nothing.jsonl", "{\"step\":1,\"lr\":0.1}\n", "line 1 has none of loss, accuracy and valid_loss"),
+        ("nothing.jsonl", "{\"step\":1,\"lr\":0.1}\n", "line 1 has nothing to draw (no loss, accuracy, valid_loss or bytes)"),
     ];
     for (name, text, expected) in cases {
         let bad = dir.0.join(name);

@@ -134,7 +134,7 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
         });
     }
     panels.push(Panel {
-        title: "Traffic (0 for a run on one machine)".into(),
+        title: "Bytes between nodes (none for murmur train)".into(),
         x_label: "step".into(),
         y_label: "MB sent + received so far".into(),
         y_from_zero: true,

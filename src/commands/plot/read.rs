@@ -25,9 +25,17 @@ pub fn parse_metrics(text: &str) -> anyhow::Result<Vec<Metrics>> {
         let record = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line)
             .and_then(|object| Metrics::deserialize(serde_json::Value::Object(object)))
             .with_context(|| format!("line {} is not a metrics record", i + 1))?;
-        if record.loss.is_none() && record.accuracy.is_none() && record.valid_loss.is_none() {
+        // A pipeline's first stages report bytes without a loss.
+        let drawn = [
+            record.loss.is_some(),
+            record.accuracy.is_some(),
+            record.valid_loss.is_some(),
+            record.bytes_up.is_some(),
+            record.bytes_down.is_some(),
+        ];
+        if !drawn.contains(&true) {
             bail!(
-                "line {} has none of loss, accuracy and valid_loss to draw",
+                "line {} has nothing to draw (no loss, accuracy, valid_loss or bytes)",
                 i + 1
             );
         }
@@ -45,9 +53,9 @@ mod tests {
 
     #[test]
     fn good_lines_parse_and_each_bad_input_names_its_line() {
-        let good = "{\"step\":1,\"loss\":2.5,\"bytes_up\":0}\n\n{\"step\":2,\"loss\":null}\n{\"step\":2,\"accuracy\":0.5}\n";
+        let good = "{\"step\":1,\"loss\":2.5,\"bytes_up\":0}\n\n{\"step\":2,\"loss\":null}\n{\"step\":2,\"accuracy\":0.5}\n{\"step\":2,\"stage\":0,\"bytes_up\":10}\n";
         let records = parse_metrics(good).unwrap();
-        assert_eq!(records.len(), 3);
+        assert_eq!(records.len(), 4);
         assert!(records[1].loss.unwrap().is_nan());
 
         let cases = [
@@ -63,7 +71,7 @@ mod tests {
                 "{\"step\":-1,\"loss\":1}\n",
                 "line 1 is not a metrics record",
             ),
-            ("{\"step\":1,\"lr\":0.1}\n", "line 1 has none of loss"),
+            ("{\"step\":1,\"lr\":0.1}\n", "line 1 has nothing to draw"),
             ("[1, 2]\n", "line 1 is not a metrics record"),
             ("", "no records"),
             ("\n  \n", "no records"),
