@@ -1,5 +1,6 @@
 //! The `murmur` command line: train, inspect the GPU, benchmark.
 
+mod chart;
 mod commands;
 mod env;
 mod exit;

@@ -1,5 +1,6 @@
 //! `murmur swarm` end to end: separate server and worker processes over loopback QUIC with
-//! swarm credentials, a compressed codec, and a JSON outcome whose byte counts add up.
+//! swarm credentials, a compressed codec, and a JSON outcome whose byte counts add up, as do
+//! the per-round metrics lines of every rank.
 
 mod common;
 
@@ -12,6 +13,9 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
         return;
     }
     let dir = RemovedOnDrop::temp("swarm-test");
+    let metrics_dir = RemovedOnDrop::temp("swarm-test-metrics");
+    std::fs::create_dir_all(&metrics_dir.0).unwrap();
+    let metrics = metrics_dir.0.join("run.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(
@@ -20,6 +24,8 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
                 .split_whitespace(),
         )
         .arg(&dir.0)
+        .arg("--metrics")
+        .arg(&metrics)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -36,6 +42,35 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     assert!(
         (9.0..10.5).contains(&reduction),
         "top-5% should send about a tenth of f32's bytes, got {reduction}x less"
+    );
+    // Every rank wrote a line per round, in order, and their bytes are the outcome's.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut bytes = 0;
+    for rank in 0..2 {
+        let of_rank = lines
+            .iter()
+            .filter(|l| l["rank"] == rank && l["loss"].is_f64());
+        let steps: Vec<u64> = of_rank.map(|l| l["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, (1..=40).collect::<Vec<_>>(), "rank {rank}");
+    }
+    for l in &lines {
+        bytes += l["bytes_up"].as_u64().unwrap_or(0) + l["bytes_down"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(bytes, v["total_bytes"].as_u64().unwrap());
+    let evaluated: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["accuracy"].is_f64()).collect();
+    assert_eq!(
+        evaluated.len(),
+        1,
+        "rank 0 evaluates once, at the last round"
+    );
+    assert_eq!(
+        (&evaluated[0]["step"], &evaluated[0]["rank"]),
+        (&40.into(), &0.into())
     );
     // Both shards took part: each heard both workers introduce their rank, and shard 0
     // handed the job to both (the workers were given no job flags).

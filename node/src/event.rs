@@ -41,6 +41,9 @@ pub enum Event {
         rank: u16,
         /// Rounds done.
         step: u64,
+        /// The epoch the round belongs to, from 1.
+        #[serde(default)]
+        epoch: u32,
         /// This worker's loss on its share of the round's batch (NaN travels as JSON null).
         #[serde(deserialize_with = "nan_from_null")]
         loss: f32,
@@ -52,6 +55,12 @@ pub enum Event {
         f32_each_way: usize,
         /// This worker's samples per second since it started.
         samples_per_second: f64,
+        /// Seconds the round took here, from taking its batch to applying the reply.
+        #[serde(default)]
+        seconds: f64,
+        /// The learning rate the round applied.
+        #[serde(default)]
+        lr: f32,
         /// Fraction of its pushed LoCo codes clipped at either end of their range (LoCo
         /// codecs only): most of them means the scale s is too large.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +74,9 @@ pub enum Event {
     Evaluated {
         /// The worker's rank.
         rank: u16,
+        /// Rounds done when it was measured.
+        #[serde(default)]
+        step: u64,
         /// The epoch just finished (from 1).
         epoch: u32,
         /// Test accuracy in [0, 1].
@@ -167,11 +179,14 @@ mod tests {
         let step = Event::Step {
             rank: 0,
             step: 1,
+            epoch: 1,
             loss: f32::NAN,
             pushed: 0,
             pulled: 0,
             f32_each_way: 0,
             samples_per_second: 0.0,
+            seconds: 0.0,
+            lr: 0.0,
             saturated: None,
             error_nonzero: Some(0.25),
         };

@@ -279,6 +279,18 @@ struct Totals {
     samples: usize,
 }
 
+/// What one round did, as [`Event::Step`] reports it.
+struct Round {
+    step: u64,
+    /// From 1.
+    epoch: u32,
+    loss: f32,
+    bytes: RoundBytes,
+    codes: CodeStats,
+    seconds: f64,
+    lr: f32,
+}
+
 /// The job once joined: the data, and where the rank stands.
 struct Joined {
     job: Job,
@@ -516,8 +528,16 @@ impl Run {
             totals.pulled += bytes.pulled as u64;
             totals.f32_each_way += bytes.f32_each_way as u64;
             totals.samples += samples;
-            let codes = dp.code_stats();
-            self.report_step(rank, dp.round(), loss, (bytes, codes), &totals, started);
+            let round = Round {
+                step: dp.round(),
+                epoch: epoch + 1,
+                loss,
+                bytes,
+                codes: dp.code_stats(),
+                seconds: step_started.elapsed().as_secs_f64(),
+                lr: dp.clf.optimizer.lr(),
+            };
+            self.report_step(rank, round, &totals, started);
             if let (Some(path), Some(every)) = (&self.config.save, self.config.save_every) {
                 if dp.round().is_multiple_of(every.max(1)) {
                     write_atomically(path, &dp.clf.save_state()?)?;
@@ -539,6 +559,7 @@ impl Run {
                     final_accuracy = Some(accuracy);
                     self.events.emit(Event::Evaluated {
                         rank,
+                        step: dp.round(),
                         epoch: epoch + 1,
                         accuracy,
                         seconds,
@@ -550,25 +571,20 @@ impl Run {
         Ok((totals, final_accuracy, false))
     }
 
-    fn report_step(
-        &self,
-        rank: u16,
-        step: u64,
-        loss: f32,
-        (bytes, codes): (RoundBytes, CodeStats),
-        totals: &Totals,
-        started: Instant,
-    ) {
+    fn report_step(&self, rank: u16, round: Round, totals: &Totals, started: Instant) {
         self.events.emit(Event::Step {
             rank,
-            step,
-            loss,
-            pushed: bytes.pushed,
-            pulled: bytes.pulled,
-            f32_each_way: bytes.f32_each_way,
+            step: round.step,
+            epoch: round.epoch,
+            loss: round.loss,
+            pushed: round.bytes.pushed,
+            pulled: round.bytes.pulled,
+            f32_each_way: round.bytes.f32_each_way,
             samples_per_second: totals.samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
-            saturated: codes.saturated,
-            error_nonzero: codes.error_nonzero,
+            seconds: round.seconds,
+            lr: round.lr,
+            saturated: round.codes.saturated,
+            error_nonzero: round.codes.error_nonzero,
         });
     }
 

@@ -8,6 +8,7 @@ mod info;
 mod job_flags;
 mod machine;
 mod pipeline;
+mod plot;
 mod relay;
 mod repro;
 mod server;
@@ -54,6 +55,9 @@ enum Command {
     PipelineStage(pipeline::stage::StageArgs),
     /// Forward a QUIC link through added delay, a rate limit and loss (for trying bad paths).
     Relay(relay::RelayArgs),
+    /// Draw training curves (loss, accuracy, bytes moved) from `--metrics` files into a PNG or
+    /// SVG, one line per file.
+    Plot(plot::PlotArgs),
     /// Reproduce a paper's experiments at small scale; tables go to docs/results/.
     #[command(subcommand)]
     Repro(repro::ReproCommand),
@@ -103,6 +107,7 @@ pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
         Command::Relay(a) => relay::run(a),
         Command::Pipeline(a) => pipeline::run(a),
         Command::PipelineStage(a) => pipeline::stage::run(a),
+        Command::Plot(a) => plot::run(a),
         Command::Repro(r) => repro::run(r),
         Command::Bench(b) => bench::run(b),
         Command::Completions(a) => docs::completions(a),

@@ -11,10 +11,11 @@ use murmur_engine::Tensor;
 use serde::Serialize;
 
 use murmur_node::data::{load_sets, Sets};
+use murmur_node::Metrics;
 
 use super::machine::Machine;
 use super::train_args::{ModelKind, TrainArgs};
-use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint};
+use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint, MetricsLog};
 
 #[derive(Serialize)]
 struct Summary {
@@ -68,6 +69,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let hidden = a.hidden.clone().unwrap_or(defaults.hidden);
     let optim = a.optim.clone().unwrap_or_else(|| "adamw".into());
     let (batch, lr) = (a.batch.unwrap_or(128), a.lr.unwrap_or(defaults.lr));
+    let mut metrics = MetricsLog::create(a.metrics.as_deref())?;
     let Sets {
         train,
         test,
@@ -143,6 +145,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut last_loss = f32::NAN;
     let mut samples = 0usize;
     let started = Instant::now();
+    metrics.start(clf.steps);
     let mut train_seconds = 0.0;
     'epochs: for epoch in first_epoch..epochs {
         let bar = progress_bar(
@@ -170,20 +173,19 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             epoch_samples += batch.len();
             bar.inc(1);
             if clf.steps % a.log_every.max(1) == 0 || clf.steps == total_steps {
-                last_loss = latest
-                    .take()
-                    .map(|t| t.item())
-                    .transpose()?
-                    .unwrap_or(last_loss);
+                if let Some(loss) = latest.take() {
+                    last_loss = loss.item()?;
+                    metrics.step(clf.steps, Some(epoch + 1), last_loss, clf.optimizer.lr())?;
+                }
                 let rate = samples as f64 / (train_seconds + epoch_start.elapsed().as_secs_f64());
                 bar.set_message(format!("loss {last_loss:.4}  {rate:.0} samples/s"));
             }
         }
-        last_loss = latest
-            .take()
-            .map(|t| t.item())
-            .transpose()?
-            .unwrap_or(last_loss);
+        // The epoch's last steps, if no line read them.
+        if let Some(loss) = latest.take() {
+            last_loss = loss.item()?;
+            metrics.step(clf.steps, Some(epoch + 1), last_loss, clf.optimizer.lr())?;
+        }
         device.sync()?;
         let seconds = epoch_start.elapsed().as_secs_f64();
         train_seconds += seconds;
@@ -198,6 +200,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             100.0 * accuracy,
             epoch_samples as f64 / seconds
         );
+        metrics.evaluation(Metrics {
+            step: clf.steps,
+            epoch: Some(epoch + 1),
+            accuracy: Some(accuracy),
+            ..Metrics::default()
+        })?;
         epoch_seconds.push(seconds);
         accuracies.push(accuracy);
         if let Some(path) = &a.save {

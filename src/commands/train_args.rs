@@ -86,6 +86,13 @@ pub struct TrainArgs {
     /// Read the loss back every this many steps (each read waits for the GPU).
     #[arg(long, default_value_t = 25)]
     pub(super) log_every: u64,
+    /// Write metrics here as JSON lines (created at the start; `murmur plot` draws them): a
+    /// line whenever the loss is read, every --log-every steps and at the end of each epoch
+    /// (--log-every 1 for every step), with step, epoch, loss, learning rate, bytes (0 on
+    /// one machine) and mean seconds per step since the previous line; and a line with the
+    /// test accuracy after each epoch (the validation loss for gpt).
+    #[arg(long)]
+    pub(super) metrics: Option<PathBuf>,
     /// No progress bar (for logs and CI).
     #[arg(long)]
     pub(super) quiet: bool,

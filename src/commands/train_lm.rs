@@ -10,9 +10,11 @@ use murmur_engine::train::{LanguageModel, LmConfig, WarmupCosine};
 use murmur_engine::Tensor;
 use serde::Serialize;
 
+use murmur_node::Metrics;
+
 use super::machine::Machine;
 use super::train_args::{LmArgs, TrainArgs};
-use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint};
+use super::train_output::{progress_bar, stop_if_interrupted, write_checkpoint, MetricsLog};
 
 /// [`LmArgs`] with the defaults filled in.
 struct Lm {
@@ -96,6 +98,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             image_only.join(", ")
         )));
     }
+    let mut metrics = MetricsLog::create(a.metrics.as_deref())?;
     let root = a.data.clone().unwrap_or_else(default_root);
     let corpus = TextCorpus::load_shakespeare(&root)?;
     let l = &a.lm.resolved();
@@ -142,6 +145,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     bar.set_position(lm.steps);
     let started = Instant::now();
     let first_step = lm.steps;
+    metrics.start(first_step);
     let (mut valid_loss, mut last_loss) = (vec![], f32::NAN);
     while lm.steps < total {
         stop_if_interrupted(a.save.as_deref(), lm.steps, || lm.save_state())?;
@@ -154,6 +158,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             let read = Tensor::read_many(&[&s.loss, &s.grad_norm])?;
             let grad_norm = read[1][0];
             last_loss = read[0][0];
+            metrics.step(step, None, last_loss, s.lr)?;
             let rate = ((step - first_step) * (config.batch * l.context) as u64) as f64
                 / started.elapsed().as_secs_f64();
             bar.set_message(format!(
@@ -165,6 +170,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             if step % a.log_every.max(1) != 0 {
                 // This step's loss was not read for the progress line; the report needs it.
                 last_loss = s.loss.item()?;
+                metrics.step(step, None, last_loss, s.lr)?;
             }
             let v = lm.evaluate(&corpus.valid, l.eval_windows, 32)?;
             let line =
@@ -175,6 +181,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             } else {
                 bar.println(line);
             }
+            metrics.evaluation(Metrics {
+                step,
+                valid_loss: Some(v),
+                ..Metrics::default()
+            })?;
             valid_loss.push((step, v));
             if let Some(path) = &a.save {
                 write_checkpoint(path, &lm.save_state()?)?;

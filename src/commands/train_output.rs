@@ -1,9 +1,11 @@
-//! What the training commands share for their output: progress bars and checkpoints written
-//! so that a crash never leaves a truncated one.
+//! What the training commands share for their output: progress bars, checkpoints written
+//! so that a crash never leaves a truncated one, and `--metrics` lines.
 
 use std::path::Path;
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use murmur_node::{Metrics, MetricsFile};
 
 /// Writes a checkpoint so that a crash mid-write never leaves a truncated checkpoint where
 /// a good one was (as the nodes write theirs).
@@ -47,4 +49,65 @@ pub(super) fn progress_bar(quiet: bool, len: u64, label: String) -> ProgressBar 
     );
     bar.set_prefix(label);
     bar
+}
+
+/// `--metrics` of `murmur train`: the file (none without the flag), and the step and time of
+/// its previous step line, which a step line's mean seconds per step are counted from.
+pub(super) struct MetricsLog {
+    file: Option<MetricsFile>,
+    since_step: u64,
+    since: Instant,
+}
+
+impl MetricsLog {
+    /// Creates the file, if a path is given: a path that cannot be written fails here, before
+    /// any work.
+    pub(super) fn create(path: Option<&Path>) -> anyhow::Result<MetricsLog> {
+        Ok(MetricsLog {
+            file: path.map(MetricsFile::create).transpose()?,
+            since_step: 0,
+            since: Instant::now(),
+        })
+    }
+
+    /// Training starts (or resumes) at `step`.
+    pub(super) fn start(&mut self, step: u64) {
+        (self.since_step, self.since) = (step, Instant::now());
+    }
+
+    /// A step line: `step`'s loss and learning rate, no traffic (one machine), and the mean
+    /// seconds per step since the previous line.
+    pub(super) fn step(
+        &mut self,
+        step: u64,
+        epoch: Option<u32>,
+        loss: f32,
+        lr: f32,
+    ) -> anyhow::Result<()> {
+        let Some(file) = &mut self.file else {
+            return Ok(());
+        };
+        let steps = step.saturating_sub(self.since_step).max(1);
+        file.write(&Metrics {
+            step,
+            epoch,
+            loss: Some(loss),
+            bytes_up: Some(0),
+            bytes_down: Some(0),
+            step_seconds: Some(self.since.elapsed().as_secs_f64() / steps as f64),
+            lr: Some(lr),
+            ..Metrics::default()
+        })?;
+        (self.since_step, self.since) = (step, Instant::now());
+        Ok(())
+    }
+
+    /// An evaluation line. The time it took is not counted in the next step line.
+    pub(super) fn evaluation(&mut self, metrics: Metrics) -> anyhow::Result<()> {
+        if let Some(file) = &mut self.file {
+            file.write(&metrics)?;
+        }
+        self.since = Instant::now();
+        Ok(())
+    }
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use murmur_node::{Budget, DeviceKind, Event, LinkConfig, Worker, WorkerConfig};
+use murmur_node::{
+    Budget, DeviceKind, Event, LinkConfig, Metrics, MetricsFile, Worker, WorkerConfig,
+};
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -48,12 +50,19 @@ pub struct WorkerArgs {
     /// progress bar.
     #[arg(long)]
     json: bool,
+    /// Write metrics here as JSON lines (created at the start; `murmur plot` draws them): a
+    /// line per round with step, epoch, rank, loss, learning rate, bytes pushed (up) and
+    /// pulled (down) and the round's seconds, and a line with the test accuracy after each
+    /// epoch (rank 0).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.save {
         super::flag_checks::writable("--save", path)?;
     }
+    let metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let worker = Worker::start(WorkerConfig {
         servers: a.connect,
         swarm: a.swarm,
@@ -73,9 +82,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     })?;
     let stopper = worker.stopper();
     crate::signals::on_signal(move |_| stopper.stop());
-    if !a.json {
-        show_progress(worker.events());
-    }
+    follow(worker.events(), !a.json, metrics)?;
     let report = match worker.join() {
         Ok(report) => report,
         // A signal's stop may end the worker before it joined: that is an interruption.
@@ -96,8 +103,13 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     crate::signals::check()
 }
 
-/// A progress bar and plain lines from the worker's events, until it ends.
-fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
+/// Follows the worker's events until it ends: writes their metrics lines, and shows them as a
+/// progress bar and plain lines if `show`.
+fn follow(
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    show: bool,
+    mut metrics: Option<MetricsFile>,
+) -> anyhow::Result<()> {
     let bar = ProgressBar::hidden();
     bar.set_style(
         ProgressStyle::with_template("rank {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
@@ -110,6 +122,15 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(_) => break,
         };
+        if let (Some(file), Some(line)) = (&mut metrics, Metrics::from_event(&event)) {
+            file.write(&line)?;
+        }
+        if matches!(event, Event::Error { .. } | Event::Done { .. }) {
+            break;
+        }
+        if !show {
+            continue;
+        }
         match event {
             Event::Waiting { what } => bar.println(format!("waiting for {what}")),
             Event::Joined {
@@ -161,8 +182,9 @@ fn show_progress(mut events: tokio::sync::broadcast::Receiver<Event>) {
             Event::Rejoined { step, reason, .. } => {
                 bar.println(format!("rejoined at step {step} after: {reason}"))
             }
-            Event::Error { .. } | Event::Done { .. } => break,
+            Event::Error { .. } | Event::Done { .. } => {}
         }
     }
     bar.finish_and_clear();
+    Ok(())
 }

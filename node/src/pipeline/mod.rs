@@ -417,8 +417,13 @@ mod tests {
             ..PipelineJob::default()
         };
         let dir = std::env::temp_dir().join(format!("murmur-node-pipeline-{}", std::process::id()));
-        let mut losses = 0;
+        let (mut losses, mut reported_bytes) = (0, 0);
         let outcome = run_pipeline(&job, &dir, Launch::Threads, |p| {
+            if let PipelineProgress::Stage(event) = &p {
+                // What the metrics file gets: every stage's bytes since its previous report.
+                let line = crate::Metrics::from_stage_event(event);
+                reported_bytes += line.and_then(|m| m.bytes_up).unwrap_or(0);
+            }
             if let PipelineProgress::Stage(StageEvent::Progress { loss: Some(_), .. }) = p {
                 losses += 1;
             }
@@ -436,6 +441,10 @@ mod tests {
         }
         assert_eq!(outcome.test_accuracy, p.accuracy(&sets.test, 1000).unwrap());
         assert_eq!(outcome.bytes_per_step, bytes as f64 / 10.0);
+        assert_eq!(
+            reported_bytes, bytes as u64,
+            "the reports' bytes add up to the run's"
+        );
         assert_eq!(outcome.memory_floats, 4 * 128 * (32 + 16));
     }
 }

@@ -69,6 +69,15 @@ pub enum StageEvent {
         loss: Option<f64>,
         /// Seconds since the stage started training.
         seconds: f64,
+        /// Bytes it sent to its neighbours since the last report.
+        #[serde(default)]
+        bytes_sent: u64,
+        /// Mean seconds per step since the last report.
+        #[serde(default)]
+        step_seconds: f64,
+        /// The learning rate of the report's step.
+        #[serde(default)]
+        lr: f32,
     },
     /// The stage finished and wrote its weights.
     Done {
@@ -155,7 +164,7 @@ pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Re
     };
     let mut stage = Stage::new(
         e,
-        pipeline,
+        pipeline.clone(),
         &device,
         Arc::new(sets.train.into()),
         prev,
@@ -164,6 +173,8 @@ pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Re
     let started = Instant::now();
     let every = (steps / 100).max(1);
     let (mut bytes, mut loss_sum, mut losses) = (0u64, 0f64, 0u64);
+    // What went by since the last report: bytes sent, and when it was.
+    let (mut reported_bytes, mut reported_at, mut reported_step) = (0u64, 0f64, 0u64);
     for step in 0..steps {
         let s = stage
             .step()
@@ -174,14 +185,19 @@ pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Re
             losses += 1;
         }
         if (step + 1) % every == 0 || step + 1 == steps {
+            let seconds = started.elapsed().as_secs_f64();
             emit(StageEvent::Progress {
                 stage: e,
                 step: step + 1,
                 steps,
                 loss: (losses > 0).then(|| loss_sum / losses as f64),
-                seconds: started.elapsed().as_secs_f64(),
+                seconds,
+                bytes_sent: bytes - reported_bytes,
+                step_seconds: (seconds - reported_at) / (step + 1 - reported_step) as f64,
+                lr: pipeline.lr_at(step),
             })?;
             (loss_sum, losses) = (0.0, 0);
+            (reported_bytes, reported_at, reported_step) = (bytes, seconds, step + 1);
         }
     }
     let weights: Vec<u8> = stage

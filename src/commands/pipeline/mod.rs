@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use clap::Args;
 use murmur_node::pipeline::{run_pipeline, PipelineJob, PipelineProgress, StageEvent};
 use murmur_node::swarm::Launch;
+use murmur_node::{Metrics, MetricsFile};
 
 #[derive(Args, Debug)]
 pub struct PipelineArgs {
@@ -19,50 +20,37 @@ pub struct PipelineArgs {
     /// temp folder, removed after a successful run).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Write metrics here as JSON lines (created at the start; `murmur plot` draws them):
+    /// each stage's progress reports, about a hundred per run, with step, stage, bytes the
+    /// stage sent (up) and mean seconds per step since its previous line, learning rate, and
+    /// the mean loss since then (the last stage).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
 }
 
 pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
+    let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
+    // A write that fails inside the progress callback ends the run with its error.
+    let mut failed = None;
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("murmur-pipeline-{}", std::process::id()))
     });
     let launch = Launch::Processes {
         exe: std::env::current_exe()?,
     };
-    let outcome = run_pipeline(&a.job, &dir, launch, |progress| match progress {
-        PipelineProgress::Started {
-            sizes,
-            dataset,
-            variant,
-            forward_codec,
-            backward_codec,
-            steps,
-            logs,
-        } => eprintln!(
-            "murmur pipeline: {} stages of an MLP {:?} on {}, {} with activations `{}` and \
-             gradients `{}`, p = {}, {steps} steps; logs in {}",
-            a.job.stages,
-            sizes,
-            dataset.name(),
-            variant,
-            forward_codec,
-            backward_codec,
-            a.job.p,
-            logs.unwrap_or_default().display()
-        ),
-        PipelineProgress::Stage(StageEvent::Progress {
-            step,
-            steps,
-            loss: Some(loss),
-            seconds,
-            ..
-        }) => {
-            // About twenty lines per run.
-            if step % (steps / 20).max(1) == 0 || step == steps {
-                eprintln!("step {step}/{steps}: loss {loss:.4} ({seconds:.0} s)");
+    let outcome = run_pipeline(&a.job, &dir, launch, |progress| {
+        if let (Some(file), PipelineProgress::Stage(event), None) =
+            (&mut metrics, &progress, &failed)
+        {
+            if let Some(line) = Metrics::from_stage_event(event) {
+                failed = file.write(&line).err();
             }
         }
-        PipelineProgress::Stage(_) => {}
+        show(&a.job, progress)
     })?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
     eprintln!(
         "pipeline done in {:.1} s: test accuracy {:.2}%, final loss {:.4}; {:.0} bytes per \
          step over every cut against {} in f32 ({:.1}x less); error-feedback state {} floats",
@@ -88,4 +76,43 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
+}
+
+/// Prints the run's progress: what it trains, then about twenty loss lines.
+fn show(job: &PipelineJob, progress: PipelineProgress) {
+    match progress {
+        PipelineProgress::Started {
+            sizes,
+            dataset,
+            variant,
+            forward_codec,
+            backward_codec,
+            steps,
+            logs,
+        } => eprintln!(
+            "murmur pipeline: {} stages of an MLP {:?} on {}, {} with activations `{}` and \
+             gradients `{}`, p = {}, {steps} steps; logs in {}",
+            job.stages,
+            sizes,
+            dataset.name(),
+            variant,
+            forward_codec,
+            backward_codec,
+            job.p,
+            logs.unwrap_or_default().display()
+        ),
+        PipelineProgress::Stage(StageEvent::Progress {
+            step,
+            steps,
+            loss: Some(loss),
+            seconds,
+            ..
+        }) => {
+            // About twenty lines per run.
+            if step % (steps / 20).max(1) == 0 || step == steps {
+                eprintln!("step {step}/{steps}: loss {loss:.4} ({seconds:.0} s)");
+            }
+        }
+        PipelineProgress::Stage(_) => {}
+    }
 }

@@ -250,7 +250,11 @@ impl Bench {
             .collect();
         let path = self.out.with_extension("json");
         std::fs::write(&path, serde_json::to_string_pretty(&records)?)
-            .with_context(|| format!("writing {}", path.display()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        for png in super::figures::arms(&path)? {
+            eprintln!("wrote {}", png.display());
+        }
+        Ok(())
     }
 }
 

@@ -463,6 +463,9 @@ pub fn run(a: ClappingArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", json.display()))?;
     println!("{text}");
     eprintln!("wrote {} and {}", out.display(), json.display());
+    for png in super::figures::clapping(&json)? {
+        eprintln!("wrote {}", png.display());
+    }
     Ok(())
 }
 

@@ -314,10 +314,12 @@ pub fn run(a: LiecArgs) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(&records)?;
     std::fs::write(out.with_extension("json"), json)
         .with_context(|| format!("writing {}", out.with_extension("json").display()))?;
+    let figures = super::figures::liec(&out.with_extension("json"))?;
     println!("{text}");
     eprintln!(
-        "wrote {} in {:.1} minutes",
+        "wrote {} and {} in {:.1} minutes",
         out.display(),
+        figures[0].display(),
         started.elapsed().as_secs_f64() / 60.0
     );
     Ok(())

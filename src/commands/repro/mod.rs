@@ -1,11 +1,13 @@
 //! `murmur repro <paper>`: the small-scale reproductions of the papers' experiments, written
-//! as tables to docs/results/ with the command that made them.
+//! as tables to docs/results/ with the command that made them, their raw numbers as JSON,
+//! and figures drawn from the JSON beside them.
 
 mod arms;
 mod clan;
 mod clapping;
 mod clapping_gpt;
 mod clapping_logistic;
+mod figures;
 mod liec;
 mod loco;
 mod pipeline_steps;
@@ -31,6 +33,10 @@ pub enum ReproCommand {
     /// Clapping-FC with a sweep over p against the uncompressed pipeline, direct compression
     /// and EF21 on a byte-level GPT cut between its blocks (shared/specs/clapping.md §7 R4).
     ClappingGpt(clapping_gpt::ClappingGptArgs),
+    /// Redraw the figures beside the tables (PNG) from the results' JSON, without rerunning
+    /// anything: LIEC-SGD's error norm, Clapping's accuracy against p and per arm, LoCo's and
+    /// CLAN's accuracy per arm.
+    Figures(figures::FiguresArgs),
 }
 
 pub fn run(command: ReproCommand) -> anyhow::Result<()> {
@@ -40,5 +46,6 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::Loco(a) => loco::run(a),
         ReproCommand::Clapping(a) => clapping::run(a),
         ReproCommand::ClappingGpt(a) => clapping_gpt::run(a),
+        ReproCommand::Figures(a) => figures::run(a),
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::{ArgMatches, Args};
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Job, LinkConfig};
+use murmur_node::{DeviceKind, Job, LinkConfig, Metrics, MetricsFile};
 
 use super::progress::Dashboard;
 use crate::commands::job_flags::job_from;
@@ -48,6 +48,12 @@ pub struct LaunchArgs {
     /// With --save, also write it every this many rounds.
     #[arg(long, requires = "save")]
     save_every: Option<u64>,
+    /// Write every worker's metrics here as JSON lines, each with its rank (created at the
+    /// start; `murmur plot` draws them): a line per worker and round with step, epoch,
+    /// loss, learning rate, bytes pushed (up) and pulled (down) and the round's seconds, and
+    /// a line with the test accuracy after each epoch.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
 }
 
 /// How long nodes get to stop gracefully before they are killed.
@@ -63,6 +69,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     }
     let save = a.save.as_deref().map(std::path::absolute).transpose()?;
     crate::signals::listen();
+    let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()))
     });
@@ -126,7 +133,13 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         };
         last_word = Instant::now();
         match event {
-            SwarmEvent::Worker { index, event } => dashboard.handle(index, event),
+            SwarmEvent::Worker { index, event } => {
+                // The workers' own events, as they arrive: one file holds every rank.
+                if let (Some(file), Some(line)) = (&mut metrics, Metrics::from_event(&event)) {
+                    file.write(&line)?;
+                }
+                dashboard.handle(index, event)
+            }
             SwarmEvent::Ended { error: None, .. } => ended += 1,
             SwarmEvent::Ended {
                 index,

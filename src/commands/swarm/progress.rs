@@ -141,6 +141,7 @@ impl Dashboard {
                 samples_per_second,
                 saturated,
                 error_nonzero,
+                ..
             } => {
                 let bar = &self.bars[index];
                 bar.set_position(step);
