@@ -178,6 +178,9 @@ impl TrainArgs {
         if let Some(path) = &self.save {
             writable("--save", path)?;
         }
+        if let Some(path) = &self.metrics {
+            writable("--metrics", path)?;
+        }
         if let Some(path) = &self.resume {
             readable("--resume", path)?;
         }

@@ -62,6 +62,9 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.save {
         super::flag_checks::writable("--save", path)?;
     }
+    if let Some(path) = &a.metrics {
+        super::flag_checks::writable("--metrics", path)?;
+    }
     let metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let worker = Worker::start(WorkerConfig {
         servers: a.connect,

@@ -29,6 +29,9 @@ pub struct PipelineArgs {
 }
 
 pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
+    if let Some(path) = &a.metrics {
+        super::flag_checks::writable("--metrics", path)?;
+    }
     let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     // A write that fails inside the progress callback ends the run with its error.
     let mut failed = None;

@@ -67,6 +67,9 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     if let Some(path) = &a.save {
         super::super::flag_checks::writable("--save", path)?;
     }
+    if let Some(path) = &a.metrics {
+        super::super::flag_checks::writable("--metrics", path)?;
+    }
     let save = a.save.as_deref().map(std::path::absolute).transpose()?;
     crate::signals::listen();
     let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
