@@ -180,7 +180,8 @@ impl LanguageModel {
     }
 
     /// `length` bytes continuing `prompt`, drawn from the softmax at `temperature` with a
-    /// seeded generator (the same seed gives the same text).
+    /// seeded generator (the same seed gives the same text). Fails for a model whose
+    /// vocabulary is not bytes.
     pub fn sample(
         &self,
         prompt: &[u8],
@@ -188,6 +189,12 @@ impl LanguageModel {
         temperature: f32,
         seed: u64,
     ) -> Result<Vec<u8>> {
+        let vocab = self.model.config.vocab;
+        if vocab > 256 || prompt.iter().any(|&b| b as usize >= vocab) {
+            return Err(Error::Config(format!(
+                "a model of {vocab} token ids cannot read or write every byte of this prompt"
+            )));
+        }
         let mut text: Vec<u8> = if prompt.is_empty() {
             b"\n".to_vec()
         } else {
@@ -204,7 +211,6 @@ impl LanguageModel {
             )?;
             let g = Graph::new(&self.device);
             let logits = g.value(self.model.forward(&g, &ids, None)?).to_vec()?;
-            let vocab = self.model.config.vocab;
             let last = &logits[logits.len() - vocab..];
             text.push(sample_logits(last, temperature, &mut rng) as u8);
         }
