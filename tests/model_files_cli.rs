@@ -33,6 +33,18 @@ fn refusal(out: &Output) -> String {
     stderr
 }
 
+/// 200 steps of a small MLP on the CPU (2 epochs of 100 batches), with `extra` flags.
+fn train_mlp(extra: &[&str]) -> Output {
+    let flags = "train --device cpu --hidden 32 --train-limit 3200 --batch 32 --epochs 2 --quiet \
+                 --seed 3";
+    murmur(
+        &flags
+            .split_whitespace()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -49,28 +61,8 @@ fn exported_weights_evaluate_to_the_accuracy_measured_in_training() {
         dir.0.join("w32.safetensors"),
         dir.0.join("w16.safetensors"),
     );
-    // 200 steps of a small MLP; the summary's accuracy is evaluated in process.
-    let trained = summary(
-        &murmur(&[
-            "train",
-            "--device",
-            "cpu",
-            "--hidden",
-            "32",
-            "--train-limit",
-            "3200",
-            "--batch",
-            "32",
-            "--epochs",
-            "2",
-            "--quiet",
-            "--seed",
-            "3",
-            "--save",
-            path(&run),
-        ]),
-        "train",
-    );
+    // The summary's accuracy is evaluated in process.
+    let trained = summary(&train_mlp(&["--save", path(&run)]), "train");
     assert_eq!(trained["steps"], 200);
     let in_process = trained["final_test_accuracy"].as_f64().unwrap();
     for (out, dtype) in [(&f32_weights, "f32"), (&f16_weights, "f16")] {
@@ -109,24 +101,7 @@ fn exported_weights_evaluate_to_the_accuracy_measured_in_training() {
     );
     // A classifier does not sample, weights alone do not resume.
     assert!(refusal(&murmur(&["sample", path(&f16_weights)])).contains("needs a gpt"));
-    let resumed = murmur(&[
-        "train",
-        "--device",
-        "cpu",
-        "--hidden",
-        "32",
-        "--train-limit",
-        "3200",
-        "--batch",
-        "32",
-        "--epochs",
-        "2",
-        "--quiet",
-        "--seed",
-        "3",
-        "--resume",
-        path(&f32_weights),
-    ]);
+    let resumed = train_mlp(&["--resume", path(&f32_weights)]);
     assert!(refusal(&resumed).contains("weights alone"));
 }
 

@@ -176,13 +176,11 @@ fn parameter_names_follow_the_module_tree_in_parameter_order() {
     assert_eq!(huge.parameter_count(), None);
 }
 
-/// What the crate itself reads from `bytes`: names with dtype and shape, and the metadata.
-fn read_raw(
-    bytes: &[u8],
-) -> (
-    BTreeMap<String, (Dtype, Vec<usize>)>,
-    BTreeMap<String, String>,
-) {
+/// Tensors as the crate lists them: name, then dtype and shape.
+type RawTensors = BTreeMap<String, (Dtype, Vec<usize>)>;
+
+/// What the crate itself reads from `bytes`: the tensors and the metadata.
+fn read_raw(bytes: &[u8]) -> (RawTensors, BTreeMap<String, String>) {
     let (_, meta) = SafeTensors::read_metadata(bytes).unwrap();
     let st = SafeTensors::deserialize(bytes).unwrap();
     let tensors = st
@@ -435,7 +433,8 @@ fn sizes_in_the_metadata_must_match_the_tensors_before_a_model_is_built() {
         .save_weights(Precision::F32)
         .unwrap();
     let lm = trained_gpt(0).save_weights(Precision::F32).unwrap();
-    let edits: [(&[u8], fn(&mut Value)); 4] = [
+    type Edit = fn(&mut Value);
+    let edits: [(&[u8], Edit); 4] = [
         (&clf, |r| {
             r["config"]["hidden"] = serde_json::json!([1u64 << 40])
         }),

@@ -290,7 +290,7 @@ impl Classifier {
     pub fn save_state(&self) -> Result<Vec<u8>> {
         state::write(
             self.header()?,
-            self.model.named_parameters(),
+            &self.model,
             Some(self.optimizer.as_ref()),
             Precision::F32,
         )
@@ -299,12 +299,7 @@ impl Classifier {
     /// The parameters alone in `precision`, with the run's description that rebuilds the
     /// model ([`Classifier::from_saved`]).
     pub fn save_weights(&self, precision: Precision) -> Result<Vec<u8>> {
-        state::write(
-            self.header()?,
-            self.model.named_parameters(),
-            None,
-            precision,
-        )
+        state::write(self.header()?, &self.model, None, precision)
     }
 
     /// Resumes from what [`Classifier::save_state`] wrote: refuses a checkpoint of another
@@ -312,11 +307,7 @@ impl Classifier {
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
         let saved = Saved::from_bytes(bytes, &self.device)?;
         saved.expect_run(self.model.name(), &self.describe()?)?;
-        self.steps = saved.restore(
-            self.model.parameter_names(),
-            self.model.parameters_mut(),
-            Some(self.optimizer.as_mut()),
-        )?;
+        self.steps = saved.restore(&mut self.model, Some(self.optimizer.as_mut()))?;
         Ok(())
     }
 
@@ -337,11 +328,7 @@ impl Classifier {
         saved.expect_weights(shape.parameter_count())?;
         let mut clf = Classifier::new(&saved.device, run.inputs, run.classes, &run.config)?;
         clf.data = run.data;
-        clf.steps = saved.restore(
-            clf.model.parameter_names(),
-            clf.model.parameters_mut(),
-            Some(clf.optimizer.as_mut()),
-        )?;
+        clf.steps = saved.restore(&mut clf.model, Some(clf.optimizer.as_mut()))?;
         Ok(clf)
     }
 

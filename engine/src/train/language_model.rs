@@ -222,7 +222,7 @@ impl LanguageModel {
     pub fn save_state(&self) -> Result<Vec<u8>> {
         state::write(
             self.header()?,
-            self.model.named_parameters(),
+            &self.model,
             Some(&self.optimizer),
             Precision::F32,
         )
@@ -231,12 +231,7 @@ impl LanguageModel {
     /// The parameters alone in `precision`, with the configuration that rebuilds the model
     /// ([`LanguageModel::from_saved`]).
     pub fn save_weights(&self, precision: Precision) -> Result<Vec<u8>> {
-        state::write(
-            self.header()?,
-            self.model.named_parameters(),
-            None,
-            precision,
-        )
+        state::write(self.header()?, &self.model, None, precision)
     }
 
     /// Resumes from what [`LanguageModel::save_state`] wrote: refuses a checkpoint of
@@ -245,11 +240,7 @@ impl LanguageModel {
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
         let saved = Saved::from_bytes(bytes, &self.device)?;
         saved.expect_run(MODEL, &self.describe()?)?;
-        self.steps = saved.restore(
-            self.model.parameter_names(),
-            self.model.parameters_mut(),
-            Some(&mut self.optimizer),
-        )?;
+        self.steps = saved.restore(&mut self.model, Some(&mut self.optimizer))?;
         Ok(())
     }
 
@@ -262,11 +253,7 @@ impl LanguageModel {
         // The sizes come from the file: they must match its tensors before any allocation.
         saved.expect_weights(run.config.model.parameter_count())?;
         let mut lm = LanguageModel::new(&saved.device, &run.config)?;
-        lm.steps = saved.restore(
-            lm.model.parameter_names(),
-            lm.model.parameters_mut(),
-            Some(&mut lm.optimizer),
-        )?;
+        lm.steps = saved.restore(&mut lm.model, Some(&mut lm.optimizer))?;
         Ok(lm)
     }
 

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::checkpoint::{self, Precision};
 use crate::error::{Error, Result};
+use crate::nn::Module;
 use crate::optim::{Optimizer, OptimizerState};
 use crate::tensor::{Device, Tensor};
 
@@ -48,17 +49,20 @@ pub(super) struct Header<'a> {
     pub steps: u64,
 }
 
-/// Serialises named parameters in `precision` and, for a training checkpoint, the
+/// Serialises `model`'s named parameters in `precision` and, for a training checkpoint, the
 /// optimizer's state (always f32, so that resuming is exact).
 pub(super) fn write(
     header: Header<'_>,
-    params: Vec<(String, &Tensor)>,
+    model: &dyn Module,
     optimizer: Option<&dyn Optimizer>,
     precision: Precision,
 ) -> Result<Vec<u8>> {
-    let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-    let mut tensors: Vec<(String, Tensor)> =
-        params.into_iter().map(|(n, t)| (n, t.clone())).collect();
+    let mut tensors: Vec<(String, Tensor)> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
     let mut meta = BTreeMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("model".to_string(), header.model.to_string()),
@@ -241,15 +245,17 @@ impl Saved {
         Ok(())
     }
 
-    /// Moves the weights into `params` (named `names`, as the model names them) and, when
-    /// `optimizer` is given and the checkpoint holds its state, restores that too. Every
-    /// tensor must belong to a parameter, with its shape; nothing is changed on refusal.
+    /// Moves the weights into `model`'s parameters (matched by name) and, when `optimizer`
+    /// is given and the checkpoint holds its state, restores that too; returns the step
+    /// count. Every tensor must belong to a parameter, with its shape; nothing is changed on
+    /// refusal.
     pub(super) fn restore(
         self,
-        names: Vec<String>,
-        mut params: Vec<&mut Tensor>,
+        model: &mut dyn Module,
         optimizer: Option<&mut dyn Optimizer>,
     ) -> Result<u64> {
+        let names = model.parameter_names();
+        let mut params = model.parameters_mut();
         let index = |name: &str| names.iter().position(|n| n == name);
         let mut weights: Vec<Option<Tensor>> = vec![None; names.len()];
         let mut optim: BTreeMap<String, Vec<Option<Tensor>>> = BTreeMap::new();
