@@ -4,13 +4,17 @@ mod bench;
 mod code_stats;
 mod docs;
 mod flag_checks;
+mod eval;
+mod export;
 mod info;
 mod job_flags;
 mod machine;
+mod model_file;
 mod pipeline;
 mod plot;
 mod relay;
 mod repro;
+mod sample;
 mod server;
 mod stdout;
 mod swarm;
@@ -41,6 +45,12 @@ enum Command {
     Info(info::InfoArgs),
     /// Train a model on one machine.
     Train(train_args::TrainArgs),
+    /// Rewrite a checkpoint, e.g. its weights alone in f16 (`--weights-only --dtype f16`).
+    Export(export::ExportArgs),
+    /// Score a trained model: test accuracy (mlp, cnn) or validation nats per byte (gpt).
+    Eval(eval::EvalArgs),
+    /// Generate text with a trained gpt.
+    Sample(sample::SampleArgs),
     /// Swarm credentials (`init`, `issue`), or a whole swarm on this machine over loopback.
     Swarm(swarm::SwarmArgs),
     /// Run a parameter-server shard.
@@ -101,6 +111,9 @@ pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
     match cli.command {
         Command::Info(a) => info::run(a),
         Command::Train(a) => train::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Sample(a) => sample::run(a),
         Command::Swarm(a) => swarm::run(a, sub),
         Command::Server(a) => server::run(a, sub),
         Command::Worker(a) => worker::run(a),

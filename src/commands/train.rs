@@ -109,12 +109,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         clip: a.clip,
     };
     let mut clf = Classifier::new(&device, train.features(), train.classes, &config)?;
-    // A resumed run must see the batches the interrupted one would have.
-    clf.run_tag = format!(
-        "{dataset_name}, {} training samples, batch {batch}, {} epochs",
-        train.len(),
-        epochs
-    );
+    // A resumed run must see the batches the interrupted one would have; `murmur eval`
+    // reads the dataset from here.
+    clf.data = serde_json::json!({
+        "dataset": dataset_name,
+        "train_samples": train.len(),
+        "batch": batch,
+        "epochs": epochs,
+    });
     if let Some(path) = &a.resume {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         clf.load_state(&bytes)

@@ -59,8 +59,9 @@ pub struct TrainArgs {
     /// Dropout rate of the cnn's hidden layer or the gpt's blocks [default: 0.25 cnn, 0 gpt].
     #[arg(long)]
     pub(super) dropout: Option<f32>,
-    /// Write a checkpoint (safetensors: parameters, optimizer state, step) here after every
-    /// epoch (every --eval-every steps for gpt) and at the end.
+    /// Write a checkpoint (safetensors: parameters by module name, optimizer state, step, the
+    /// run as JSON metadata) here after every epoch (every --eval-every steps for gpt) and at
+    /// the end; `murmur export`, `eval` and `sample` read it.
     #[arg(long)]
     pub(super) save: Option<PathBuf>,
     /// Continue from a checkpoint written by --save with the same model and flags; the run

@@ -1,6 +1,6 @@
 //! Causal multi-head self-attention and the pre-norm transformer block of GPT-2.
 
-use super::{init, LayerNorm, Linear, Module};
+use super::{init, prefixed, LayerNorm, Linear, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{shape_err, Result};
 use crate::kernels::dropout::DropoutMask;
@@ -126,11 +126,16 @@ impl CausalSelfAttention {
 }
 
 impl Module for CausalSelfAttention {
-    fn parameters(&self) -> Vec<&Tensor> {
-        [&self.query, &self.key, &self.value, &self.proj]
-            .into_iter()
-            .flat_map(|l| l.parameters())
-            .collect()
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        [
+            ("query", &self.query),
+            ("key", &self.key),
+            ("value", &self.value),
+            ("proj", &self.proj),
+        ]
+        .into_iter()
+        .flat_map(|(name, l)| prefixed(name, l))
+        .collect()
     }
 
     fn parameters_mut(&mut self) -> Vec<&mut Tensor> {
@@ -195,12 +200,12 @@ impl Block {
 }
 
 impl Module for Block {
-    fn parameters(&self) -> Vec<&Tensor> {
-        let mut p = self.ln1.parameters();
-        p.extend(self.attn.parameters());
-        p.extend(self.ln2.parameters());
-        p.extend(self.fc.parameters());
-        p.extend(self.fc_proj.parameters());
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut p = prefixed("ln1", &self.ln1);
+        p.extend(prefixed("attn", &self.attn));
+        p.extend(prefixed("ln2", &self.ln2));
+        p.extend(prefixed("fc", &self.fc));
+        p.extend(prefixed("fc_proj", &self.fc_proj));
         p
     }
 

@@ -2,7 +2,9 @@
 //! conv 3x3 (c1) - relu - maxpool 2 - conv 3x3 (c2) - image norm - relu - maxpool 2 -
 //! linear (hidden) - relu - dropout - linear (classes).
 
-use super::{Conv2d, LayerNorm, Linear, Module};
+use serde::{Deserialize, Serialize};
+
+use super::{linear_count, prefixed, Conv2d, LayerNorm, Linear, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{Error, Result};
 use crate::kernels::dropout::DropoutMask;
@@ -10,7 +12,7 @@ use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
 /// Sizes of a [`Cnn`]; the default fits MNIST.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CnnConfig {
     /// Height and width of the square input images in pixels, a multiple of 4.
     pub side: usize,
@@ -39,6 +41,27 @@ impl Default for CnnConfig {
             classes: 10,
             dropout: 0.25,
         }
+    }
+}
+
+impl CnnConfig {
+    /// Parameters of a [`Cnn`] of these sizes, counted without building it (`None` past
+    /// `usize::MAX`), as [`Mlp::parameter_count_for`](super::Mlp::parameter_count_for).
+    pub fn parameter_count(&self) -> Option<usize> {
+        // A 3x3 convolution is a linear map from 9 input channels' worth of pixels.
+        let conv = |i: usize, o: usize| linear_count(9usize.checked_mul(i)?, o);
+        let flat = (self.side / 4)
+            .checked_mul(self.side / 4)?
+            .checked_mul(self.conv2)?;
+        [
+            conv(self.channels, self.conv1),
+            conv(self.conv1, self.conv2),
+            self.conv2.checked_mul(2),
+            linear_count(flat, self.hidden),
+            linear_count(self.hidden, self.classes),
+        ]
+        .into_iter()
+        .try_fold(0usize, |n, p| n.checked_add(p?))
     }
 }
 
@@ -123,12 +146,12 @@ impl Cnn {
 }
 
 impl Module for Cnn {
-    fn parameters(&self) -> Vec<&Tensor> {
-        let mut p = self.conv1.parameters();
-        p.extend(self.conv2.parameters());
-        p.extend(self.norm.parameters());
-        p.extend(self.fc1.parameters());
-        p.extend(self.fc2.parameters());
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut p = prefixed("conv1", &self.conv1);
+        p.extend(prefixed("conv2", &self.conv2));
+        p.extend(prefixed("norm", &self.norm));
+        p.extend(prefixed("fc1", &self.fc1));
+        p.extend(prefixed("fc2", &self.fc2));
         p
     }
 

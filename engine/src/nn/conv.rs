@@ -62,8 +62,8 @@ impl Conv2d {
 }
 
 impl Module for Conv2d {
-    fn parameters(&self) -> Vec<&Tensor> {
-        vec![&self.weight, &self.bias]
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
     }
 
     fn parameters_mut(&mut self) -> Vec<&mut Tensor> {

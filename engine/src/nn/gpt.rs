@@ -2,15 +2,17 @@
 //! blocks of causal self-attention and GELU MLPs, a final layer norm, and logits from the
 //! token embedding itself (weight tying).
 
+use serde::{Deserialize, Serialize};
+
 use super::attention::{Block, DropoutPlan};
-use super::{init, LayerNorm, Module};
+use super::{init, linear_count, prefixed, LayerNorm, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{shape_err, Error, Result};
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
 /// Sizes of a [`Gpt`]; the default is a tiny byte-level model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GptConfig {
     /// Number of token ids (256 for bytes).
     pub vocab: usize,
@@ -37,6 +39,32 @@ impl Default for GptConfig {
             heads: 4,
             dropout: 0.0,
         }
+    }
+}
+
+impl GptConfig {
+    /// Parameters of a [`Gpt`] of these sizes, counted without building it (`None` past
+    /// `usize::MAX`), as [`Mlp::parameter_count_for`](super::Mlp::parameter_count_for).
+    pub fn parameter_count(&self) -> Option<usize> {
+        let d = self.dim;
+        let wide = d.checked_mul(4)?;
+        // Two layer norms, four attention projections, the MLP's two layers.
+        let block = [
+            d.checked_mul(4),
+            linear_count(d, d)?.checked_mul(4),
+            linear_count(d, wide),
+            linear_count(wide, d),
+        ]
+        .into_iter()
+        .try_fold(0usize, |n, p| n.checked_add(p?))?;
+        [
+            self.vocab.checked_mul(d),
+            self.context.checked_mul(d),
+            self.layers.checked_mul(block),
+            d.checked_mul(2),
+        ]
+        .into_iter()
+        .try_fold(0usize, |n, p| n.checked_add(p?))
     }
 }
 
@@ -129,12 +157,15 @@ impl Gpt {
 }
 
 impl Module for Gpt {
-    fn parameters(&self) -> Vec<&Tensor> {
-        let mut p = vec![&self.token_embedding, &self.position_embedding];
-        for b in &self.blocks {
-            p.extend(b.parameters());
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut p = vec![
+            ("token_embedding".to_string(), &self.token_embedding),
+            ("position_embedding".to_string(), &self.position_embedding),
+        ];
+        for (i, b) in self.blocks.iter().enumerate() {
+            p.extend(prefixed(&format!("blocks.{i}"), b));
         }
-        p.extend(self.ln_f.parameters());
+        p.extend(prefixed("ln_f", &self.ln_f));
         p
     }
 

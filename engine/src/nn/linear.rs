@@ -53,10 +53,15 @@ impl Linear {
     }
 }
 
+/// Parameters of a [`Linear`] layer with a bias, `None` past `usize::MAX`.
+pub(crate) fn linear_count(inputs: usize, outputs: usize) -> Option<usize> {
+    inputs.checked_mul(outputs)?.checked_add(outputs)
+}
+
 impl Module for Linear {
-    fn parameters(&self) -> Vec<&Tensor> {
-        std::iter::once(&self.weight)
-            .chain(self.bias.as_ref())
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        std::iter::once(("weight".to_string(), &self.weight))
+            .chain(self.bias.as_ref().map(|b| ("bias".to_string(), b)))
             .collect()
     }
 

@@ -1,13 +1,16 @@
 //! Multi-layer perceptron of any depth.
 
-use super::{Linear, Module};
+use serde::{Deserialize, Serialize};
+
+use super::{linear_count, prefixed, Linear, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
 /// The non-linearity between an [`Mlp`]'s layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Activation {
     /// `max(x, 0)`.
     Relu,
@@ -73,6 +76,15 @@ impl Mlp {
         Ok(h)
     }
 
+    /// Parameters of an MLP of `sizes`, counted without building it (`None` past
+    /// `usize::MAX`): what a checkpoint's tensors are checked against before a model is
+    /// built from its metadata.
+    pub fn parameter_count_for(sizes: &[usize]) -> Option<usize> {
+        sizes
+            .windows(2)
+            .try_fold(0usize, |n, w| n.checked_add(linear_count(w[0], w[1])?))
+    }
+
     /// Layer widths, input first.
     pub fn sizes(&self) -> Vec<usize> {
         let mut s = vec![self.layers[0].inputs()];
@@ -82,8 +94,12 @@ impl Mlp {
 }
 
 impl Module for Mlp {
-    fn parameters(&self) -> Vec<&Tensor> {
-        self.layers.iter().flat_map(|l| l.parameters()).collect()
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l))
+            .collect()
     }
 
     fn parameters_mut(&mut self) -> Vec<&mut Tensor> {

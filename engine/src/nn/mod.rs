@@ -16,18 +16,40 @@ pub use cnn::{Cnn, CnnConfig};
 pub use conv::Conv2d;
 pub use gpt::{Gpt, GptConfig};
 pub use init::{normal, uniform};
+use linear::linear_count;
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp};
 pub use norm::LayerNorm;
 
 use crate::tensor::Tensor;
 
-/// Something with trainable parameters, listed in a fixed order.
+/// Something with trainable parameters, listed in a fixed order under stable names.
+///
+/// The names are what checkpoints store the parameters under; each container builds its
+/// children's names with [`prefixed`] (`layers.0.weight`, `blocks.1.attn.query.bias`), so the
+/// names come from the module tree itself and cannot drift from the order.
 pub trait Module {
-    /// The parameters, in the module's fixed order (the order checkpoints and optimizers rely on).
-    fn parameters(&self) -> Vec<&Tensor>;
-    /// The same parameters as [`Module::parameters`], in the same order, mutably.
+    /// The parameters with their names, in the module's fixed order (the order optimizers,
+    /// flat gradient vectors and data-parallel keys rely on).
+    fn named_parameters(&self) -> Vec<(String, &Tensor)>;
+    /// The same parameters as [`Module::named_parameters`], in the same order, mutably.
     fn parameters_mut(&mut self) -> Vec<&mut Tensor>;
+
+    /// The parameters in [`Module::named_parameters`]' order, without their names.
+    fn parameters(&self) -> Vec<&Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// The parameters' names, in order.
+    fn parameter_names(&self) -> Vec<String> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
+    }
 
     /// Total number of trainable scalars.
     fn parameter_count(&self) -> usize {
@@ -42,4 +64,14 @@ pub trait Module {
             .map(f32::to_bits)
             .collect())
     }
+}
+
+/// `child`'s named parameters under `prefix` (`prefix.name`): how a container names its
+/// children's parameters.
+pub fn prefixed<'a>(prefix: &str, child: &'a dyn Module) -> Vec<(String, &'a Tensor)> {
+    child
+        .named_parameters()
+        .into_iter()
+        .map(|(name, t)| (format!("{prefix}.{name}"), t))
+        .collect()
 }

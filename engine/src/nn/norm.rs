@@ -38,8 +38,8 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
-    fn parameters(&self) -> Vec<&Tensor> {
-        vec![&self.gamma, &self.beta]
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("gamma".into(), &self.gamma), ("beta".into(), &self.beta)]
     }
 
     fn parameters_mut(&mut self) -> Vec<&mut Tensor> {

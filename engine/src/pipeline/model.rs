@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use crate::autograd::{Graph, Var};
 use crate::error::{Error, Result};
-use crate::nn::{Activation, Block, Gpt, GptConfig, LayerNorm, Linear, Mlp, Module};
+use crate::nn::{prefixed, Activation, Block, Gpt, GptConfig, LayerNorm, Linear, Mlp, Module};
 use crate::tensor::{Device, Tensor};
 
 /// The model every stage agrees on.
@@ -229,20 +229,26 @@ impl GptSlice {
 }
 
 impl Module for StageModel {
-    fn parameters(&self) -> Vec<&Tensor> {
+    /// Names within the stage: its layers and blocks count from 0.
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
         match self {
-            StageModel::Mlp { layers, .. } => layers.iter().flat_map(|l| l.parameters()).collect(),
+            StageModel::Mlp { layers, .. } => layers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l))
+                .collect(),
             StageModel::Gpt(s) => {
                 let mut p = vec![];
                 if let Some((wte, wpe)) = &s.embeddings {
-                    p.extend([wte, wpe]);
+                    p.push(("token_embedding".to_string(), wte));
+                    p.push(("position_embedding".to_string(), wpe));
                 }
-                for b in &s.blocks {
-                    p.extend(b.parameters());
+                for (i, b) in s.blocks.iter().enumerate() {
+                    p.extend(prefixed(&format!("blocks.{i}"), b));
                 }
                 if let Some((ln_f, head)) = &s.head {
-                    p.extend(ln_f.parameters());
-                    p.push(head);
+                    p.extend(prefixed("ln_f", ln_f));
+                    p.push(("head".to_string(), head));
                 }
                 p
             }

@@ -2,9 +2,14 @@
 
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
 use super::schedule::{clip_global_norm, WarmupCosine};
+use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
 use crate::autograd::Var;
+use crate::checkpoint::Precision;
 use crate::data::ImageSet;
 use crate::error::{Error, Result};
 use crate::nn::{Activation, Cnn, CnnConfig, Mlp, Module};
@@ -12,7 +17,8 @@ use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use crate::tensor::{Device, Tensor};
 
 /// Which optimizer a classifier trains with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     /// AdamW with PyTorch's default betas and epsilon.
     AdamW,
@@ -35,7 +41,7 @@ impl FromStr for OptimizerKind {
 }
 
 /// Everything that defines a classifier run besides the data.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassifierConfig {
     /// Hidden layer widths, e.g. `[512, 256]`.
     pub hidden: Vec<usize>,
@@ -120,10 +126,10 @@ impl ClassifierModel {
 }
 
 impl Module for ClassifierModel {
-    fn parameters(&self) -> Vec<&Tensor> {
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
         match self {
-            ClassifierModel::Mlp(m) => m.parameters(),
-            ClassifierModel::Cnn(m) => m.parameters(),
+            ClassifierModel::Mlp(m) => m.named_parameters(),
+            ClassifierModel::Cnn(m) => m.named_parameters(),
         }
     }
 
@@ -141,12 +147,15 @@ pub struct Classifier {
     pub model: ClassifierModel,
     /// Features per sample.
     pub inputs: usize,
+    /// Classes, the width of the logits.
+    pub classes: usize,
     /// What it was built from: the seed of the dropout masks, the schedule and clipping are
     /// read from here, and a checkpoint must have been written under the same config.
     pub config: ClassifierConfig,
-    /// What else a resumed run must share with this one (the CLI puts the batch size and
-    /// data limits here); part of the checkpoint identity.
-    pub run_tag: String,
+    /// What a resumed run must share with this one about its data, as JSON (the CLI puts the
+    /// dataset, the training samples, the batch and the epochs here; null by default):
+    /// saved in checkpoints as part of the run's description.
+    pub data: Value,
     /// The optimizer that steps the network's parameters.
     pub optimizer: Box<dyn Optimizer>,
     /// The device the parameters and the optimizer state live on.
@@ -164,28 +173,11 @@ impl Classifier {
         classes: usize,
         config: &ClassifierConfig,
     ) -> Result<Self> {
-        let model = match &config.cnn {
-            None => {
-                let mut sizes = vec![inputs];
-                sizes.extend(&config.hidden);
-                sizes.push(classes);
+        let model = match Shape::of(inputs, classes, config)? {
+            Shape::Mlp(sizes) => {
                 ClassifierModel::Mlp(Mlp::new(device, &sizes, config.activation, config.seed)?)
             }
-            Some(cnn) => {
-                let side = (inputs as f64).sqrt() as usize;
-                if side * side != inputs {
-                    return Err(Error::Config(format!(
-                        "the CNN takes square one-channel images; {inputs} features are not"
-                    )));
-                }
-                let cnn = CnnConfig {
-                    side,
-                    channels: 1,
-                    classes,
-                    ..cnn.clone()
-                };
-                ClassifierModel::Cnn(Box::new(Cnn::new(device, &cnn, config.seed)?))
-            }
+            Shape::Cnn(cnn) => ClassifierModel::Cnn(Box::new(Cnn::new(device, &cnn, config.seed)?)),
         };
         let optimizer: Box<dyn Optimizer> = match config.optimizer {
             OptimizerKind::AdamW => Box::new(AdamW::new(AdamWConfig {
@@ -204,8 +196,9 @@ impl Classifier {
         Ok(Classifier {
             model,
             inputs,
+            classes,
             config: config.clone(),
-            run_tag: String::new(),
+            data: Value::Null,
             optimizer,
             device: device.clone(),
             steps: 0,
@@ -292,41 +285,126 @@ impl Classifier {
         self.model.parameter_bits()
     }
 
-    /// Parameters and optimizer state as checkpoint bytes (safetensors).
+    /// Parameters and optimizer state as checkpoint bytes (safetensors, f32): what
+    /// [`Classifier::load_state`] resumes from.
     pub fn save_state(&self) -> Result<Vec<u8>> {
-        super::state::save(
-            &self.model.parameters(),
-            self.optimizer.as_ref(),
-            self.steps,
-            self.format(),
-            &self.identity(),
+        state::write(
+            self.header()?,
+            &self.model,
+            Some(self.optimizer.as_ref()),
+            Precision::F32,
         )
     }
 
-    /// Restores what [`Classifier::save_state`] wrote, for a classifier of the same shape.
+    /// The parameters alone in `precision`, with the run's description that rebuilds the
+    /// model ([`Classifier::from_saved`]).
+    pub fn save_weights(&self, precision: Precision) -> Result<Vec<u8>> {
+        state::write(self.header()?, &self.model, None, precision)
+    }
+
+    /// Resumes from what [`Classifier::save_state`] wrote: refuses a checkpoint of another
+    /// model or run (naming the difference), or of weights alone; nothing is changed then.
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
-        let format = self.format();
-        let identity = self.identity();
-        self.steps = super::state::load(
-            bytes,
-            &self.device,
-            format,
-            &identity,
-            self.model.parameters_mut(),
-            self.optimizer.as_mut(),
-        )?;
+        let saved = Saved::from_bytes(bytes, &self.device)?;
+        saved.expect_run(self.model.name(), &self.describe()?)?;
+        self.steps = saved.restore(&mut self.model, Some(self.optimizer.as_mut()))?;
         Ok(())
     }
 
-    /// What a checkpoint must share with this run to resume it bit for bit.
-    fn identity(&self) -> String {
-        format!("{:?}; {}", self.config, self.run_tag)
+    /// The classifier a checkpoint describes (weights alone or a training state), built
+    /// from its metadata and loaded onto the checkpoint's device; the optimizer's state is
+    /// restored too when the checkpoint holds it.
+    pub fn from_saved(saved: Saved) -> Result<Self> {
+        if !["mlp", "cnn"].contains(&saved.model.as_str()) {
+            return Err(Error::Data(format!(
+                "the checkpoint's model is {}, not a classifier (mlp or cnn)",
+                saved.model
+            )));
+        }
+        let run: ClassifierRun = saved.run_as()?;
+        let shape = Shape::of(run.inputs, run.classes, &run.config)?;
+        saved.expect_model(shape.name())?;
+        // The sizes come from the file: they must match its tensors before any allocation.
+        saved.expect_weights(shape.parameter_count())?;
+        let mut clf = Classifier::new(&saved.device, run.inputs, run.classes, &run.config)?;
+        clf.data = run.data;
+        clf.steps = saved.restore(&mut clf.model, Some(clf.optimizer.as_mut()))?;
+        Ok(clf)
     }
 
-    fn format(&self) -> &'static str {
-        match self.model {
-            ClassifierModel::Mlp(_) => "murmur-classifier-1",
-            ClassifierModel::Cnn(_) => "murmur-cnn-1",
+    fn header(&self) -> Result<Header<'static>> {
+        Ok(Header {
+            model: self.model.name(),
+            run: self.describe()?,
+            steps: self.steps,
+        })
+    }
+
+    /// The run's description: what rebuilds the model, and what a checkpoint must share
+    /// with this run to resume it bit for bit.
+    fn describe(&self) -> Result<Value> {
+        describe(&ClassifierRun {
+            inputs: self.inputs,
+            classes: self.classes,
+            config: self.config.clone(),
+            data: self.data.clone(),
+        })
+    }
+}
+
+/// A classifier run's description in its checkpoints.
+#[derive(Serialize, Deserialize)]
+struct ClassifierRun {
+    inputs: usize,
+    classes: usize,
+    config: ClassifierConfig,
+    data: Value,
+}
+
+/// The network a config asks for, with the sizes taken from the data.
+enum Shape {
+    /// Widths, input first.
+    Mlp(Vec<usize>),
+    Cnn(CnnConfig),
+}
+
+impl Shape {
+    fn of(inputs: usize, classes: usize, config: &ClassifierConfig) -> Result<Shape> {
+        Ok(match &config.cnn {
+            None => {
+                let mut sizes = vec![inputs];
+                sizes.extend(&config.hidden);
+                sizes.push(classes);
+                Shape::Mlp(sizes)
+            }
+            Some(cnn) => {
+                let side = (inputs as f64).sqrt() as usize;
+                if side.checked_mul(side) != Some(inputs) {
+                    return Err(Error::Config(format!(
+                        "the CNN takes square one-channel images; {inputs} features are not"
+                    )));
+                }
+                Shape::Cnn(CnnConfig {
+                    side,
+                    channels: 1,
+                    classes,
+                    ..cnn.clone()
+                })
+            }
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Shape::Mlp(_) => "mlp",
+            Shape::Cnn(_) => "cnn",
+        }
+    }
+
+    fn parameter_count(&self) -> Option<usize> {
+        match self {
+            Shape::Mlp(sizes) => Mlp::parameter_count_for(sizes),
+            Shape::Cnn(cnn) => cnn.parameter_count(),
         }
     }
 }

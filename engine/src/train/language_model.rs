@@ -2,7 +2,12 @@
 //! gradient clipping by global norm, evaluation in nats per byte, sampling, and resumable
 //! checkpoints.
 
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
+use crate::checkpoint::Precision;
 use crate::data::{lm_batch, lm_windows};
 use crate::error::{Error, Result};
 use crate::nn::{DropoutPlan, Gpt, GptConfig, Module};
@@ -12,10 +17,8 @@ use crate::tensor::{Device, Tensor};
 
 use super::schedule::{clip_global_norm, WarmupCosine};
 
-const FORMAT: &str = "murmur-gpt-1";
-
 /// Everything that defines a language-model run besides the text.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LmConfig {
     /// The GPT's sizes.
     pub model: GptConfig,
@@ -177,7 +180,8 @@ impl LanguageModel {
     }
 
     /// `length` bytes continuing `prompt`, drawn from the softmax at `temperature` with a
-    /// seeded generator (the same seed gives the same text).
+    /// seeded generator (the same seed gives the same text). Fails for a model whose
+    /// vocabulary is not bytes.
     pub fn sample(
         &self,
         prompt: &[u8],
@@ -185,6 +189,12 @@ impl LanguageModel {
         temperature: f32,
         seed: u64,
     ) -> Result<Vec<u8>> {
+        let vocab = self.model.config.vocab;
+        if vocab > 256 || prompt.iter().any(|&b| b as usize >= vocab) {
+            return Err(Error::Config(format!(
+                "a model of {vocab} token ids cannot read or write every byte of this prompt"
+            )));
+        }
         let mut text: Vec<u8> = if prompt.is_empty() {
             b"\n".to_vec()
         } else {
@@ -201,43 +211,76 @@ impl LanguageModel {
             )?;
             let g = Graph::new(&self.device);
             let logits = g.value(self.model.forward(&g, &ids, None)?).to_vec()?;
-            let vocab = self.model.config.vocab;
             let last = &logits[logits.len() - vocab..];
             text.push(sample_logits(last, temperature, &mut rng) as u8);
         }
         Ok(text[start..].to_vec())
     }
 
-    /// What a checkpoint must share with this run to resume it: the whole config (model,
-    /// batch, schedule, clipping, seed).
-    fn identity(&self) -> String {
-        format!("{:?}", self.config)
-    }
-
-    /// Parameters, optimizer state and step count as checkpoint bytes (safetensors).
+    /// Parameters, optimizer state and step count as checkpoint bytes (safetensors, f32):
+    /// what [`LanguageModel::load_state`] resumes from.
     pub fn save_state(&self) -> Result<Vec<u8>> {
-        super::state::save(
-            &self.model.parameters(),
-            &self.optimizer,
-            self.steps,
-            FORMAT,
-            &self.identity(),
+        state::write(
+            self.header()?,
+            &self.model,
+            Some(&self.optimizer),
+            Precision::F32,
         )
     }
 
-    /// Restores what [`LanguageModel::save_state`] wrote, for a model of the same shape.
+    /// The parameters alone in `precision`, with the configuration that rebuilds the model
+    /// ([`LanguageModel::from_saved`]).
+    pub fn save_weights(&self, precision: Precision) -> Result<Vec<u8>> {
+        state::write(self.header()?, &self.model, None, precision)
+    }
+
+    /// Resumes from what [`LanguageModel::save_state`] wrote: refuses a checkpoint of
+    /// another model or run (naming the difference), or of weights alone; nothing is
+    /// changed then.
     pub fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
-        let identity = self.identity();
-        self.steps = super::state::load(
-            bytes,
-            &self.device,
-            FORMAT,
-            &identity,
-            self.model.parameters_mut(),
-            &mut self.optimizer,
-        )?;
+        let saved = Saved::from_bytes(bytes, &self.device)?;
+        saved.expect_run(MODEL, &self.describe()?)?;
+        self.steps = saved.restore(&mut self.model, Some(&mut self.optimizer))?;
         Ok(())
     }
+
+    /// The model a checkpoint describes (weights alone or a training state), built from its
+    /// metadata on the checkpoint's device; the optimizer's state is restored too when the
+    /// checkpoint holds it.
+    pub fn from_saved(saved: Saved) -> Result<Self> {
+        saved.expect_model(MODEL)?;
+        let run: LmRun = saved.run_as()?;
+        // The sizes come from the file: they must match its tensors before any allocation.
+        saved.expect_weights(run.config.model.parameter_count())?;
+        let mut lm = LanguageModel::new(&saved.device, &run.config)?;
+        lm.steps = saved.restore(&mut lm.model, Some(&mut lm.optimizer))?;
+        Ok(lm)
+    }
+
+    fn header(&self) -> Result<Header<'static>> {
+        Ok(Header {
+            model: MODEL,
+            run: self.describe()?,
+            steps: self.steps,
+        })
+    }
+
+    /// The run's description: the whole config (model, batch, schedule, clipping, seed),
+    /// which rebuilds the model and which a checkpoint must share to resume this run.
+    fn describe(&self) -> Result<Value> {
+        describe(&LmRun {
+            config: self.config.clone(),
+        })
+    }
+}
+
+/// The model's kind in checkpoints.
+const MODEL: &str = "gpt";
+
+/// A language-model run's description in its checkpoints.
+#[derive(Serialize, Deserialize)]
+struct LmRun {
+    config: LmConfig,
 }
 
 /// An index drawn from `softmax(logits / temperature)`; the argmax when temperature is 0.

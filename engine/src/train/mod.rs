@@ -10,3 +10,4 @@ pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKin
 pub use data_parallel::{rank_share, rank_slice, CodeStats, DataParallel, RoundBytes};
 pub use language_model::{LanguageModel, LmConfig};
 pub use schedule::{clip_global_norm, WarmupCosine};
+pub use state::{Saved, FORMAT};

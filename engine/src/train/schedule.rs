@@ -1,12 +1,14 @@
 //! Learning-rate schedules and gradient clipping.
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::kernels::binary::{binary, Binary};
 use crate::tensor::Tensor;
 
 /// Linear warm-up from 0 to `peak` over `warmup` steps, then cosine decay to
 /// `peak * min_ratio` at `total` steps (held there after).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WarmupCosine {
     /// Largest learning rate, reached at the end of the warm-up.
     pub peak: f32,
