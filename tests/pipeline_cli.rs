@@ -24,6 +24,7 @@ fn stage_processes_over_quic_train_the_in_process_bits() {
         return;
     }
     let dir = RemovedOnDrop::temp("pipeline-test");
+    std::fs::create_dir_all(&dir.0).unwrap();
     let out = murmur()
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["pipeline", "--stages=3", "--variant=fu", "--codec=topk:0.2"])
@@ -36,6 +37,10 @@ fn stage_processes_over_quic_train_the_in_process_bits() {
         ])
         .arg("--device=cpu")
         .arg(format!("--dir={}", dir.0.display()))
+        .arg(format!(
+            "--save={}",
+            dir.0.join("model.safetensors").display()
+        ))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -87,6 +92,20 @@ fn stage_processes_over_quic_train_the_in_process_bits() {
     let per_step = bytes as f64 / 10.0;
     assert!(per_step > coded as f64 && per_step < v["f32_bytes_per_step"].as_f64().unwrap());
     assert_eq!(v["memory_floats"], 4 * 128 * (32 + 16));
+
+    // The model left behind is the one the run tested.
+    let out = murmur()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("eval")
+        .arg(dir.0.join("model.safetensors"))
+        .arg("--device=cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "murmur eval failed:\n{stderr}");
+    let e: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(e["test_accuracy"], v["test_accuracy"], "{stderr}");
 }
 
 #[test]

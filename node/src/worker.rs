@@ -405,12 +405,20 @@ impl Run {
             )?;
         }
         let _ = self.device.set(device.clone());
-        let clf = Classifier::new(
+        let mut clf = Classifier::new(
             &device,
             joined.sets.train.features(),
             joined.sets.train.classes,
             &job.classifier_config(total_steps)?,
         )?;
+        // What `murmur eval` reads from a saved model: the data it was trained on. Every
+        // worker writes the same, so snapshots from any rank load on any other.
+        clf.data = serde_json::json!({
+            "dataset": job.dataset,
+            "train_samples": joined.sets.train.len(),
+            "batch": job.batch * world as usize,
+            "epochs": job.epochs,
+        });
         let collective = self.connect(&joined)?;
         self.wait(format!(
             "all {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",

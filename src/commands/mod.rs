@@ -3,9 +3,9 @@
 mod bench;
 mod code_stats;
 mod docs;
-mod flag_checks;
 mod eval;
 mod export;
+mod flag_checks;
 mod info;
 mod job_flags;
 mod machine;

@@ -80,6 +80,11 @@ pub struct PipelineJob {
     /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
     #[cfg_attr(feature = "cli", arg(long))]
     pub data: Option<PathBuf>,
+    /// Write the trained model here at the end (weights alone, which `murmur eval` reads).
+    /// Only the launcher reads it: the stages are not told.
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(skip)]
+    pub save: Option<PathBuf>,
     /// Where every stage computes.
     #[cfg_attr(
         feature = "cli",
@@ -109,6 +114,7 @@ impl Default for PipelineJob {
             seed: 0,
             train_limit: None,
             data: None,
+            save: None,
             device: DeviceKind::Gpu,
         }
     }

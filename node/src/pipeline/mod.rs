@@ -14,13 +14,17 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use murmur_engine::data::{ImageDataset, ImageSet};
+use murmur_engine::checkpoint::Precision;
+use murmur_engine::data::ImageDataset;
 use murmur_engine::nn::{Activation, Mlp, Module};
 use murmur_engine::pipeline::{image_accuracy, PipelineConfig, Variant};
+use murmur_engine::train::{Classifier, ClassifierConfig, ClassifierModel};
 use murmur_engine::{Device, Tensor};
 use murmur_net::identity::Swarm;
 
+use crate::data::Sets;
 use crate::error::{NodeError, Result};
+use crate::files::write_atomically;
 use crate::process::{log_tail, spawn_logged, Children};
 use crate::swarm::Launch;
 use crate::worker::panic_message;
@@ -210,7 +214,13 @@ pub fn run_pipeline(
         Stages::Processes(mut children) => children.wait_for("stage")?,
     }
 
-    let test_accuracy = test_weights(&config, &sizes, dir, &sets.test)?;
+    let model = reassemble(&config, &sizes, dir)?;
+    let test_accuracy = image_accuracy(&Device::Cpu, &sets.test, 1000, |g, x| {
+        model.forward(g, g.input(x))
+    })?;
+    if let Some(path) = &job.save {
+        save_model(job, model, &sets, path)?;
+    }
     let bytes: u64 = done.iter().flatten().map(|d| d.0).sum();
     let memory_floats: usize = done.iter().flatten().map(|d| d.1).sum();
     let widths: usize = (0..e_count - 1).map(|e| config.cut_width(e)).sum();
@@ -316,13 +326,8 @@ fn start_process(
     Ok(child)
 }
 
-/// Puts the stages' weights back into one model and tests it.
-fn test_weights(
-    config: &PipelineConfig,
-    sizes: &[usize],
-    dir: &Path,
-    test: &ImageSet,
-) -> Result<f64> {
+/// Puts the stages' weights back into one model.
+fn reassemble(config: &PipelineConfig, sizes: &[usize], dir: &Path) -> Result<Mlp> {
     let mut mlp = Mlp::new(&Device::Cpu, sizes, Activation::Relu, config.seed)?;
     let mut weights = Vec::new();
     for e in 0..config.stages {
@@ -342,9 +347,32 @@ fn test_weights(
         )?;
         offset += n;
     }
-    Ok(image_accuracy(&Device::Cpu, test, 1000, |g, x| {
-        mlp.forward(g, g.input(x))
-    })?)
+    Ok(mlp)
+}
+
+/// Writes the reassembled model as weights alone, described as the classifier it is, so
+/// that `murmur eval` rebuilds and tests it.
+fn save_model(job: &PipelineJob, model: Mlp, sets: &Sets, path: &Path) -> Result<()> {
+    let config = ClassifierConfig {
+        hidden: job.hidden.clone(),
+        activation: Activation::Relu,
+        seed: job.seed,
+        ..ClassifierConfig::default()
+    };
+    let mut clf = Classifier::new(
+        &Device::Cpu,
+        sets.train.features(),
+        sets.train.classes,
+        &config,
+    )?;
+    clf.model = ClassifierModel::Mlp(model);
+    clf.data = serde_json::json!({
+        "dataset": job.dataset,
+        "train_samples": sets.train.len(),
+        "batch": job.batch,
+        "epochs": job.epochs,
+    });
+    write_atomically(path, &clf.save_weights(Precision::F32)?)
 }
 
 /// Reads a stage's weights file: exactly `expected` finite f32 values.

@@ -32,6 +32,9 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.metrics {
         super::flag_checks::writable("--metrics", path)?;
     }
+    if let Some(path) = &a.job.save {
+        super::flag_checks::writable("--save", path)?;
+    }
     let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     // A write that fails inside the progress callback ends the run with its error.
     let mut failed = None;
