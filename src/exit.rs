@@ -41,11 +41,20 @@ pub struct Interrupted {
 
 impl fmt::Display for Interrupted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "interrupted by {}", crate::signals::name(self.signal))
+        write!(f, "interrupted by {}", signal_name(self.signal))
     }
 }
 
 impl std::error::Error for Interrupted {}
+
+/// A signal's usual name.
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        signal_hook::consts::SIGINT => "SIGINT",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
 
 /// The exit code for an error: anything in its chain that says what kind of ending it is.
 pub fn code(e: &anyhow::Error) -> i32 {

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Mutex;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::exit::signal_name as name;
 use signal_hook::iterator::Signals;
 
 /// The first signal received, or 0.
@@ -84,14 +86,5 @@ pub fn check() -> anyhow::Result<()> {
     match received() {
         Some(signal) => Err(crate::exit::Interrupted { signal }.into()),
         None => Ok(()),
-    }
-}
-
-/// The signal's usual name.
-pub fn name(signal: i32) -> &'static str {
-    match signal {
-        SIGINT => "SIGINT",
-        SIGTERM => "SIGTERM",
-        _ => "a signal",
     }
 }
