@@ -121,9 +121,9 @@ fn an_unwritable_metrics_path_fails_before_any_work() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "a usage error: {err}");
     assert!(
-        err.contains("cannot write metrics to /nonexistent-murmur-dir/run.jsonl"),
+        err.contains("--metrics /nonexistent-murmur-dir/run.jsonl: there is no folder"),
         "{err}"
     );
 }
