@@ -11,6 +11,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{anyhow, bail};
+use plotters::chart::MeshStyle;
+use plotters::coord::ranged1d::Ranged;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
@@ -235,6 +237,20 @@ fn padded(values: impl Iterator<Item = f64>, log: bool) -> Range<f64> {
     lo - margin..hi + margin
 }
 
+/// How every chart's axes look: the fonts, and a light grid at the labelled ticks only.
+trait HouseStyle {
+    fn house_style(&mut self) -> &mut Self;
+}
+
+impl<X: Ranged, Y: Ranged, DB: DrawingBackend> HouseStyle for MeshStyle<'_, '_, X, Y, DB> {
+    fn house_style(&mut self) -> &mut Self {
+        self.axis_desc_style((FONT, 15))
+            .label_style((FONT, 13))
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+    }
+}
+
 /// A tick's label: whole numbers without decimals, the rest with no more digits than needed.
 fn tick(v: &f64) -> String {
     let a = v.abs();
@@ -275,10 +291,7 @@ where
         .y_desc(&panel.y_label)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
-        .axis_desc_style((FONT, 15))
-        .label_style((FONT, 13))
-        .light_line_style(TRANSPARENT)
-        .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+        .house_style()
         .draw()?;
     for line in &panel.lines {
         let (colour, dashed) = look(keys, line.key);
@@ -360,10 +373,7 @@ impl Drawing for DotChart {
             .y_label_formatter(&label_of)
             .x_desc(&self.x_label)
             .x_label_formatter(&tick)
-            .axis_desc_style((FONT, 15))
-            .label_style((FONT, 13))
-            .light_line_style(TRANSPARENT)
-            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+            .house_style()
             .draw()?;
         let colour = PALETTE[0];
         let text = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
