@@ -68,45 +68,37 @@ enum Fold {
 
 /// The canonical reduction of `x[..n]` into a one-element buffer.
 fn canonical(gpu: &Gpu, x: &GpuBuf, n: usize, fold: Fold) -> Result<GpuBuf> {
-    let mut len = n;
-    let mut mode = fold as u32;
-    let mut input = x.clone();
-    loop {
-        let chunks = len.div_ceil(CHUNK).max(1);
-        let out = gpu.alloc(4 * chunks as u64)?;
-        let pipeline = gpu.pipeline(&REDUCE, "chunks", &[("MODE", mode as f64)]);
-        gpu.launch(
-            &pipeline,
-            &ReduceParams {
-                n: len as u32,
-                dst: 0,
-                group: 0,
-                bits: 0,
-            },
-            &[&input, &out],
-            grid_groups(chunks),
-        );
-        if chunks == 1 {
-            return Ok(out);
-        }
-        // Later levels fold the chunk results as they are.
-        mode = if fold == Fold::MaxAbs { 4 } else { 3 };
-        input = out;
-        len = chunks;
-    }
+    // Later levels fold the chunk results as they are.
+    let later = if fold == Fold::MaxAbs { 4 } else { 3 };
+    levels(gpu, x, n, "chunks", 4, |level| {
+        ("MODE", if level == 0 { fold as u32 } else { later })
+    })
 }
 
 /// The l2 norm's two canonical sums of squares, plain and of the values scaled by 2^-64, in
 /// one pass over `x[..n]`: a two-element buffer for the finish, which takes the plain one
 /// unless it overflowed (support::l2_norm).
 fn l2_twins(gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
-    let mut len = n;
-    let mut level = 0;
-    let mut input = x.clone();
+    levels(gpu, x, n, "twins", 8, |level| ("LEVEL", level.min(1)))
+}
+
+/// Reduces `x[..n]` level by level with `entry` (each chunk of CHUNK inputs to one result
+/// of `width` bytes) until one result is left; `override_at(level)` names the pipeline
+/// override that tells the first level (raw values) from later ones (chunk results).
+fn levels(
+    gpu: &Gpu,
+    x: &GpuBuf,
+    n: usize,
+    entry: &'static str,
+    width: u64,
+    override_at: impl Fn(u32) -> (&'static str, u32),
+) -> Result<GpuBuf> {
+    let (mut len, mut level, mut input) = (n, 0, x.clone());
     loop {
         let chunks = len.div_ceil(CHUNK).max(1);
-        let out = gpu.alloc(8 * chunks as u64)?;
-        let pipeline = gpu.pipeline(&REDUCE, "twins", &[("LEVEL", level as f64)]);
+        let out = gpu.alloc(width * chunks as u64)?;
+        let (name, value) = override_at(level);
+        let pipeline = gpu.pipeline(&REDUCE, entry, &[(name, value as f64)]);
         gpu.launch(
             &pipeline,
             &ReduceParams {
@@ -121,9 +113,7 @@ fn l2_twins(gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
         if chunks == 1 {
             return Ok(out);
         }
-        level = 1;
-        input = out;
-        len = chunks;
+        (level, input, len) = (level + 1, out, chunks);
     }
 }
 
