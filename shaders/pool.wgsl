@@ -55,7 +55,10 @@ fn max_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             }
         }
     }
-    dst[i] = best;
+    // The value is read back at the chosen index, not taken from `best`: a compiler may turn
+    // the compare-and-keep above into max(), which is free to return either zero of +0 and
+    // -0 (Mesa's OpenGL path on x86 does), while the index is chosen by the comparison alone.
+    dst[i] = src[at];
     argmax[i] = at;
 }
 

@@ -18,16 +18,16 @@ struct Params {
 
 override OP: u32 = 0u;
 
-// sqrt(2 / pi) and the cubic coefficient, as f32 bit patterns (see common/math.wgsl).
+// sqrt(2 / pi). GELU's cubic coefficient A and 3 * A * GELU_C (rounded as f32 products) come
+// in p.alpha and p.beta, not as constants: GLSL compilers may regroup a product chain with a
+// constant factor (Mesa's OpenGL path makes A * x * x * x into A * (x * x * x)), and a value
+// from the uniform block leaves them nothing to regroup (kernels/unary.rs, alpha_beta).
 const GELU_C: f32 = 0.797884583473205566;
-const GELU_A: f32 = 0.0447149984538555145;
-// 3 * GELU_A * GELU_C, rounded as f32 products.
-const GELU_C3A: f32 = 0.10703221708536148;
 
 fn f(x: f32) -> f32 {
     switch OP {
         case 0u: { return max(x, 0.0); }
-        case 1u: { return x * det_sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)); }
+        case 1u: { return x * det_sigmoid(2.0 * GELU_C * (x + p.alpha * x * x * x)); }
         case 2u: { return det_tanh(x); }
         case 3u: { return det_sigmoid(x); }
         case 4u: { return det_exp(x); }
@@ -43,11 +43,11 @@ fn df(x: f32) -> f32 {
     switch OP {
         case 0u: { return select(0.0, 1.0, x > 0.0); }
         case 1u: {
-            // s + 2 x s (1 - s) u'(x) with u'(x) = GELU_C + GELU_C3A x^2. Constants stand first
-            // in each product so that compilers which regroup constant factors (Mesa's NIR
-            // does) have nothing to regroup.
-            let s = det_sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
-            let du = GELU_C + GELU_C3A * x * x;
+            // s + 2 x s (1 - s) u'(x) with u'(x) = GELU_C + 3 A GELU_C x^2 (p.beta = 3 A GELU_C).
+            // The constants left are 2, whose regrouping is exact, and GELU_C, which stands
+            // alone in its sum.
+            let s = det_sigmoid(2.0 * GELU_C * (x + p.alpha * x * x * x));
+            let du = GELU_C + p.beta * x * x;
             return s + 2.0 * x * s * (1.0 - s) * du;
         }
         case 2u: { let t = det_tanh(x); return 1.0 - t * t; }

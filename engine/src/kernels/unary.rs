@@ -62,9 +62,15 @@ impl Unary {
         }
     }
 
+    /// The kernel's two run-time coefficients: affine's alpha and beta, and GELU's cubic
+    /// coefficients (A and 3AC). GELU's are not WGSL constants because a GLSL compiler may
+    /// regroup a product chain that holds a constant factor (Mesa's OpenGL path turns
+    /// `A * x * x * x` into `A * (x * x * x)`), which changes the bits; a value read from the
+    /// uniform block gives it nothing to regroup.
     fn alpha_beta(self) -> (f32, f32) {
         match self {
             Unary::Affine { alpha, beta } => (alpha, beta),
+            Unary::Gelu => (GELU_A, GELU_C3A),
             _ => (1.0, 0.0),
         }
     }
