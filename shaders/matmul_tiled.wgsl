@@ -13,11 +13,15 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
-    // Added to the dispatch's z: batches beyond the 65535-workgroup limit take several launches.
+    // Added to the dispatch's z, y and x: grids beyond the adapter's workgroups per dimension
+    // take several launches (kernels/matmul.rs, launch_split).
     batch_offset: u32,
     a_batch_stride: u32,
     b_batch_stride: u32,
     c_batch_stride: u32,
+    row_group_offset: u32,
+    col_group_offset: u32,
+    _pad0: u32,
     _pad1: u32,
 }
 
@@ -67,8 +71,8 @@ fn main(
     @builtin(local_invocation_index) li: u32,
 ) {
     let z = wid.z + p.batch_offset;
-    let row0 = wid.y * BM;
-    let col0 = wid.x * BN;
+    let row0 = (wid.y + p.row_group_offset) * BM;
+    let col0 = (wid.x + p.col_group_offset) * BN;
     let a_base = z * p.a_batch_stride;
     let b_base = z * p.b_batch_stride;
 

@@ -108,6 +108,65 @@ fn matmul_both_kernels_all_transposes_awkward_shapes() {
 }
 
 #[test]
+fn the_adapter_is_the_configuration_the_run_asked_for() {
+    // scripts/test.sh reruns these tests with LP_NATIVE_VECTOR_WIDTH set and names the
+    // subgroup size it expects: a Mesa that ignored the variable must not pass for a second
+    // width. (MURMUR_BACKEND is enforced by adapter selection itself.)
+    let device = gpu();
+    let info = &device.as_gpu().unwrap().info().adapter;
+    if let Ok(want) = std::env::var("MURMUR_EXPECT_SUBGROUP") {
+        assert_eq!(
+            info.subgroup_min_size.to_string(),
+            want,
+            "{}: subgroups of {}..{}",
+            info.name,
+            info.subgroup_min_size,
+            info.subgroup_max_size
+        );
+    }
+}
+
+#[test]
+fn matmul_grids_past_the_workgroup_limit_take_several_launches() {
+    // More row groups than a dispatch dimension allows (65535): 32-row groups for the rows
+    // kernel, 64-row tiles for the tiled one. k = 1 keeps every product exact everywhere.
+    let gpu = gpu();
+    let g = gpu.as_gpu().unwrap();
+    let limit = g.info().limits.max_compute_workgroups_per_dimension as usize;
+    let mut rng = Rng::new(12, 0);
+    for (kernel, rows_per_group) in [(MatmulKernel::Rows, 32), (MatmulKernel::Tiled, 64)] {
+        let dims = MatmulDims {
+            batch: 1,
+            m: limit * rows_per_group + 3,
+            n: 3,
+            k: 1,
+            trans_a: false,
+            trans_b: false,
+            a_batched: true,
+            b_batched: true,
+        };
+        let a = random(&mut rng, dims.m, 1.0);
+        let b = random(&mut rng, dims.n, 1.0);
+        let want = matmul_ref(&a, &b, &dims);
+        let (ga, gb) = (
+            g.upload(bytemuck::cast_slice(&a)).unwrap(),
+            g.upload(bytemuck::cast_slice(&b)).unwrap(),
+        );
+        let dispatches = g.command_stats().1;
+        let c = matmul_gpu(g, &ga, &gb, &dims, kernel).unwrap();
+        assert!(
+            g.command_stats().1 - dispatches >= 2,
+            "{kernel:?}: one dispatch cannot cover {} row groups",
+            dims.m.div_ceil(rows_per_group)
+        );
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&g.read(&c).unwrap());
+        let wrong = (0..want.len()).find(|&i| got[i] != want[i]);
+        assert_eq!(wrong, None, "{kernel:?}: first wrong element");
+        g.check().unwrap();
+    }
+}
+
+#[test]
 fn matmul_random_shapes() {
     // Property test: 40 shapes drawn at random (sizes 1..=70, any transposes, batches and
     // broadcasts), both kernels, against the reference.

@@ -7,16 +7,16 @@ use super::codec::{CodecContext, DecodeMode};
 use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::CHUNK;
 use crate::error::Result;
-use crate::gpu::{Gpu, GpuBuf, Shader};
+use crate::gpu::{Gpu, GpuBuf, Override, Shader};
 use crate::kernels::{grid_1d, grid_groups, CODEC_COMMON, GRID};
 use crate::wgsl;
 
-pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, CODEC_COMMON]);
-pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, CODEC_COMMON]);
-pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, CODEC_COMMON]);
-pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, CODEC_COMMON]);
-pub(crate) static SELECT: Shader = wgsl!("compress/select.wgsl", includes: [GRID, CODEC_COMMON]);
-pub(crate) static SPARSE: Shader = wgsl!("compress/sparse.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("MODE", 5), Override::codes("FINISH", 3), Override::codes("LEVEL", 2)]);
+pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("KIND", 3), Override::codes("MODE", 3)]);
+pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("MODE", 3)]);
+pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("OP", 6), Override::codes("STOCHASTIC", 2), Override::codes("MODE", 3)]);
+pub(crate) static SELECT: Shader = wgsl!("compress/select.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("KEY", 3)]);
+pub(crate) static SPARSE: Shader = wgsl!("compress/sparse.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("KIND", 5), Override::codes("MODE", 3)]);
 
 /// Every codec shader, for validation tests.
 pub fn shaders() -> Vec<&'static Shader> {

@@ -18,12 +18,12 @@ use bytemuck::{Pod, Zeroable};
 use crate::compress::support::{clean, rne};
 use crate::compress::{Codec, CodecContext, DecodeMode};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuf, Shader};
+use crate::gpu::{Gpu, GpuBuf, Override, Shader};
 use crate::kernels::{grid_1d, CODEC_COMMON, GRID};
 use crate::tensor::Device;
 use crate::wgsl;
 
-pub(crate) static FEEDBACK: Shader = wgsl!("feedback.wgsl", includes: [GRID, CODEC_COMMON]);
+pub(crate) static FEEDBACK: Shader = wgsl!("feedback.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("REFERENCE", 2)]);
 
 /// Which memory, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,6 +1,7 @@
 //! The GPU runtime: one device and queue, compiled pipelines, pooled buffers, batched commands.
 
 mod adapter;
+mod needs;
 mod pipelines;
 mod pool;
 mod recorder;
@@ -10,9 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use adapter::{parse_backend, AdapterPreference, NO_ADAPTER_HELP};
+pub use needs::{KernelNeeds, KERNEL_NEEDS, WORKGROUPS_PER_DIMENSION};
 pub use pipelines::Pipeline;
 pub use pool::PoolStats;
-pub use shader::Shader;
+pub use shader::{Override, Shader};
 
 use crate::error::{Error, Result};
 use pipelines::PipelineCache;

@@ -85,6 +85,13 @@ impl PipelineCache {
         {
             return p.clone();
         }
+        debug_assert!(
+            undeclared(shader, constants).is_none(),
+            "{}: override {} is not declared among the shader's values in its wgsl! \
+             declaration; declare it so that the back-end tests translate this variant",
+            shader.name,
+            undeclared(shader, constants).unwrap_or_default()
+        );
         let module = self.module(shader);
         let label = format!("{}:{}", shader.name, entry);
         let pipeline = self
@@ -117,4 +124,17 @@ impl PipelineCache {
     pub fn len(&self) -> usize {
         self.pipelines.lock().expect("pipeline cache lock").len()
     }
+}
+
+/// The first of `constants` that `shader` does not declare, as `NAME = value`.
+fn undeclared(shader: &Shader, constants: &[(&'static str, f64)]) -> Option<String> {
+    constants
+        .iter()
+        .find(|(name, value)| {
+            !shader
+                .overrides
+                .iter()
+                .any(|o| o.name == *name && o.values.contains(value))
+        })
+        .map(|(name, value)| format!("{name} = {value}"))
 }

@@ -8,7 +8,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::copy::{copy2d_gpu, Copy2d};
-use super::{MATMUL_ROWS, MATMUL_TILED};
+use super::{split_grid, MATMUL_ROWS, MATMUL_TILED};
 use crate::error::{shape_err, Error, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
@@ -175,33 +175,31 @@ struct Params {
     a_batch_stride: u32,
     b_batch_stride: u32,
     c_batch_stride: u32,
-    _pad: u32,
+    row_group_offset: u32,
+    col_group_offset: u32,
+    _pad: [u32; 3],
 }
 
-/// Launches `kernel` over batches in chunks of the dispatch limit.
-fn launch_batched(
+/// Launches `pipeline` over a grid of `[column groups, row groups, batch]` workgroups, in as
+/// many launches as the adapter's workgroups per dimension require (each launch tells the
+/// kernel its offsets).
+fn launch_split(
     gpu: &Gpu,
     pipeline: &crate::gpu::Pipeline,
     base: Params,
     bufs: [&GpuBuf; 3],
-    grid_xy: [u32; 2],
+    grid_xy: [usize; 2],
     batch: usize,
 ) {
-    let max_z = gpu.info().limits.max_compute_workgroups_per_dimension as usize;
-    let mut start = 0;
-    while start < batch {
-        let count = (batch - start).min(max_z);
+    let max = gpu.info().limits.max_compute_workgroups_per_dimension as usize;
+    for (offset, count) in split_grid([grid_xy[0], grid_xy[1], batch], max) {
         let params = Params {
-            batch_offset: start as u32,
+            col_group_offset: offset[0],
+            row_group_offset: offset[1],
+            batch_offset: offset[2],
             ..base
         };
-        gpu.launch(
-            pipeline,
-            &params,
-            &bufs,
-            [grid_xy[0], grid_xy[1], count as u32],
-        );
-        start += count;
+        gpu.launch(pipeline, &params, &bufs, count);
     }
 }
 
@@ -223,10 +221,12 @@ fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         a_batch_stride: if d.a_batched { (d.m * d.k) as u32 } else { 0 },
         b_batch_stride: if d.b_batched { (d.k * d.n) as u32 } else { 0 },
         c_batch_stride: (d.m * d.n) as u32,
-        _pad: 0,
+        row_group_offset: 0,
+        col_group_offset: 0,
+        _pad: [0; 3],
     };
-    let grid = [d.n.div_ceil(64) as u32, d.m.div_ceil(64) as u32];
-    launch_batched(gpu, &pipeline, params, [a, b, &c], grid, d.batch);
+    let grid = [d.n.div_ceil(64), d.m.div_ceil(64)];
+    launch_split(gpu, &pipeline, params, [a, b, &c], grid, d.batch);
     Ok(c)
 }
 
@@ -273,10 +273,12 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         a_batch_stride: if d.a_batched { (d.m * kp) as u32 } else { 0 },
         b_batch_stride: if d.b_batched { (kp * np) as u32 } else { 0 },
         c_batch_stride: (d.m * np) as u32,
-        _pad: 0,
+        row_group_offset: 0,
+        col_group_offset: 0,
+        _pad: [0; 3],
     };
-    let grid = [np.div_ceil(8 * lanes) as u32, d.m.div_ceil(ROWS_TM) as u32];
-    launch_batched(gpu, &pipeline, params, [a_use, b_use, &c], grid, d.batch);
+    let grid = [np.div_ceil(8 * lanes), d.m.div_ceil(ROWS_TM)];
+    launch_split(gpu, &pipeline, params, [a_use, b_use, &c], grid, d.batch);
     if np == d.n {
         Ok(c)
     } else {

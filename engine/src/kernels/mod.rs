@@ -20,7 +20,7 @@ pub mod reduce;
 pub mod softmax;
 pub mod unary;
 
-use crate::gpu::Shader;
+use crate::gpu::{Override, Shader};
 use crate::wgsl;
 
 /// The flat element index of a 2-D grid of 256-wide workgroups, included by every element-wise
@@ -31,13 +31,15 @@ pub(crate) static ROWS: Shader = wgsl!("common/rows.wgsl");
 /// The counter-based generator and the bit helpers of the codecs, which dropout and error
 /// feedback draw on too: declared here, below all three.
 pub(crate) static CODEC_COMMON: Shader = wgsl!("compress/common.wgsl");
-pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl");
-pub(crate) static MATMUL_ROWS: Shader = wgsl!("matmul_rows.wgsl");
+pub(crate) static MATMUL_TILED: Shader = wgsl!("matmul_tiled.wgsl", overrides: [Override::codes("TRANS_A", 2), Override::codes("TRANS_B", 2)]);
+pub(crate) static MATMUL_ROWS: Shader = wgsl!("matmul_rows.wgsl", overrides: [Override { name: "LANES", values: &[1.0, 2.0, 4.0, 8.0, 16.0] }]);
 pub(crate) static COPY2D: Shader = wgsl!("copy2d.wgsl", includes: [GRID]);
 pub(crate) static FILL: Shader = wgsl!("fill.wgsl", includes: [GRID]);
-pub(crate) static UNARY: Shader = wgsl!("unary.wgsl", includes: [GRID, MATH]);
-pub(crate) static BINARY: Shader = wgsl!("binary.wgsl", includes: [GRID]);
-pub(crate) static REDUCE: Shader = wgsl!("reduce.wgsl", includes: [GRID]);
+pub(crate) static UNARY: Shader =
+    wgsl!("unary.wgsl", includes: [GRID, MATH], overrides: [Override::codes("OP", 10)]);
+pub(crate) static BINARY: Shader = wgsl!("binary.wgsl", includes: [GRID], overrides: [Override::codes("OP", 6), Override::codes("BROADCAST", 2)]);
+pub(crate) static REDUCE: Shader =
+    wgsl!("reduce.wgsl", includes: [GRID], overrides: [Override::codes("OP", 3)]);
 pub(crate) static SOFTMAX: Shader = wgsl!("softmax.wgsl", includes: [GRID, MATH, ROWS]);
 pub(crate) static LAYERNORM: Shader = wgsl!("layernorm.wgsl", includes: [GRID, ROWS]);
 pub(crate) static EMBEDDING: Shader = wgsl!("embedding.wgsl", includes: [GRID]);
@@ -74,8 +76,9 @@ pub(crate) fn shaders() -> Vec<&'static Shader> {
 
 /// Workgroup width of the flat elementwise kernels (`WG` in common/grid.wgsl).
 pub(crate) const WG: usize = 256;
-/// Most workgroups in one dispatch dimension (WebGPU's default limit).
-pub(crate) const MAX_GROUPS: usize = 65535;
+/// Most workgroups in one dispatch dimension (WebGPU's default limit, which adapter
+/// selection demands: see gpu::needs).
+pub(crate) const MAX_GROUPS: usize = crate::gpu::WORKGROUPS_PER_DIMENSION as usize;
 
 /// Dispatch size covering `groups` workgroups: along x, spilling into y.
 pub(crate) fn grid_groups(groups: usize) -> [u32; 3] {
@@ -96,9 +99,53 @@ pub(crate) fn grid_1d(n: usize) -> [u32; 3] {
     grid_groups(n.div_ceil(WG))
 }
 
+/// Splits a grid of `total` workgroups into launches of at most `max` per dimension: each
+/// launch's (offset, count), offsets in workgroups, covering every workgroup once.
+pub(crate) fn split_grid(total: [usize; 3], max: usize) -> Vec<([u32; 3], [u32; 3])> {
+    let spans = |n: usize| -> Vec<(u32, u32)> {
+        (0..n)
+            .step_by(max)
+            .map(|start| (start as u32, (n - start).min(max) as u32))
+            .collect()
+    };
+    let mut launches = vec![];
+    for (z0, z) in spans(total[2]) {
+        for (y0, y) in spans(total[1]) {
+            for (x0, x) in spans(total[0]) {
+                launches.push(([x0, y0, z0], [x, y, z]));
+            }
+        }
+    }
+    launches
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_grids_cover_each_workgroup_once_within_the_limit() {
+        for total in [[1, 1, 1], [5, 7, 3], [4, 4, 4], [9, 1, 1], [0, 3, 1]] {
+            let launches = split_grid(total, 4);
+            let mut seen = std::collections::HashSet::new();
+            for (offset, count) in &launches {
+                assert!(
+                    count.iter().all(|&c| (1..=4).contains(&c)),
+                    "{total:?}: {count:?}"
+                );
+                for z in 0..count[2] {
+                    for y in 0..count[1] {
+                        for x in 0..count[0] {
+                            let at = (offset[0] + x, offset[1] + y, offset[2] + z);
+                            assert!(seen.insert(at), "{total:?}: {at:?} twice");
+                        }
+                    }
+                }
+            }
+            assert_eq!(seen.len(), total.iter().product::<usize>(), "{total:?}");
+        }
+        assert_eq!(split_grid([3, 2, 1], 65535), vec![([0, 0, 0], [3, 2, 1])]);
+    }
 
     #[test]
     fn grids_cover_every_element_within_limits() {
