@@ -38,9 +38,20 @@ const BN: u32 = 64u;
 const BK: u32 = 16u;
 const THREADS: u32 = 256u;
 
-// [BK][BM / 4] and [BK][BN / 4]: vec4 along M and N.
-var<workgroup> a_tile: array<vec4<f32>, 256>;
-var<workgroup> b_tile: array<vec4<f32>, 256>;
+// [BK][BM] and [BK][BN], as scalars: threads store single elements, and a store to one lane
+// of a vec4 in workgroup memory may write the whole vector (WGSL leaves it to the back end;
+// MSL and HLSL compilers may emit a read-modify-write), which would race with the threads
+// storing its other lanes. The compute loop reads them back as vec4s of 4 scalars.
+var<workgroup> a_tile: array<f32, 1024>;
+var<workgroup> b_tile: array<f32, 1024>;
+
+fn a4(at: u32) -> vec4<f32> {
+    return vec4<f32>(a_tile[at], a_tile[at + 1u], a_tile[at + 2u], a_tile[at + 3u]);
+}
+
+fn b4(at: u32) -> vec4<f32> {
+    return vec4<f32>(b_tile[at], b_tile[at + 1u], b_tile[at + 2u], b_tile[at + 3u]);
+}
 
 // Logical A[row][kk] of batch `base`, zero outside the matrix.
 fn load_a(base: u32, row: u32, kk: u32) -> f32 {
@@ -95,7 +106,7 @@ fn main(
                 r = t / BK;
                 kk = t % BK;
             }
-            a_tile[kk * (BM / 4u) + r / 4u][r % 4u] = load_a(a_base, row0 + r, k0 + kk);
+            a_tile[kk * BM + r] = load_a(a_base, row0 + r, k0 + kk);
 
             var cc: u32;
             var kb: u32;
@@ -106,12 +117,12 @@ fn main(
                 kb = t / BN;
                 cc = t % BN;
             }
-            b_tile[kb * (BN / 4u) + cc / 4u][cc % 4u] = load_b(b_base, k0 + kb, col0 + cc);
+            b_tile[kb * BN + cc] = load_b(b_base, k0 + kb, col0 + cc);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            let av = a_tile[kk * (BM / 4u) + lid.y];
-            let bv = b_tile[kk * (BN / 4u) + lid.x];
+            let av = a4(kk * BM + 4u * lid.y);
+            let bv = b4(kk * BN + 4u * lid.x);
             acc[0] = fma(vec4<f32>(av.x), bv, acc[0]);
             acc[1] = fma(vec4<f32>(av.y), bv, acc[1]);
             acc[2] = fma(vec4<f32>(av.z), bv, acc[2]);
