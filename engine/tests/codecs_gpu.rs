@@ -70,9 +70,12 @@ fn gpu_payloads_equal_cpu_payloads_and_decode_alike() {
     let gpu = device.as_gpu().unwrap();
     for spec in ALL {
         let codec = parse(spec).unwrap();
-        for (case, n) in [0usize, 1, 2, 31, 33, 64, 65, 127, 4095, 4097, 70_001]
-            .into_iter()
-            .enumerate()
+        // Around the selection's 4096-element blocks too: 8191..8193, and a last block of one.
+        for (case, n) in [
+            0usize, 1, 2, 31, 33, 64, 65, 127, 4095, 4097, 8191, 8192, 8193, 12_289, 70_001,
+        ]
+        .into_iter()
+        .enumerate()
         {
             let ctx = CodecContext {
                 seed: 0x1234_5678_9abc,
@@ -176,6 +179,34 @@ fn tiny_and_huge_scales_match_too() {
                 "{spec} {x:?}"
             );
         }
+    }
+}
+
+#[test]
+fn ties_across_blocks_keep_the_lowest_indices_alike() {
+    // Every magnitude equal: the selection takes the k lowest indices, and the tied keys'
+    // prefix sums cross all three blocks (the scans in select.wgsl).
+    let device = common::gpu();
+    let gpu = device.as_gpu().unwrap();
+    let n = 12_289;
+    let x: Vec<f32> = (0..n)
+        .map(|i| if i % 3 == 0 { -0.5 } else { 0.5 })
+        .collect();
+    let gx = gpu.upload(bytemuck::cast_slice(&x)).unwrap();
+    let ctx = CodecContext::default();
+    for spec in [
+        "topk:k=1",
+        "topk:0.5",
+        "topk:k=8193",
+        "topk:1.0",
+        "hybrid:bits=4:k=6000",
+    ] {
+        let codec = parse(spec).unwrap();
+        let want = codec.encode(&x, &ctx);
+        let got = gpu
+            .read(&codec.encode_gpu(gpu, &gx, n, &ctx).unwrap())
+            .unwrap();
+        assert!(got[..want.len()] == want[..], "{spec}: bytes differ");
     }
 }
 

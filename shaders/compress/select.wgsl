@@ -189,7 +189,10 @@ var<workgroup> eq_prefix: array<u32, 256>;
 var<workgroup> sel_prefix: array<u32, 256>;
 
 // Exclusive prefix sums over the 256 lanes, by one invocation (cheap beside the block's
-// 4096 key evaluations).
+// 4096 key evaluations). The last invocation runs it, not the first: lavapipe runs a
+// workgroup's invocations in batches, in order, from barrier to barrier, so readers in
+// earlier batches then come before the scan, and a missing barrier after it fails the tests
+// there instead of passing by luck.
 fn exclusive_scan(lid: u32, v: u32, which: u32) -> u32 {
     if (which == 0u) {
         eq_prefix[lid] = v;
@@ -197,7 +200,7 @@ fn exclusive_scan(lid: u32, v: u32, which: u32) -> u32 {
         sel_prefix[lid] = v;
     }
     workgroupBarrier();
-    if (lid == 0u) {
+    if (lid == 255u) {
         var run = 0u;
         for (var t = 0u; t < 256u; t++) {
             if (which == 0u) {
