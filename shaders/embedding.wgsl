@@ -10,7 +10,9 @@ struct Params {
     tokens: u32,
     dim: u32,
     vocab: u32,
-    _pad0: u32,
+    // scatter_add: this launch walks tokens [span_start, span_start + LOOP_SPAN), adding to
+    // the partial sums already in dtable when span_start > 0.
+    span_start: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -47,9 +49,12 @@ fn scatter_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     if (v >= p.vocab) {
         return;
     }
-    var acc = 0.0;
     let dd = min(d, p.dim - 1u);
-    for (var t = 0u; t < p.tokens; t++) {
+    var acc = 0.0;
+    if (p.span_start > 0u) {
+        acc = dtable[v * p.dim + dd];
+    }
+    for (var t = p.span_start; t < min(p.span_start + LOOP_SPAN, p.tokens); t++) {
         if (ids[t] == v) {
             acc += dout[t * p.dim + dd];
         }

@@ -11,7 +11,9 @@ struct Params {
     rows: u32,
     cols: u32,
     eps: f32,
-    _pad0: u32,
+    // backward_params: this launch sums rows [span_start, span_start + LOOP_SPAN), adding
+    // to the partial sums already in dgamma and dbeta when span_start > 0.
+    span_start: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -96,7 +98,11 @@ fn backward_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     var sg = 0.0;
     var sb = 0.0;
-    for (var r = 0u; r < p.rows; r++) {
+    if (p.span_start > 0u) {
+        sg = dgamma[j];
+        sb = dbeta[j];
+    }
+    for (var r = p.span_start; r < min(p.span_start + LOOP_SPAN, p.rows); r++) {
         let xhat = (x[r * p.cols + j] - p_stats[2u * r]) * p_stats[2u * r + 1u];
         let d = p_dy[r * p.cols + j];
         sg += d * xhat;

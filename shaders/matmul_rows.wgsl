@@ -22,8 +22,12 @@ struct Params {
     c_batch_stride: u32,
     row_group_offset: u32,
     col_group_offset: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // This launch sums k in [k_start, k_stop), continuing from C when k_start > 0 (the same
+    // accumulation, carried through memory exactly): llvmpipe ends any invocation's loops
+    // after 65535 iterations in all, so long products take several launches
+    // (kernels/matmul.rs, K_SPAN).
+    k_start: u32,
+    k_stop: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,14 +58,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var lo: array<vec4<f32>, TM>;
     var hi: array<vec4<f32>, TM>;
     var rows: array<u32, TM>;
+    let c_read = z * (p.c_batch_stride / 4u) + cc;
     for (var i = 0u; i < TM; i++) {
-        lo[i] = vec4<f32>(0.0);
-        hi[i] = vec4<f32>(0.0);
         // Rows past M repeat the last row: still uniform, never stored.
-        rows[i] = a_base + min(row0 + i, p.m - 1u) * k4;
+        let row = min(row0 + i, p.m - 1u);
+        rows[i] = a_base + row * k4;
+        if (p.k_start == 0u) {
+            lo[i] = vec4<f32>(0.0);
+            hi[i] = vec4<f32>(0.0);
+        } else {
+            lo[i] = c[c_read + row * n4];
+            hi[i] = c[c_read + row * n4 + 1u];
+        }
     }
 
-    for (var k = 0u; k < k4; k++) {
+    for (var k = p.k_start / 4u; k < p.k_stop / 4u; k++) {
         let r = b_base + 4u * k * n4;
         let b0 = b[r];
         let b1 = b[r + n4];

@@ -21,8 +21,12 @@ struct Params {
     c_batch_stride: u32,
     row_group_offset: u32,
     col_group_offset: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // This launch sums k in [k_start, k_stop), continuing from C when k_start > 0 (the same
+    // accumulation, carried through memory exactly): llvmpipe ends any invocation's loops
+    // after 65535 iterations in all, so long products take several launches
+    // (kernels/matmul.rs, K_SPAN).
+    k_start: u32,
+    k_stop: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -87,12 +91,22 @@ fn main(
     let a_base = z * p.a_batch_stride;
     let b_base = z * p.b_batch_stride;
 
+    let c_base = z * p.c_batch_stride;
+    let col = col0 + lid.x * 4u;
     var acc: array<vec4<f32>, 4>;
     for (var i = 0u; i < 4u; i++) {
         acc[i] = vec4<f32>(0.0);
+        let row = row0 + lid.y * 4u + i;
+        if (p.k_start > 0u && row < p.m) {
+            for (var j = 0u; j < 4u; j++) {
+                if (col + j < p.n) {
+                    acc[i][j] = c[c_base + row * p.n + col + j];
+                }
+            }
+        }
     }
 
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = p.k_start; k0 < p.k_stop; k0 += BK) {
         // 1024 elements per tile, 4 per thread. Consecutive threads walk the operand's
         // contiguous dimension so that global reads coalesce.
         for (var s = 0u; s < 4u; s++) {
@@ -131,8 +145,6 @@ fn main(
         workgroupBarrier();
     }
 
-    let c_base = z * p.c_batch_stride;
-    let col = col0 + lid.x * 4u;
     for (var i = 0u; i < 4u; i++) {
         let row = row0 + lid.y * 4u + i;
         if (row < p.m) {

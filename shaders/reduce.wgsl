@@ -104,9 +104,14 @@ fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (r >= p.outer) {
         return;
     }
-    var best = x[r * p.len];
+    // This launch looks at [p.chunk, p.chunk + LOOP_SPAN) and goes on from the index the
+    // previous span chose (see grid.wgsl, LOOP_SPAN).
     var best_j = 0u;
-    for (var j = 1u; j < p.len; j++) {
+    if (p.chunk > 0u) {
+        best_j = index_out[r];
+    }
+    var best = x[r * p.len + best_j];
+    for (var j = max(p.chunk, 1u); j < min(p.chunk + LOOP_SPAN, p.len); j++) {
         let v = x[r * p.len + j];
         if (v > best) {
             best = v;

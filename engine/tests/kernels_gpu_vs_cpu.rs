@@ -167,6 +167,100 @@ fn matmul_grids_past_the_workgroup_limit_take_several_launches() {
 }
 
 #[test]
+fn loops_past_65535_iterations_run_to_the_end() {
+    // llvmpipe ends an invocation's loops after 65535 iterations in all and says nothing:
+    // every kernel that walks a whole axis per invocation must split long axes into launches
+    // (kernels::LOOP_SPAN, matmul's K_SPAN). 70,000 is past the limit; integer-valued data
+    // keeps every sum exact, so any driver must match the reference bit for bit.
+    const LONG: usize = 70_000;
+    let device = gpu();
+    let g = device.as_gpu().unwrap();
+    let mut rng = Rng::new(14, 0);
+    let ints = |rng: &mut Rng, n: usize| -> Vec<f32> {
+        (0..n).map(|_| rng.below(5) as f32 - 2.0).collect()
+    };
+
+    // A product contracting 70,000 (a convolution's or a GPT's weight gradient does).
+    for kernel in [MatmulKernel::Rows, MatmulKernel::Tiled] {
+        let dims = MatmulDims {
+            batch: 1,
+            m: 3,
+            n: 5,
+            k: LONG,
+            trans_a: false,
+            trans_b: false,
+            a_batched: true,
+            b_batched: true,
+        };
+        let (a, b) = (ints(&mut rng, 3 * LONG), ints(&mut rng, LONG * 5));
+        let (ga, gb) = (
+            g.upload(bytemuck::cast_slice(&a)).unwrap(),
+            g.upload(bytemuck::cast_slice(&b)).unwrap(),
+        );
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(
+            &g.read(&matmul_gpu(g, &ga, &gb, &dims, kernel).unwrap())
+                .unwrap(),
+        );
+        assert_eq!(got, matmul_ref(&a, &b, &dims), "{kernel:?} over k = {LONG}");
+    }
+
+    // Layer norm's parameter gradients sum over 70,000 rows.
+    let (rows, cols) = (LONG, 2);
+    let x = ints(&mut rng, rows * cols);
+    let dy = ints(&mut rng, rows * cols);
+    let (cx, gx) = both(&[rows, cols], &x);
+    let (cg, gg) = both(&[cols], &[1.0, -1.0]);
+    let (cdy, gdy) = both(&[rows, cols], &dy);
+    let (_, cs) = layernorm(&cx, &cg, &cg, 1e-5).unwrap();
+    let (_, gs) = layernorm(&gx, &gg, &gg, 1e-5).unwrap();
+    let (c, gr) = (
+        layernorm_backward(&cx, &cg, &cs, &cdy).unwrap(),
+        layernorm_backward(&gx, &gg, &gs, &gdy).unwrap(),
+    );
+    assert_close(
+        "layernorm dbeta over 70,000 rows",
+        &gr.2.to_vec().unwrap(),
+        &c.2.to_vec().unwrap(),
+        0.0,
+        0.0,
+    );
+    assert_close(
+        "layernorm dgamma over 70,000 rows",
+        &gr.1.to_vec().unwrap(),
+        &c.1.to_vec().unwrap(),
+        1e-3,
+        1e-5,
+    );
+
+    // Embedding's gradient walks 70,000 tokens.
+    let ids: Vec<u32> = (0..LONG).map(|_| rng.below(3) as u32).collect();
+    let dout = ints(&mut rng, LONG * 2);
+    let (ci, gi) = both_u32(&[LONG], &ids);
+    let (cd, gd) = both(&[LONG, 2], &dout);
+    assert_eq!(
+        embedding_backward(&gi, &gd, 3).unwrap().to_vec().unwrap(),
+        embedding_backward(&ci, &cd, 3).unwrap().to_vec().unwrap(),
+        "embedding gradient over {LONG} tokens"
+    );
+
+    // argmax along 70,000: the largest value sits past the limit, after a tie before it.
+    let mut row = ints(&mut rng, 2 * LONG);
+    row[100] = 5.0;
+    row[LONG - 3] = 7.0;
+    row[LONG + 200] = 7.0;
+    row[2 * LONG - 1] = 7.0;
+    let (cx, gx) = both(&[2, LONG], &row);
+    assert_eq!(
+        argmax_last(&gx).unwrap().to_vec_u32().unwrap(),
+        argmax_last(&cx).unwrap().to_vec_u32().unwrap(),
+    );
+    assert_eq!(
+        argmax_last(&cx).unwrap().to_vec_u32().unwrap(),
+        [LONG as u32 - 3, 200]
+    );
+}
+
+#[test]
 fn matmul_random_shapes() {
     // Property test: 40 shapes drawn at random (sizes 1..=70, any transposes, batches and
     // broadcasts), both kernels, against the reference.
@@ -369,6 +463,7 @@ fn reductions_over_every_axis_and_long_axes() {
         vec![1, 5000, 1],
         vec![4, 1, 257],
         vec![70_000],
+        vec![131_073],
     ] {
         let x = random(&mut rng, shape.iter().product(), 1.0);
         let (cx, gx) = both(&shape, &x);
@@ -445,7 +540,22 @@ fn argmax_matches_exactly() {
 #[test]
 fn softmax_and_cross_entropy_forward_backward() {
     let mut rng = Rng::new(17, 0);
-    for (rows, cols) in [(1, 1), (1, 10), (128, 10), (3, 65), (5, 300), (2, 1000)] {
+    // Rows of 64-lane workgroups: columns below, at and past the lanes and past 4096; 65536
+    // rows take more than one row of workgroups, and all but one of the second row's return
+    // early.
+    for (rows, cols) in [
+        (1, 1),
+        (1, 10),
+        (128, 10),
+        (3, 63),
+        (2, 64),
+        (3, 65),
+        (2, 129),
+        (5, 300),
+        (2, 1000),
+        (1, 4097),
+        (65536, 3),
+    ] {
         let mut x = random(&mut rng, rows * cols, 5.0);
         x[0] = 80.0; // large logits stay finite
         let labels: Vec<u32> = (0..rows).map(|_| rng.below(cols) as u32).collect();
@@ -512,7 +622,18 @@ fn softmax_and_cross_entropy_forward_backward() {
 #[test]
 fn layernorm_forward_backward() {
     let mut rng = Rng::new(18, 0);
-    for (rows, cols) in [(1, 1), (1, 2), (7, 10), (64, 65), (3, 300)] {
+    for (rows, cols) in [
+        (1, 1),
+        (1, 2),
+        (7, 10),
+        (2, 63),
+        (2, 64),
+        (64, 65),
+        (2, 129),
+        (3, 300),
+        (1, 4097),
+        (65536, 3),
+    ] {
         let x: Vec<f32> = random(&mut rng, rows * cols, 2.0)
             .iter()
             .map(|v| v + 1.0)

@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{grid_1d, EMBEDDING, MAX_GROUPS};
+use super::{grid_1d, EMBEDDING, LOOP_SPAN, MAX_GROUPS};
 use crate::error::{shape_err, Error, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -12,7 +12,8 @@ struct Params {
     tokens: u32,
     dim: u32,
     vocab: u32,
-    _pad: u32,
+    /// First token of this launch of `scatter_add` (see [`LOOP_SPAN`]).
+    span_start: u32,
 }
 
 /// CPU reference of the lookup.
@@ -78,7 +79,7 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
                 tokens: tokens as u32,
                 dim: dim as u32,
                 vocab: vocab as u32,
-                _pad: 0,
+                span_start: 0,
             };
             gpu.launch(
                 &pipeline,
@@ -130,7 +131,7 @@ pub fn embedding_backward(ids: &Tensor, dout: &Tensor, vocab: usize) -> Result<T
                 tokens: tokens as u32,
                 dim: dim as u32,
                 vocab: vocab as u32,
-                _pad: 0,
+                span_start: 0,
             };
             let (y, z) = if vocab <= MAX_GROUPS {
                 (vocab, 1)
@@ -138,16 +139,22 @@ pub fn embedding_backward(ids: &Tensor, dout: &Tensor, vocab: usize) -> Result<T
                 (MAX_GROUPS, vocab.div_ceil(MAX_GROUPS))
             };
             let grid = [dim.div_ceil(64) as u32, y as u32, z as u32];
-            gpu.launch(
-                &pipeline,
-                &params,
-                &[
-                    ids.gpu_buf().expect("gpu"),
-                    dout.gpu_buf().expect("gpu"),
-                    &out,
-                ],
-                grid,
-            );
+            // At least one launch, so that no tokens still write zeros.
+            for span_start in (0..tokens.max(1)).step_by(LOOP_SPAN) {
+                gpu.launch(
+                    &pipeline,
+                    &Params {
+                        span_start: span_start as u32,
+                        ..params
+                    },
+                    &[
+                        ids.gpu_buf().expect("gpu"),
+                        dout.gpu_buf().expect("gpu"),
+                        &out,
+                    ],
+                    grid,
+                );
+            }
             Ok(Tensor::from_gpu(gpu, &[vocab, dim], DType::F32, out))
         }
     }

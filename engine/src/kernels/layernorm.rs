@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::math::{workgroup_sum, ROW_LANES};
-use super::{grid_1d, grid_groups, LAYERNORM};
+use super::{grid_1d, grid_groups, LAYERNORM, LOOP_SPAN};
 
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -14,7 +14,8 @@ struct Params {
     rows: u32,
     cols: u32,
     eps: f32,
-    _pad: u32,
+    /// First row of this launch of `backward_params` (see [`LOOP_SPAN`]).
+    span_start: u32,
 }
 
 /// CPU reference forward: returns `y` and per-row `[mean, rstd]`.
@@ -118,7 +119,7 @@ pub fn layernorm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<
                 rows: rows as u32,
                 cols: cols as u32,
                 eps,
-                _pad: 0,
+                span_start: 0,
             };
             let bufs = [
                 x.gpu_buf().expect("gpu"),
@@ -176,7 +177,7 @@ pub fn layernorm_backward(
                 rows: rows as u32,
                 cols: cols as u32,
                 eps: 0.0,
-                _pad: 0,
+                span_start: 0,
             };
             let (xb, gb, sb, db) = (
                 x.gpu_buf().expect("gpu"),
@@ -194,12 +195,18 @@ pub fn layernorm_backward(
             );
             let (dgamma, dbeta) = (gpu.alloc(4 * cols as u64)?, gpu.alloc(4 * cols as u64)?);
             let pipeline = gpu.pipeline(&LAYERNORM, "backward_params", &[]);
-            gpu.launch(
-                &pipeline,
-                &params,
-                &[xb, sb, db, &dgamma, &dbeta],
-                grid_1d(cols),
-            );
+            // At least one launch, so that no rows still write zeros.
+            for span_start in (0..rows.max(1)).step_by(LOOP_SPAN) {
+                gpu.launch(
+                    &pipeline,
+                    &Params {
+                        span_start: span_start as u32,
+                        ..params
+                    },
+                    &[xb, sb, db, &dgamma, &dbeta],
+                    grid_1d(cols),
+                );
+            }
             Ok((
                 Tensor::from_gpu(gpu, x.shape(), DType::F32, dx),
                 Tensor::from_gpu(gpu, &[cols], DType::F32, dgamma),

@@ -177,12 +177,21 @@ struct Params {
     c_batch_stride: u32,
     row_group_offset: u32,
     col_group_offset: u32,
-    _pad: [u32; 3],
+    k_start: u32,
+    k_stop: u32,
+    _pad: u32,
 }
+
+/// Most of the contracted dimension one launch sums. llvmpipe (lavapipe, the software
+/// adapter of GPU-less machines) ends an invocation's loops after 65535 iterations in all,
+/// silently: one launch over k = 8192 lost a twentieth of the sum in the rows kernel (32 rows
+/// per invocation), and the tiled kernel broke past k = 50,000. Longer products continue in
+/// further launches from the partial sums in C, which gives the same bits as one launch.
+const K_SPAN: usize = 4096;
 
 /// Launches `pipeline` over a grid of `[column groups, row groups, batch]` workgroups, in as
 /// many launches as the adapter's workgroups per dimension require (each launch tells the
-/// kernel its offsets).
+/// kernel its offsets), and over the contracted dimension in spans of [`K_SPAN`].
 fn launch_split(
     gpu: &Gpu,
     pipeline: &crate::gpu::Pipeline,
@@ -192,14 +201,19 @@ fn launch_split(
     batch: usize,
 ) {
     let max = gpu.info().limits.max_compute_workgroups_per_dimension as usize;
-    for (offset, count) in split_grid([grid_xy[0], grid_xy[1], batch], max) {
-        let params = Params {
-            col_group_offset: offset[0],
-            row_group_offset: offset[1],
-            batch_offset: offset[2],
-            ..base
-        };
-        gpu.launch(pipeline, &params, &bufs, count);
+    let k = base.k as usize;
+    for k_start in (0..k.max(1)).step_by(K_SPAN) {
+        for (offset, count) in split_grid([grid_xy[0], grid_xy[1], batch], max) {
+            let params = Params {
+                col_group_offset: offset[0],
+                row_group_offset: offset[1],
+                batch_offset: offset[2],
+                k_start: k_start as u32,
+                k_stop: (k_start + K_SPAN).min(k) as u32,
+                ..base
+            };
+            gpu.launch(pipeline, &params, &bufs, count);
+        }
     }
 }
 
@@ -223,7 +237,9 @@ fn tiled(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         c_batch_stride: (d.m * d.n) as u32,
         row_group_offset: 0,
         col_group_offset: 0,
-        _pad: [0; 3],
+        k_start: 0,
+        k_stop: 0,
+        _pad: 0,
     };
     let grid = [d.n.div_ceil(64), d.m.div_ceil(64)];
     launch_split(gpu, &pipeline, params, [a, b, &c], grid, d.batch);
@@ -275,7 +291,9 @@ fn rows(gpu: &Gpu, a: &GpuBuf, b: &GpuBuf, d: &MatmulDims) -> Result<GpuBuf> {
         c_batch_stride: (d.m * np) as u32,
         row_group_offset: 0,
         col_group_offset: 0,
-        _pad: [0; 3],
+        k_start: 0,
+        k_stop: 0,
+        _pad: 0,
     };
     let grid = [np.div_ceil(8 * lanes), d.m.div_ceil(ROWS_TM)];
     launch_split(gpu, &pipeline, params, [a_use, b_use, &c], grid, d.batch);

@@ -80,6 +80,13 @@ pub(crate) const WG: usize = 256;
 /// selection demands: see gpu::needs).
 pub(crate) const MAX_GROUPS: usize = crate::gpu::WORKGROUPS_PER_DIMENSION as usize;
 
+/// Most iterations of a data-dependent loop one invocation runs in a launch (`LOOP_SPAN` in
+/// common/grid.wgsl). llvmpipe (lavapipe, the adapter of GPU-less machines) ends an
+/// invocation's loops after 65535 iterations in all, without an error: a kernel that walks a
+/// whole axis per invocation takes one launch per span and carries its partial result in
+/// memory, which gives the same bits as one long loop.
+pub(crate) const LOOP_SPAN: usize = 16384;
+
 /// Dispatch size covering `groups` workgroups: along x, spilling into y.
 pub(crate) fn grid_groups(groups: usize) -> [u32; 3] {
     let x = groups.clamp(1, MAX_GROUPS);
@@ -122,6 +129,13 @@ pub(crate) fn split_grid(total: [usize; 3], max: usize) -> Vec<([u32; 3], [u32; 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loop_span_is_the_shaders_span() {
+        assert!(GRID
+            .source
+            .contains(&format!("const LOOP_SPAN: u32 = {LOOP_SPAN}u;")));
+    }
 
     #[test]
     fn split_grids_cover_each_workgroup_once_within_the_limit() {

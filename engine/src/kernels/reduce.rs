@@ -7,7 +7,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::math::workgroup_fold;
-use super::{grid_1d, grid_groups, REDUCE};
+use super::{grid_1d, grid_groups, LOOP_SPAN, REDUCE};
 use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
@@ -62,7 +62,9 @@ const CHUNK: usize = 65536;
 const LANES: usize = 256;
 
 fn plan(outputs: usize, len: usize) -> Plan {
-    if len <= 256 || outputs >= 4096 {
+    // One invocation per output walks the whole axis, so only up to LOOP_SPAN elements: past
+    // 65535 loop iterations llvmpipe stops an invocation's loops (see LOOP_SPAN).
+    if len <= 256 || (outputs >= 4096 && len <= LOOP_SPAN) {
         Plan::PerThread
     } else if len <= CHUNK {
         Plan::PerWorkgroup
@@ -384,12 +386,17 @@ pub fn argmax_last(x: &Tensor) -> Result<Tensor> {
                 scale: 1.0,
                 _pad: [0; 2],
             };
-            gpu.launch(
-                &pipeline,
-                &params,
-                &[x.gpu_buf().expect("gpu"), &out],
-                grid_1d(rows),
-            );
+            for start in (0..len).step_by(LOOP_SPAN) {
+                gpu.launch(
+                    &pipeline,
+                    &Params {
+                        chunk: start as u32,
+                        ..params
+                    },
+                    &[x.gpu_buf().expect("gpu"), &out],
+                    grid_1d(rows),
+                );
+            }
             Ok(Tensor::from_gpu(gpu, lead, DType::U32, out))
         }
     }
