@@ -22,6 +22,8 @@ struct Hub {
     collected: usize,
     registered: usize,
     failure: Option<String>,
+    /// Keys whose round failed to close, one line each: they closed all the same.
+    faults: Vec<String>,
 }
 
 struct Shared {
@@ -58,6 +60,16 @@ pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
 const PATIENCE: Duration = Duration::from_secs(600);
 
 impl LocalCollective {
+    /// The keys whose round failed to close so far, one line each (`round N: key K: why`).
+    /// Each closed with an update that changed nothing, and the run went on.
+    pub fn faults(&self) -> Vec<String> {
+        self.shared
+            .hub
+            .lock()
+            .map(|h| h.faults.clone())
+            .unwrap_or_default()
+    }
+
     fn wait<'a>(
         &'a self,
         mut hub: std::sync::MutexGuard<'a, Hub>,
@@ -180,14 +192,28 @@ impl Collective for LocalCollective {
         self.fail_on_error(&mut hub, inserted)?;
         hub.arrived += 1;
         if hub.arrived == world {
-            // Last to arrive: close every key's round; keys are independent.
-            let replies: Result<HashMap<Key, Vec<u8>>> = hub
+            // Last to arrive: close every key's round; keys are independent. A key whose
+            // arithmetic fails closes all the same, with an update that changes nothing, as
+            // the QUIC servers' keys do (KeyState::close_or_skip): the round goes on and the
+            // fault is logged, so one bad key neither ends the run nor leaves others open.
+            let closed: Vec<(Key, Vec<u8>, Option<Error>)> = hub
                 .keys
                 .par_iter_mut()
                 .filter(|(_, state)| state.count() > 0)
-                .map(|(key, state)| state.close().map(|r| (*key, r)))
+                .map(|(key, state)| {
+                    let (reply, fault) = state.close_or_skip();
+                    (*key, reply, fault)
+                })
                 .collect();
-            hub.replies = self.fail_on_error(&mut hub, replies)?;
+            let mut replies = HashMap::with_capacity(closed.len());
+            for (key, reply, fault) in closed {
+                if let Some(e) = fault {
+                    tracing::error!("round {step}: key {key:#x} failed to close: {e}");
+                    hub.faults.push(format!("round {step}: key {key:#x}: {e}"));
+                }
+                replies.insert(key, reply);
+            }
+            hub.replies = replies;
             hub.collected = 0;
         }
         self.shared.changed.notify_all();
@@ -356,6 +382,58 @@ mod tests {
             c.push_pull(step, vec![(5, ok)]).unwrap();
         }
         assert!(c.push_pull(5, vec![(5, push)]).is_err());
+    }
+
+    #[test]
+    fn a_key_that_fails_to_close_leaves_the_round_and_the_run_going() {
+        use crate::comm::shard::FAILING_KEY_FOR_TESTS;
+        let handles = local_collectives(2);
+        let good = 7;
+        let results: Vec<(Vec<f32>, Vec<f32>, Vec<String>)> = std::thread::scope(|s| {
+            let joins: Vec<_> = handles
+                .into_iter()
+                .map(|mut c| {
+                    s.spawn(move || {
+                        c.register(&[
+                            spec(good, 4, "f32", "none"),
+                            spec(FAILING_KEY_FOR_TESTS, 4, "f32", "none"),
+                        ])
+                        .unwrap();
+                        let codec = parse("f32").unwrap();
+                        let ctx = codec_context(3, 0, good);
+                        let mine = vec![c.rank() as f32 + 1.0; 4];
+                        let mut last = (vec![], vec![]);
+                        for step in 0..2 {
+                            let out = c
+                                .push_pull(
+                                    step,
+                                    vec![
+                                        (good, codec.encode(&mine, &ctx)),
+                                        (FAILING_KEY_FOR_TESTS, codec.encode(&mine, &ctx)),
+                                    ],
+                                )
+                                .expect("the round goes on");
+                            let value = |k: Key| {
+                                let (_, bytes) = out.iter().find(|(key, _)| *key == k).unwrap();
+                                codec.decode(bytes, 4, &ctx).unwrap()
+                            };
+                            last = (value(good), value(FAILING_KEY_FOR_TESTS));
+                        }
+                        (last.0, last.1, c.faults())
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for (good_mean, failed, faults) in results {
+            assert_eq!(good_mean, [1.5; 4], "the other key closed with the mean");
+            assert_eq!(failed, [0.0; 4], "the failing key closed with no change");
+            assert_eq!(faults.len(), 2, "one fault per round: {faults:?}");
+            assert!(
+                faults[1].starts_with("round 1: key 0xdead0000"),
+                "{faults:?}"
+            );
+        }
     }
 
     #[test]
