@@ -192,22 +192,14 @@ fn ties_across_blocks_keep_the_lowest_indices_alike() {
     let x: Vec<f32> = (0..n)
         .map(|i| if i % 3 == 0 { -0.5 } else { 0.5 })
         .collect();
-    let gx = gpu.upload(bytemuck::cast_slice(&x)).unwrap();
-    let ctx = CodecContext::default();
-    for spec in [
+    let specs = [
         "topk:k=1",
         "topk:0.5",
         "topk:k=8193",
         "topk:1.0",
         "hybrid:bits=4:k=6000",
-    ] {
-        let codec = parse(spec).unwrap();
-        let want = codec.encode(&x, &ctx);
-        let got = gpu
-            .read(&codec.encode_gpu(gpu, &gx, n, &ctx).unwrap())
-            .unwrap();
-        assert!(got[..want.len()] == want[..], "{spec}: bytes differ");
-    }
+    ];
+    gpu_payloads_equal_cpu_payloads(gpu, &x, &specs);
 }
 
 #[test]
@@ -217,13 +209,19 @@ fn multi_level_reductions_match_on_long_inputs() {
     let gpu = device.as_gpu().unwrap();
     let n = 4096 * 4096 + 5;
     let x = inputs(n, 99);
-    let gx = gpu.upload(bytemuck::cast_slice(&x)).unwrap();
+    gpu_payloads_equal_cpu_payloads(gpu, &x, &["sign", "dither:linear:s=15:norm=l2"]);
+}
+
+/// Encodes `x` with each codec on the CPU and on the GPU and fails unless the payloads are the
+/// same bytes.
+fn gpu_payloads_equal_cpu_payloads(gpu: &murmur_engine::gpu::Gpu, x: &[f32], specs: &[&str]) {
+    let gx = gpu.upload(bytemuck::cast_slice(x)).unwrap();
     let ctx = CodecContext::default();
-    for spec in ["sign", "dither:linear:s=15:norm=l2"] {
+    for spec in specs {
         let codec = parse(spec).unwrap();
-        let want = codec.encode(&x, &ctx);
+        let want = codec.encode(x, &ctx);
         let got = gpu
-            .read(&codec.encode_gpu(gpu, &gx, n, &ctx).unwrap())
+            .read(&codec.encode_gpu(gpu, &gx, x.len(), &ctx).unwrap())
             .unwrap();
         assert!(got[..want.len()] == want[..], "{spec}: bytes differ");
     }

@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{grid_1d, EMBEDDING, LOOP_SPAN, MAX_GROUPS};
+use super::{grid_1d, span_starts, EMBEDDING, LOOP_SPAN, MAX_GROUPS};
 use crate::error::{shape_err, Error, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -139,8 +139,7 @@ pub fn embedding_backward(ids: &Tensor, dout: &Tensor, vocab: usize) -> Result<T
                 (MAX_GROUPS, vocab.div_ceil(MAX_GROUPS))
             };
             let grid = [dim.div_ceil(64) as u32, y as u32, z as u32];
-            // At least one launch, so that no tokens still write zeros.
-            for span_start in (0..tokens.max(1)).step_by(LOOP_SPAN) {
+            for span_start in span_starts(tokens, LOOP_SPAN) {
                 gpu.launch(
                     &pipeline,
                     &Params {

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::math::{workgroup_sum, ROW_LANES};
-use super::{grid_1d, grid_groups, LAYERNORM, LOOP_SPAN};
+use super::{grid_1d, grid_groups, span_starts, LAYERNORM, LOOP_SPAN};
 
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -195,8 +195,7 @@ pub fn layernorm_backward(
             );
             let (dgamma, dbeta) = (gpu.alloc(4 * cols as u64)?, gpu.alloc(4 * cols as u64)?);
             let pipeline = gpu.pipeline(&LAYERNORM, "backward_params", &[]);
-            // At least one launch, so that no rows still write zeros.
-            for span_start in (0..rows.max(1)).step_by(LOOP_SPAN) {
+            for span_start in span_starts(rows, LOOP_SPAN) {
                 gpu.launch(
                     &pipeline,
                     &Params {

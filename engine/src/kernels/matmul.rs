@@ -8,7 +8,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::copy::{copy2d_gpu, Copy2d};
-use super::{split_grid, MATMUL_ROWS, MATMUL_TILED};
+use super::{span_starts, split_grid, MATMUL_ROWS, MATMUL_TILED};
 use crate::error::{shape_err, Error, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
@@ -202,7 +202,7 @@ fn launch_split(
 ) {
     let max = gpu.info().limits.max_compute_workgroups_per_dimension as usize;
     let k = base.k as usize;
-    for k_start in (0..k.max(1)).step_by(K_SPAN) {
+    for k_start in span_starts(k, K_SPAN) {
         for (offset, count) in split_grid([grid_xy[0], grid_xy[1], batch], max) {
             let params = Params {
                 col_group_offset: offset[0],

@@ -87,6 +87,12 @@ pub(crate) const MAX_GROUPS: usize = crate::gpu::WORKGROUPS_PER_DIMENSION as usi
 /// memory, which gives the same bits as one long loop.
 pub(crate) const LOOP_SPAN: usize = 16384;
 
+/// The first index of each span of `span` in `0..len`: one launch each. Always at least one
+/// (0), so that a kernel over an empty axis still writes its zeros or identity.
+pub(crate) fn span_starts(len: usize, span: usize) -> impl Iterator<Item = usize> {
+    (0..len.max(1)).step_by(span)
+}
+
 /// Dispatch size covering `groups` workgroups: along x, spilling into y.
 pub(crate) fn grid_groups(groups: usize) -> [u32; 3] {
     let x = groups.clamp(1, MAX_GROUPS);

@@ -7,7 +7,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::math::workgroup_fold;
-use super::{grid_1d, grid_groups, LOOP_SPAN, REDUCE};
+use super::{grid_1d, grid_groups, span_starts, LOOP_SPAN, REDUCE};
 use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
@@ -386,7 +386,7 @@ pub fn argmax_last(x: &Tensor) -> Result<Tensor> {
                 scale: 1.0,
                 _pad: [0; 2],
             };
-            for start in (0..len).step_by(LOOP_SPAN) {
+            for start in span_starts(len, LOOP_SPAN) {
                 gpu.launch(
                     &pipeline,
                     &Params {
