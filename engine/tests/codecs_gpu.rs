@@ -152,6 +152,18 @@ fn tiny_and_huge_scales_match_too() {
             (0..333)
                 .map(|i| if i % 2 == 0 { f32::MAX } else { -3e38 })
                 .collect(),
+            // The sign scale's rounding: a tie to even, the same tie broken upwards by a value
+            // below the fixed-point frame, a subnormal tie, one magnitude across chunks.
+            vec![2.0 + 2f32.powi(-22), -(1.0 - 2f32.powi(-24)), 0.0],
+            vec![
+                2.0 + 2f32.powi(-22),
+                -(1.0 - 2f32.powi(-24)),
+                2f32.powi(-100),
+            ],
+            vec![f32::from_bits(3), 0.0],
+            (0..10_007)
+                .map(|i| if i % 3 == 0 { -0.1 } else { 0.1 })
+                .collect(),
         ] {
             let n = x.len();
             let want = codec.encode(&x, &ctx);

@@ -3,16 +3,17 @@
 // taking values t, t + 256, ... in order, then the 256 lanes combine as a tree; levels repeat
 // over the chunk results until one value is left.
 //
-// `chunks`: MODE 0 sums |clean(x)|, 2 takes max |clean(x)|, 3 sums x as given, 4 takes max
-//   of x as given (levels after the first).
+// `max_abs`: LEVEL 0 takes max |clean(x)| of each chunk, LEVEL 1 the max of the chunk
+//   results of the level below.
 // `twins`: the l2 norm's two sums in one pass, in the same order per component: LEVEL 0 sums
 //   (clean(x)^2, (clean(x) * 2^-64)^2), LEVEL 1 sums the pairs (x[2i], x[2i + 1]) of the level
 //   below; each chunk writes its pair to out[2c], out[2c + 1].
 // `finish`: writes the final value into payload word `dst`: FINISH 0 copies, 1 takes the
 //   square root of x[0], or where that sum overflowed, of x[1] times 2^64
-//   (compress::support::l2_norm), 2 divides by f32(n); results past f32's range saturate.
+//   (compress::support::l2_norm); results past f32's range saturate.
 // `group_max`: blockq's per-group scales, max|v| * 2^(1-bits) (or 1 for an all-zero group),
 //   one invocation per group walking it in order.
+// (The sign codec's mean magnitude has kernels of its own, in sign.wgsl.)
 
 struct Params {
     n: u32,
@@ -25,7 +26,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-override MODE: u32 = 0u;
 override FINISH: u32 = 0u;
 
 const LANES: u32 = 256u;
@@ -33,25 +33,12 @@ const LANES: u32 = 256u;
 const L2_DOWNSCALE: f32 = 5.42101086242752217004e-20;
 const L2_UPSCALE: f32 = 18446744073709551616.0;
 const CHUNK: u32 = 4096u;
+
+override LEVEL: u32 = 0u;
 var<workgroup> lanes: array<f32, 256>;
 
-fn term(v: f32) -> f32 {
-    switch MODE {
-        case 0u: { return abs(clean(v)); }
-        case 2u: { return abs(clean(v)); }
-        default: { return v; }
-    }
-}
-
-fn combine(a: f32, b: f32) -> f32 {
-    if (MODE == 2u || MODE == 4u) {
-        return max(a, b);
-    }
-    return a + b;
-}
-
 @compute @workgroup_size(256)
-fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn max_abs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = wid.y * nwg.x + wid.x;
     let start = c * CHUNK;
     if (start >= p.n && c > 0u) {
@@ -60,13 +47,17 @@ fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let end = min(start + CHUNK, p.n);
     var acc = 0.0;
     for (var i = start + lid; i < end; i += LANES) {
-        acc = combine(acc, term(x[i]));
+        if (LEVEL == 0u) {
+            acc = max(acc, abs(clean(x[i])));
+        } else {
+            acc = max(acc, x[i]);
+        }
     }
     lanes[lid] = acc;
     workgroupBarrier();
     for (var w = LANES / 2u; w > 0u; w = w / 2u) {
         if (lid < w) {
-            lanes[lid] = combine(lanes[lid], lanes[lid + w]);
+            lanes[lid] = max(lanes[lid], lanes[lid + w]);
         }
         workgroupBarrier();
     }
@@ -75,7 +66,6 @@ fn chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
-override LEVEL: u32 = 0u;
 var<workgroup> twin_lanes: array<vec2<f32>, 256>;
 
 @compute @workgroup_size(256)
@@ -124,13 +114,7 @@ fn finish() {
                 out[p.dst] = min(sqrt(x[1]) * L2_UPSCALE, MAX_SCALE);
             }
         }
-        default: {
-            if (p.n == 0u) {
-                out[p.dst] = 0.0;
-            } else {
-                out[p.dst] = min(v / f32(p.n), F32_MAX);
-            }
-        }
+        default: {}
     }
 }
 

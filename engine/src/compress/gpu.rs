@@ -11,7 +11,7 @@ use crate::gpu::{Gpu, GpuBuf, Override, Shader};
 use crate::kernels::{grid_1d, grid_groups, CODEC_COMMON, GRID};
 use crate::wgsl;
 
-pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("MODE", 5), Override::codes("FINISH", 3), Override::codes("LEVEL", 2)]);
+pub(crate) static REDUCE: Shader = wgsl!("compress/reduce.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("FINISH", 2), Override::codes("LEVEL", 2)]);
 pub(crate) static PLAIN: Shader = wgsl!("compress/plain.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("KIND", 3), Override::codes("MODE", 3)]);
 pub(crate) static SIGN: Shader = wgsl!("compress/sign.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("MODE", 3)]);
 pub(crate) static DENSE: Shader = wgsl!("compress/dense.wgsl", includes: [GRID, CODEC_COMMON], overrides: [Override::codes("OP", 6), Override::codes("STOCHASTIC", 2), Override::codes("MODE", 3)]);
@@ -60,19 +60,9 @@ struct ReduceParams {
     bits: u32,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fold {
-    SumAbs = 0,
-    MaxAbs = 2,
-}
-
-/// The canonical reduction of `x[..n]` into a one-element buffer.
-fn canonical(gpu: &Gpu, x: &GpuBuf, n: usize, fold: Fold) -> Result<GpuBuf> {
-    // Later levels fold the chunk results as they are.
-    let later = if fold == Fold::MaxAbs { 4 } else { 3 };
-    levels(gpu, x, n, "chunks", 4, |level| {
-        ("MODE", if level == 0 { fold as u32 } else { later })
-    })
+/// The largest `|clean(x)|` of `x[..n]`, reduced level by level into a one-element buffer.
+fn max_abs(gpu: &Gpu, x: &GpuBuf, n: usize) -> Result<GpuBuf> {
+    levels(gpu, x, n, "max_abs", 4, |level| ("LEVEL", level.min(1)))
 }
 
 /// The l2 norm's two canonical sums of squares, plain and of the values scaled by 2^-64, in
@@ -121,7 +111,6 @@ fn levels(
 enum Finish {
     Copy = 0,
     Sqrt = 1,
-    MeanOverN = 2,
 }
 
 /// Writes `f(value)` into word `dst` of `payload`.
@@ -236,9 +225,53 @@ pub(super) mod sign_gpu {
             &[x, &payload],
             grid_1d(scale_word),
         );
-        let sum = canonical(gpu, x, n, Fold::SumAbs)?;
-        finish(gpu, &sum, &payload, scale_word, Finish::MeanOverN, n);
+        write_mean_abs(gpu, x, n, &payload, scale_word)?;
         Ok(payload)
+    }
+
+    /// Writes mean `|clean(x[..n])|`, rounded once, into word `scale_word` of `payload`:
+    /// the frame from the largest magnitude, chunk sums level by level (five words each), then
+    /// the division (compress::mean_abs, sign.wgsl).
+    fn write_mean_abs(
+        gpu: &Gpu,
+        x: &GpuBuf,
+        n: usize,
+        payload: &GpuBuf,
+        scale_word: usize,
+    ) -> Result<()> {
+        const SUM_BYTES: u64 = 20;
+        let top = max_abs(gpu, x, n)?;
+        let params = |len: usize| Params {
+            n: len as u32,
+            scale_word: scale_word as u32,
+            _pad: [0; 2],
+        };
+        let mut chunks = n.div_ceil(CHUNK).max(1);
+        let mut sums = gpu.alloc(SUM_BYTES * chunks as u64)?;
+        gpu.launch(
+            &gpu.pipeline(&SIGN, "magnitudes", &[]),
+            &params(n),
+            &[x, &sums, &top],
+            grid_groups(chunks),
+        );
+        while chunks > 1 {
+            let next = chunks.div_ceil(CHUNK);
+            let out = gpu.alloc(SUM_BYTES * next as u64)?;
+            gpu.launch(
+                &gpu.pipeline(&SIGN, "add_sums", &[]),
+                &params(chunks),
+                &[&sums, &out],
+                grid_groups(next),
+            );
+            (sums, chunks) = (out, next);
+        }
+        gpu.launch(
+            &gpu.pipeline(&SIGN, "mean", &[]),
+            &params(n),
+            &[&sums, payload, &top],
+            [1, 1, 1],
+        );
+        Ok(())
     }
 
     pub fn decode(
@@ -339,14 +372,7 @@ pub(super) fn dense_encode_gpu(
         CodecSpec::Dither {
             norm: Norm::Max, ..
         }
-        | CodecSpec::Qsgd { .. } => finish(
-            gpu,
-            &canonical(gpu, x, n, Fold::MaxAbs)?,
-            &payload,
-            0,
-            Finish::Copy,
-            n,
-        ),
+        | CodecSpec::Qsgd { .. } => finish(gpu, &max_abs(gpu, x, n)?, &payload, 0, Finish::Copy, n),
         CodecSpec::Dither { norm: Norm::L2, .. } => {
             finish(gpu, &l2_twins(gpu, x, n)?, &payload, 0, Finish::Sqrt, n)
         }
@@ -570,14 +596,7 @@ pub(super) mod sparse_gpu {
         let bufs = [x, &idx, &payload, &tmp];
         if let CodecSpec::Hybrid { .. } = s.spec {
             // The top-k always holds the largest |v|, so the payload's scale is the global max.
-            finish(
-                gpu,
-                &canonical(gpu, x, n, Fold::MaxAbs)?,
-                &payload,
-                0,
-                Finish::Copy,
-                n,
-            );
+            finish(gpu, &max_abs(gpu, x, n)?, &payload, 0, Finish::Copy, n);
             gpu.launch(&pipeline("mark_mask"), &p, &bufs, grid_1d(k));
         }
         gpu.launch(&pipeline("gather"), &p, &bufs, grid_1d(k));

@@ -15,6 +15,7 @@ mod codec;
 mod dense;
 mod fcc;
 pub(crate) mod gpu;
+pub mod mean_abs;
 mod plain;
 mod select;
 mod sign;

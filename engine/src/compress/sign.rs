@@ -3,7 +3,7 @@
 //! ```text
 //! ceil(n/64) u64 words, little-endian: element 64w + j is bit 63 - j of word w (MSB first),
 //!                                      1 meaning negative; the tail of the last word is zero
-//! f32 scale = (sum of |v|) / n, summed in the canonical order
+//! f32 scale = (sum of |v|) / n, rounded once (compress::mean_abs)
 //! ```
 //! `8 * ceil(n/64) + 4` bytes, the BytePS-Compress artifact's layout.
 
@@ -11,22 +11,14 @@ use rayon::prelude::*;
 
 use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties};
 use super::gpu::sign_gpu;
+use super::mean_abs::mean_abs;
 use super::spec::CodecSpec;
-use super::support::{canonical_sum, check_payload_len, clean, payload_err, read_scale};
+use super::support::{check_payload_len, clean, payload_err, read_scale};
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ScaledSign;
-
-/// The scale of `x`: mean absolute value.
-pub(crate) fn sign_scale(x: &[f32]) -> f32 {
-    if x.is_empty() {
-        return 0.0;
-    }
-    // A sum past f32's range saturates instead of making the payload invalid.
-    (canonical_sum(x.len(), |i| clean(x[i]).abs()) / x.len() as f32).min(f32::MAX)
-}
 
 fn words(n: usize) -> usize {
     n.div_ceil(64)
@@ -83,7 +75,7 @@ impl Codec for ScaledSign {
                     w.copy_from_slice(&word.to_le_bytes());
                 }
             });
-        scale.copy_from_slice(&sign_scale(x).to_le_bytes());
+        scale.copy_from_slice(&mean_abs(x).to_le_bytes());
         out
     }
 

@@ -117,11 +117,25 @@ pub fn canonical_sum_of(values: &[f32]) -> f32 {
 }
 
 /// Largest `|clean(v)|`: order-independent, so any parallel split gives the same value.
+///
+/// Compared as integers: the bits of non-negative floats order as their values do, and an
+/// integer max vectorizes where `f32::max` (with its NaN rule) does not, about 2x faster.
 pub fn max_abs(x: &[f32]) -> f32 {
     use rayon::prelude::*;
-    x.par_chunks(1 << 16)
-        .map(|c| c.iter().fold(0.0f32, |m, &v| m.max(clean(v).abs())))
-        .reduce(|| 0.0, f32::max)
+    let magnitude = |v: f32| {
+        let bits = v.to_bits() & 0x7fff_ffff;
+        // Non-finite values count as zero, as `clean` has them.
+        if bits >= 0x7f80_0000 {
+            0
+        } else {
+            bits
+        }
+    };
+    let bits = x
+        .par_chunks(1 << 16)
+        .map(|c| c.iter().fold(0u32, |m, &v| m.max(magnitude(v))))
+        .reduce(|| 0, u32::max);
+    f32::from_bits(bits)
 }
 
 /// IEEE binary16 bits of `x`, rounding to nearest even; overflow gives infinity, NaN stays a
