@@ -23,6 +23,7 @@ const ALL: &[&str] = &[
     "qsgd:bits=5:stochastic",
     "loco:bits=4:log2s=10",
     "loco:bits=8:log2s=12",
+    "loco:bits=4:log2s=-7:rescalable",
     "blockq:bits=4:group=16",
     "blockq:bits=8:group=100",
     "hybrid:bits=6:topk=0.3",
@@ -78,6 +79,7 @@ fn payload_sizes_follow_the_formulas() {
         ("natural", |n| (9 * n).div_ceil(8)),
         ("qsgd:bits=6", |n| 4 + (6 * n).div_ceil(8)),
         ("loco:bits=4:log2s=19", |n| n.div_ceil(2)),
+        ("loco:bits=4:log2s=19:rescalable", |n| 4 + n.div_ceil(2)),
         ("loco:bits=8:log2s=19", |n| n),
         ("blockq:bits=4:group=2048", |n| {
             4 * n.div_ceil(2048) + n.div_ceil(2)
@@ -475,6 +477,37 @@ fn loco_quantizer_is_bit_exact() {
         l8.decode(&l8.encode(&tiny, &ctx(0)), 2, &ctx(0)).unwrap(),
         [3.0 / 524_288.0, -128.0 / 524_288.0]
     );
+}
+
+#[test]
+fn rescalable_loco_payloads_carry_their_scale() {
+    use murmur_engine::compress::{payload_log2s, rescaled};
+    let x = normal(1000, 7);
+    let fixed = parse("loco:bits=4:log2s=3").unwrap();
+    let spec: murmur_engine::compress::CodecSpec =
+        "loco:bits=4:log2s=3:rescalable".parse().unwrap();
+    let carried = murmur_engine::compress::build(spec);
+    let payload = carried.encode(&x, &ctx(0));
+    // The fixed-scale codes, behind the scale 2^3.
+    assert_eq!(&payload[..4], &8.0f32.to_le_bytes());
+    assert_eq!(&payload[4..], &fixed.encode(&x, &ctx(0))[..]);
+    assert_eq!(payload_log2s(spec, &payload), Some(3));
+    // A decoder at any other scale reads the scale from the payload.
+    let other = murmur_engine::compress::build(rescaled(spec, -40));
+    assert_eq!(
+        other.decode(&payload, x.len(), &ctx(0)).unwrap(),
+        fixed.decode(&payload[4..], x.len(), &ctx(0)).unwrap()
+    );
+    // Scales no spec can name are refused: not a power of two, out of range, negative.
+    for bad in [3.0f32, 2f32.powi(101), -8.0, 0.0, f32::from_bits(1)] {
+        let mut p = payload.clone();
+        p[..4].copy_from_slice(&bad.to_le_bytes());
+        assert!(
+            carried.decode(&p, x.len(), &ctx(0)).is_err(),
+            "scale {bad:e}"
+        );
+        assert_eq!(payload_log2s(spec, &p), None);
+    }
 }
 
 #[test]
@@ -900,7 +933,11 @@ fn clipped_codes_are_counted_in_the_packed_bytes() {
     use murmur_engine::compress::{clipped_codes, support, CodecSpec};
     let x = normal(1001, 21);
     for (bits, log2s) in [(4u32, 2), (8, 6), (4, 9), (8, 12)] {
-        let spec = CodecSpec::Loco { bits, log2s };
+        let spec = CodecSpec::Loco {
+            bits,
+            log2s,
+            rescalable: false,
+        };
         let payload = parse(&spec.to_string()).unwrap().encode(&x, &ctx(0));
         let codes = support::unpack(&payload, x.len(), bits, "loco").unwrap();
         let (top, bottom) = (
@@ -916,7 +953,15 @@ fn clipped_codes_are_counted_in_the_packed_bytes() {
     }
     assert_eq!(clipped_codes(CodecSpec::Sign, &[0; 12], 64), None);
     assert_eq!(
-        clipped_codes(CodecSpec::Loco { bits: 4, log2s: 0 }, &[0; 3], 64),
+        clipped_codes(
+            CodecSpec::Loco {
+                bits: 4,
+                log2s: 0,
+                rescalable: false
+            },
+            &[0; 3],
+            64
+        ),
         None
     );
 }

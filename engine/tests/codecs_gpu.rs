@@ -30,6 +30,7 @@ const ALL: &[&str] = &[
     "loco:bits=4:log2s=10",
     "loco:bits=8:log2s=12",
     "loco:bits=2:log2s=-2",
+    "loco:bits=4:log2s=11:rescalable",
     "blockq:bits=4:group=16",
     "blockq:bits=8:group=100",
     "hybrid:bits=6:topk=0.3",

@@ -229,3 +229,80 @@ fn loco_left_to_calibration_neither_clips_nor_idles() {
     let (naive, _) = loco_rounds(&train, &codec, "none");
     assert_ne!(loco, naive, "LoCo's pushes equal naive 4-bit's");
 }
+
+/// Two ranks, six rounds of rescalable 4-bit LoCo both ways; with `rescale_to`, both ranks
+/// move the scale before round 3. Each rank's parameters and push scale.
+fn rescaled_pair(train: &ImageSet, rescale_to: Option<i32>) -> Vec<(Vec<u32>, Option<i32>)> {
+    let plan = PartitionPlan {
+        partition_bytes: 100_000,
+        min_compress_bytes: 0,
+        push: "loco:bits=4:log2s=8:rescalable".into(),
+        pull: "loco:bits=4:log2s=8:rescalable".into(),
+        server_memory: "loco-ema:beta=0.5:se=1024".into(),
+        seed: 2,
+    };
+    let world = 2;
+    std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(world)
+            .into_iter()
+            .map(|c| {
+                let plan = plan.clone();
+                s.spawn(move || {
+                    let rank = murmur_engine::comm::Collective::rank(&c);
+                    let clf = Classifier::new(&Device::Cpu, 784, 10, &config()).unwrap();
+                    let mut dp =
+                        DataParallel::new(clf, c, &plan, "loco-ema:beta=0.5:se=1024").unwrap();
+                    let batches = epoch_batches(train.len(), 64 * world, 5, 0);
+                    for (round, global) in batches.iter().take(6).enumerate() {
+                        if let (3, Some(log2s)) = (round, rescale_to) {
+                            dp.rescale(log2s).unwrap();
+                        }
+                        let share = rank_share(global.len(), rank, world);
+                        let first = share.start;
+                        let (x, y) = train.batch(&global[share]);
+                        dp.step(&x, &y, first).unwrap();
+                    }
+                    (bits(&dp.clf), dp.push_log2s())
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn a_loco_scale_recalibrated_mid_run_moves_pushes_and_replies_alike() {
+    let Some((train, _)) = common::mnist_or_skip("loco_rescale") else {
+        return;
+    };
+    let moved = rescaled_pair(&train, Some(11));
+    assert_eq!(moved[0], moved[1], "replicas differ after the rescale");
+    assert_eq!(moved[0].1, Some(11));
+    let kept = rescaled_pair(&train, None);
+    assert_eq!(kept[0].1, Some(8));
+    assert_ne!(moved[0].0, kept[0].0, "the new scale changed nothing");
+
+    // A rank that missed the recalibration (a catch-up) adopts the scale of the replies.
+    let plan = PartitionPlan {
+        partition_bytes: 100_000,
+        min_compress_bytes: 0,
+        push: "loco:bits=4:log2s=8:rescalable".into(),
+        pull: "loco:bits=4:log2s=8:rescalable".into(),
+        server_memory: "none".into(),
+        seed: 2,
+    };
+    let clf = Classifier::new(&Device::Cpu, 784, 10, &config()).unwrap();
+    let mut late =
+        DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, "loco-ema").unwrap();
+    let reply_codec = murmur_engine::compress::parse("loco:bits=4:log2s=11:rescalable").unwrap();
+    let replies: Vec<_> = late
+        .partitions()
+        .iter()
+        .map(|p| {
+            let ctx = murmur_engine::comm::codec_context(2, 0, p.key);
+            (p.key, reply_codec.encode(&vec![0.0; p.len], &ctx))
+        })
+        .collect();
+    late.apply_replies(&replies).unwrap();
+    assert_eq!(late.push_log2s(), Some(11));
+}

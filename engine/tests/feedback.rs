@@ -264,3 +264,40 @@ fn memory_specs_parse() {
     assert!("loco-ema:beta=2".parse::<Memory>().is_err());
     assert!("momentum".parse::<Memory>().is_err());
 }
+
+#[test]
+fn a_rescaled_loco_memory_keeps_its_error_on_the_new_grid() {
+    let n = 3000;
+    let mut fb = Feedback::new(
+        parse("loco:bits=4:log2s=6:rescalable").unwrap(),
+        loco(0.5, 0, false),
+        n,
+        &Device::Cpu,
+    )
+    .unwrap();
+    for step in 0..3 {
+        fb.encode(&gradient(n, step), &ctx(step as u32)).unwrap();
+    }
+    let before = fb.error().unwrap();
+    assert!(
+        before.iter().any(|&e| e != 0.0),
+        "the memory holds an error"
+    );
+    // A scale 8 times larger: s_e follows, and the error is the same values (finer grid).
+    fb.rescale(parse("loco:bits=4:log2s=9:rescalable").unwrap(), 3)
+        .unwrap();
+    assert!(matches!(fb.memory(), Memory::LocoEma { se, .. } if se == 8.0 * 4096.0));
+    assert_eq!(fb.error().unwrap(), before);
+    assert_eq!(
+        fb.codec().spec().to_string(),
+        "loco:bits=4:log2s=9:rescalable"
+    );
+    // Back down by 16: each error rounds to the coarser grid, half to even, within half a step.
+    fb.rescale(parse("loco:bits=4:log2s=5:rescalable").unwrap(), -4)
+        .unwrap();
+    let step = 1.0 / 2048.0;
+    for (after, was) in fb.error().unwrap().iter().zip(&before) {
+        assert!((after - was).abs() <= step / 2.0, "{was} became {after}");
+        assert_eq!((after / step).fract(), 0.0);
+    }
+}

@@ -22,6 +22,7 @@ const SPECS: &[&str] = &[
     "qsgd:bits=3:stochastic",
     "loco:bits=4:log2s=19",
     "loco:bits=8:log2s=10",
+    "loco:bits=4:log2s=7:rescalable",
     "blockq:bits=4:group=8",
     "hybrid:bits=6:topk=0.3",
 ];

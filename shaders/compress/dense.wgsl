@@ -1,8 +1,9 @@
 // Dense quantizers (engine/src/compress/dense.rs holds the definitions and the table of
 // formulas): `encode` turns 32 elements into `bits` payload words, `decode` one code into one
-// value. The scales sit in the first `header` payload words (written by reduce.wgsl).
+// value. The scales sit in the first `header` payload words (written by reduce.wgsl; a
+// rescalable LoCo payload's, its fixed scale, by a copy).
 //   OP: 0 linear dithering, 1 natural dithering, 2 natural compression, 3 qsgd, 4 loco,
-//       5 blockq.   STOCHASTIC: qsgd's rounding.   MODE (decode): 0 set, 1 add, 2 subtract, 2 subtract.
+//       5 blockq.   STOCHASTIC: qsgd's rounding.   MODE (decode): 0 set, 1 add, 2 subtract.
 
 struct Params {
     n: u32,
@@ -47,7 +48,14 @@ fn factors(scale: f32) -> vec2<f32> {
             let l = f32((1u << (p.bits - 1u)) - 1u);
             return vec2<f32>(l / scale, scale / l);
         }
-        case 4u: { return vec2<f32>(pow2(p.log2s), pow2(-p.log2s)); }
+        case 4u: {
+            // A rescalable LoCo payload carries its scale, 2^k: k from its exponent bits.
+            if (p.header == 1u) {
+                let k = i32((bitcast<u32>(scale) >> 23u) & 0xffu) - 127;
+                return vec2<f32>(pow2(k), pow2(-k));
+            }
+            return vec2<f32>(pow2(p.log2s), pow2(-p.log2s));
+        }
         case 5u: { return vec2<f32>(1.0 / scale, scale); }
         default: { return vec2<f32>(1.0, 1.0); }
     }

@@ -104,12 +104,16 @@ impl ErrorFeedback {
 /// - otherwise the f32 mean.
 pub fn downlink_for(push: &str, world: usize) -> Result<String> {
     Ok(match push.parse::<CodecSpec>()? {
-        CodecSpec::Loco { bits: 4, log2s } if world.is_power_of_two() && world <= 16 => {
-            format!(
-                "loco:bits=8:log2s={}",
-                log2s + world.trailing_zeros() as i32
-            )
+        CodecSpec::Loco {
+            bits: 4,
+            log2s,
+            rescalable,
+        } if world.is_power_of_two() && world <= 16 => CodecSpec::Loco {
+            bits: 8,
+            log2s: log2s + world.trailing_zeros() as i32,
+            rescalable,
         }
+        .to_string(),
         CodecSpec::F16 | CodecSpec::Bf16 => push.to_string(),
         _ => "f32".to_string(),
     })

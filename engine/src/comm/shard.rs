@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::owner::{Owner, StepHeader};
 use super::{codec_context, KeySpec, PLAIN};
-use crate::compress::{parse, Codec, CodecContext};
+use crate::compress::{build, parse, payload_log2s, rescaled, Codec, CodecContext, CodecSpec};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::tensor::Device;
@@ -25,6 +25,8 @@ pub struct Push {
     pub values: Vec<f32>,
     /// The step's hyperparameters, in pushes to an owner after its parameter round.
     pub header: Option<StepHeader>,
+    /// The scale (`log2 s`) a rescalable LoCo push was coded at.
+    pub log2s: Option<i32>,
 }
 
 /// Decodes one push of a checked round (from [`KeyState::push_decoder`]).
@@ -50,6 +52,7 @@ impl PushDecoder {
         Ok(Push {
             values: self.codec.decode(payload, self.numel, &self.ctx)?,
             header,
+            log2s: payload_log2s(self.codec.spec(), payload),
         })
     }
 }
@@ -65,6 +68,9 @@ pub struct KeyState {
     pull: Feedback,
     /// Where the server owns the key's parameters.
     owner: Option<Owner>,
+    /// The scale (`log2 s`) of the key's rescalable LoCo pushes so far: the spec's until a
+    /// round's pushes come at another, which the key then moves to ([`KeyState::close`]).
+    scale: Option<i32>,
     /// The step of the round now open.
     pub step: u64,
     /// Decoded pushes of this round by rank.
@@ -75,7 +81,7 @@ impl KeyState {
     /// The state of a new key at step 0, failing if a codec or memory spec of `spec` does not
     /// parse.
     pub fn new(spec: KeySpec) -> Result<Self> {
-        let push = Arc::from(parse(&spec.push)?);
+        let push: Arc<dyn Codec> = Arc::from(parse(&spec.push)?);
         let memory: Memory = spec.server_memory.parse()?;
         let pull = Feedback::new(
             parse(&spec.pull)?,
@@ -94,8 +100,30 @@ impl KeyState {
         } else {
             Some(Owner::new(&spec.owner, spec.numel as usize)?)
         };
+        let scale = match push.spec() {
+            CodecSpec::Loco {
+                log2s,
+                rescalable: true,
+                ..
+            } => {
+                let follows = match pull.codec().spec() {
+                    CodecSpec::Loco { rescalable, .. } => rescalable,
+                    _ => true,
+                };
+                if !follows {
+                    return Err(Error::Config(format!(
+                        "key {:#x}: rescalable pushes need a reply codec that follows their \
+                         scale (a rescalable LoCo, or one without a fixed scale), not {}",
+                        spec.key, spec.pull
+                    )));
+                }
+                Some(log2s)
+            }
+            _ => None,
+        };
         Ok(KeyState {
             spec,
+            scale,
             push,
             plain: Arc::from(parse(PLAIN)?),
             pull,
@@ -145,6 +173,15 @@ impl KeyState {
                 "key {:#x}: rank {rank} pushed twice in step {}",
                 self.spec.key, self.step
             )));
+        }
+        if let Some(first) = self.pending.values().next() {
+            if first.log2s != push.log2s {
+                return Err(Error::Data(format!(
+                    "key {:#x}: rank {rank} pushed at scale 2^{:?}, the ranks before it at \
+                     2^{:?}: the workers' LoCo scales disagree",
+                    self.spec.key, push.log2s, first.log2s
+                )));
+            }
         }
         if self.owner.is_some() {
             let param_round = self.spec.is_param_round(self.step);
@@ -205,6 +242,13 @@ impl KeyState {
             return Err(Error::Data("the test's key fails to close".into()));
         }
         let pending = std::mem::take(&mut self.pending);
+        let round_scale = pending.values().next().and_then(|p| p.log2s);
+        if let (Some(now), Some(new)) = (self.scale, round_scale) {
+            if new != now {
+                self.rescale(new - now)?;
+                self.scale = Some(new);
+            }
+        }
         let (step, numel) = (self.step, self.spec.numel as usize);
         let ctx = codec_context(self.spec.seed, step, self.spec.key);
         let reply = if let Some(owner) = &mut self.owner {
@@ -234,6 +278,25 @@ impl KeyState {
         };
         self.step += 1;
         Ok(reply)
+    }
+
+    /// Moves the reply codec's scale, and its memory's, by `2^shift`: the pushes of the
+    /// round came at a scale that far from the last (a recalibration on the workers).
+    fn rescale(&mut self, shift: i32) -> Result<()> {
+        let pull = match self.pull.codec().spec() {
+            CodecSpec::Loco { log2s, .. } => {
+                let log2s = log2s + shift;
+                if !(-100..=100).contains(&log2s) {
+                    return Err(Error::Data(format!(
+                        "key {:#x}: the reply scale would move to 2^{log2s}, past LoCo's range",
+                        self.spec.key
+                    )));
+                }
+                rescaled(self.pull.codec().spec(), log2s)
+            }
+            other => other,
+        };
+        self.pull.rescale(build(pull), shift)
     }
 
     /// The parameters the server owns (an owned key after its parameter round).
@@ -323,6 +386,7 @@ mod tests {
         Push {
             values: values.to_vec(),
             header,
+            log2s: None,
         }
     }
 
@@ -332,6 +396,53 @@ mod tests {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn rescalable_loco_keys_follow_the_scale_of_their_pushes() {
+        use crate::compress::build;
+        let spec: CodecSpec = "loco:bits=4:log2s=4:rescalable".parse().unwrap();
+        let mut key = KeyState::new(KeySpec {
+            key: 1,
+            numel: 4,
+            push: spec.to_string(),
+            pull: "loco:bits=8:log2s=5:rescalable".into(),
+            server_memory: "loco-ema:beta=1:se=64".into(),
+            seed: 0,
+            sync_every: 0,
+            owner: String::new(),
+        })
+        .unwrap();
+        let g = [0.3f32, -0.2, 0.05, 0.0];
+        let ctx = |step| codec_context(0, step, 1);
+        let round = |key: &mut KeyState, log2s: i32, step: u64| {
+            let payload = build(rescaled(spec, log2s)).encode(&g, &ctx(step));
+            for rank in 0..2 {
+                let push = key
+                    .push_decoder(rank, step)
+                    .unwrap()
+                    .decode(&payload)
+                    .unwrap();
+                key.insert(rank, push).unwrap();
+            }
+            key.close().unwrap()
+        };
+        // At the registered scale, the reply comes at 2^5 and the memory at s_e = 64.
+        let reply = round(&mut key, 4, 0);
+        assert_eq!(payload_log2s(key.pull.codec().spec(), &reply), Some(5));
+        // Pushes at 2^7 (a recalibration): the reply follows to 2^8, the memory to s_e = 512.
+        let spec_now = key.pull.codec().spec();
+        let reply = round(&mut key, 7, 1);
+        assert_eq!(payload_log2s(spec_now, &reply), Some(8));
+        assert!(matches!(key.pull.memory(), Memory::LocoEma { se, .. } if se == 512.0));
+        // A rank at another scale than the round's first is refused, and costs only itself.
+        let at = |log2s| build(rescaled(spec, log2s)).encode(&g, &ctx(2));
+        let first = key.push_decoder(0, 2).unwrap().decode(&at(7)).unwrap();
+        key.insert(0, first).unwrap();
+        let odd = key.push_decoder(1, 2).unwrap().decode(&at(6)).unwrap();
+        let refused = key.insert(1, odd).unwrap_err().to_string();
+        assert!(refused.contains("scales disagree"), "{refused}");
+        assert_eq!(key.count(), 1);
     }
 
     #[test]

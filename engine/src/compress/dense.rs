@@ -91,7 +91,11 @@ impl DenseCodec {
     /// Number of f32 scales in front of the codes.
     pub fn header_count(&self, n: usize) -> usize {
         match self.spec {
-            CodecSpec::Dither { .. } | CodecSpec::Qsgd { .. } => 1,
+            CodecSpec::Dither { .. }
+            | CodecSpec::Qsgd { .. }
+            | CodecSpec::Loco {
+                rescalable: true, ..
+            } => 1,
             CodecSpec::BlockQ { group, .. } => n.div_ceil(group),
             _ => 0,
         }
@@ -127,6 +131,11 @@ impl DenseCodec {
             }
             | CodecSpec::Qsgd { .. } => vec![max_abs(x).min(MAX_SCALE)],
             CodecSpec::Dither { norm: Norm::L2, .. } => vec![l2_norm(x).min(MAX_SCALE)],
+            CodecSpec::Loco {
+                log2s,
+                rescalable: true,
+                ..
+            } => vec![pow2(log2s)],
             CodecSpec::BlockQ { bits, group } => x
                 .par_chunks(group)
                 .map(|g| {
@@ -165,6 +174,14 @@ impl DenseCodec {
             }
             // 1/scale is 2^(b-1)/max exactly: scale is max * 2^(1-b), a power-of-two multiple.
             CodecSpec::BlockQ { .. } => (1.0 / scale, scale),
+            // A rescalable payload's scale is 2^k (checked by `check_loco_scale`): k from its
+            // exponent bits, so that 1/scale is exact on every device.
+            CodecSpec::Loco {
+                rescalable: true, ..
+            } => {
+                let k = ((scale.to_bits() >> 23) & 0xff) as i32 - 127;
+                (pow2(k), pow2(-k))
+            }
             CodecSpec::Loco { log2s, .. } => (pow2(log2s), pow2(-log2s)),
             _ => (1.0, 1.0),
         }
@@ -507,6 +524,14 @@ impl DenseCodec {
     }
 }
 
+/// `log2 s` of a rescalable LoCo payload's scale: `None` unless it is exactly `2^k` with
+/// `|k| <= 100`, the scales a LoCo spec can name.
+pub(crate) fn loco_payload_log2s(scale: &f32) -> Option<i32> {
+    let bits = scale.to_bits();
+    let k = ((bits >> 23) & 0xff) as i32 - 127;
+    (bits & 0x807f_ffff == 0 && (-100..=100).contains(&k)).then_some(k)
+}
+
 impl Codec for DenseCodec {
     fn spec(&self) -> CodecSpec {
         self.spec
@@ -560,6 +585,20 @@ impl Codec for DenseCodec {
         let scales = (0..self.header_count(n))
             .map(|i| read_scale(payload, i, &name))
             .collect::<Result<Vec<_>>>()?;
+        if let CodecSpec::Loco {
+            rescalable: true, ..
+        } = self.spec
+        {
+            loco_payload_log2s(&scales[0]).ok_or_else(|| {
+                payload_err(
+                    &name,
+                    format!(
+                        "scale {:e} is not a power of two from 2^-100 to 2^100",
+                        scales[0]
+                    ),
+                )
+            })?;
+        }
         let codes = &payload[head..];
         check_padding(codes, n, self.bits, &name)?;
         // Every value first, so that a bad code leaves `out` untouched.

@@ -376,6 +376,14 @@ pub(super) fn dense_encode_gpu(
         CodecSpec::Dither { norm: Norm::L2, .. } => {
             finish(gpu, &l2_twins(gpu, x, n)?, &payload, 0, Finish::Sqrt, n)
         }
+        CodecSpec::Loco {
+            log2s,
+            rescalable: true,
+            ..
+        } => {
+            let scale = gpu.upload(&super::dense::pow2(log2s).to_le_bytes())?;
+            gpu.copy(&scale, 0, &payload, 0, 4);
+        }
         CodecSpec::BlockQ { bits, group } => {
             let params = ReduceParams {
                 n: n as u32,

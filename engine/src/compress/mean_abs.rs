@@ -9,7 +9,7 @@
 //! device gives the same bits (the GPU half is `magnitudes`/`mean` in shaders/compress/
 //! sign.wgsl). The one loss is the bits of magnitudes that fall below the unit: less than one
 //! unit each, so the sum is low by less than `n · 2^-(GUARD + 23)` of itself (below 2^-55 for
-//! any u32 length), and a flag records that something was dropped, so that a quotient sitting
+//! any length below 2^32), and a flag records that something was dropped, so that a quotient sitting
 //! exactly on a rounding boundary rounds the way the exact one would. The quotient is then
 //! divided and rounded to nearest even in integers, subnormal results included. The mean
 //! never exceeds the largest magnitude, so it cannot overflow.
@@ -77,8 +77,9 @@ pub fn place(v: f32, frame: u32) -> FixedSum {
     }
 }
 
-/// `sum · 2^(frame - 150 - GUARD) / n`, rounded to nearest even (n ≥ 1).
-pub fn round_quotient(sum: FixedSum, n: u32, frame: u32) -> f32 {
+/// `sum · 2^(frame - 150 - GUARD) / n`, rounded to nearest even (1 ≤ n < 2^40, so that the sum
+/// of n placed values, each below 2^(GUARD + 24), fits u128).
+pub fn round_quotient(sum: FixedSum, n: u64, frame: u32) -> f32 {
     if sum.value == 0 {
         return 0.0;
     }
@@ -89,8 +90,8 @@ pub fn round_quotient(sum: FixedSum, n: u32, frame: u32) -> f32 {
     let length = 128 - quotient.leading_zeros() as i32;
     let top = length - 1 + unit;
     // Bits of the quotient below the result's last bit: 24 significant bits for a normal
-    // result, everything below 2^-149 for a subnormal one. At least 9 either way: the sum is
-    // at least 2^GUARD units and n below 2^32.
+    // result, everything below 2^-149 for a subnormal one. At least 1 either way: the sum is
+    // at least 2^GUARD units (the largest value sits there) and n below 2^40.
     let drop = if top >= -126 {
         length - 24
     } else {
@@ -150,7 +151,7 @@ pub fn mean_abs(x: &[f32]) -> f32 {
         .par_chunks(TASK)
         .map(|c| task_sum(c, frame))
         .reduce(FixedSum::default, FixedSum::add);
-    round_quotient(sum, x.len() as u32, frame)
+    round_quotient(sum, x.len() as u64, frame)
 }
 
 #[cfg(test)]

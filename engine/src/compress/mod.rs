@@ -55,8 +55,17 @@ pub fn parse(text: &str) -> Result<Box<dyn Codec>> {
 /// codecs, or a payload of the wrong length. Counted in the packed bytes, without unpacking:
 /// a data-parallel worker counts every push.
 pub fn clipped_codes(spec: CodecSpec, payload: &[u8], n: usize) -> Option<usize> {
-    let CodecSpec::Loco { bits, .. } = spec else {
+    let CodecSpec::Loco {
+        bits, rescalable, ..
+    } = spec
+    else {
         return None;
+    };
+    // A rescalable payload's scale comes first.
+    let payload = if rescalable {
+        payload.get(4..)?
+    } else {
+        payload
     };
     if payload.len() != support::packed_len(n, bits) {
         return None;
@@ -80,6 +89,35 @@ pub fn clipped_codes(spec: CodecSpec, payload: &[u8], n: usize) -> Option<usize>
         held -= bits;
     }
     Some(clipped)
+}
+
+/// The scale `log2 s` a rescalable LoCo payload was coded at (its first four bytes, f32
+/// `2^log2s`); `None` for other codecs, or where those bytes are not such a scale.
+pub fn payload_log2s(spec: CodecSpec, payload: &[u8]) -> Option<i32> {
+    let CodecSpec::Loco {
+        rescalable: true, ..
+    } = spec
+    else {
+        return None;
+    };
+    let scale = f32::from_le_bytes(payload.get(..4)?.try_into().ok()?);
+    dense::loco_payload_log2s(&scale)
+}
+
+/// `spec` at scale `2^log2s` where it is a rescalable LoCo codec; other specs unchanged.
+pub fn rescaled(spec: CodecSpec, log2s: i32) -> CodecSpec {
+    match spec {
+        CodecSpec::Loco {
+            bits,
+            rescalable: true,
+            ..
+        } => CodecSpec::Loco {
+            bits,
+            log2s,
+            rescalable: true,
+        },
+        other => other,
+    }
 }
 
 /// Every codec shader, for validation tests.

@@ -173,6 +173,10 @@ pub enum CodecSpec {
         bits: u32,
         /// Log2 of the fixed scale s: a value v is coded as `round(v * 2^log2s)`.
         log2s: i32,
+        /// The payload starts with the scale (f32 `2^log2s`) and decoders take the scale from
+        /// there: a job that recalibrates s mid-run changes it without re-registering keys, and
+        /// every logged reply says at which scale it was coded.
+        rescalable: bool,
     },
     /// Block-absmax (ZeRO++) quantization, one scale per group of `group` elements.
     BlockQ {
@@ -319,7 +323,7 @@ impl FromStr for CodecSpec {
                 }
             }
             "loco" => {
-                known(&["bits", "log2s"])?;
+                known(&["bits", "log2s", "rescalable"])?;
                 // LoCo packs its codes whole into bytes: 2, 4 or 8 bits.
                 let bits = match kv("bits").unwrap_or("4") {
                     b @ ("2" | "4" | "8") => b.parse().expect("a digit"),
@@ -331,7 +335,11 @@ impl FromStr for CodecSpec {
                     Ok(v) if (-100..=100).contains(&v) => v,
                     _ => return Err(bad("log2s must be an integer from -100 to 100".into())),
                 };
-                CodecSpec::Loco { bits, log2s }
+                CodecSpec::Loco {
+                    bits,
+                    log2s,
+                    rescalable: flag("rescalable"),
+                }
             }
             "blockq" => {
                 known(&["bits", "group"])?;
@@ -401,7 +409,17 @@ impl fmt::Display for CodecSpec {
                     }
                 )
             }
-            CodecSpec::Loco { bits, log2s } => write!(f, "loco:bits={bits}:log2s={log2s}"),
+            CodecSpec::Loco {
+                bits,
+                log2s,
+                rescalable,
+            } => {
+                write!(f, "loco:bits={bits}:log2s={log2s}")?;
+                if *rescalable {
+                    write!(f, ":rescalable")?;
+                }
+                Ok(())
+            }
             CodecSpec::BlockQ { bits, group } => write!(f, "blockq:bits={bits}:group={group}"),
             CodecSpec::Hybrid { bits, amount } => match amount {
                 Amount::Fraction(_) => write!(f, "hybrid:bits={bits}:topk={amount}"),

@@ -380,6 +380,36 @@ impl Feedback {
         Ok(())
     }
 
+    /// Switches to `codec` after its quantizer's scale moved by `2^shift` (a LoCo scale
+    /// recalibrated mid-job): a LoCo memory's `s_e` moves with it, keeping `s_e / s`, and its
+    /// int8 error is requantized at the new `s_e`, `clamp(rne(e_q · 2^shift))`, so the error it
+    /// stands for is kept up to the new grid. Other memories keep their state. CPU memories
+    /// only (the data-parallel workers and the servers keep theirs there).
+    pub fn rescale(&mut self, codec: Box<dyn Codec>, shift: i32) -> Result<()> {
+        if let Memory::LocoEma { se, .. } = &mut self.memory {
+            let factor = 2f32.powi(shift);
+            let scaled = *se * factor;
+            if !(scaled.is_finite() && scaled > 0.0) {
+                return Err(Error::Config(format!(
+                    "rescaling LoCo's error scale {se} by 2^{shift} leaves f32's range"
+                )));
+            }
+            match &mut self.state {
+                State::Ema(eq, _) => eq
+                    .iter_mut()
+                    .for_each(|c| *c = quantize_error(*c as f32, factor)),
+                _ => {
+                    return Err(Error::Config(
+                        "rescaling a memory that lives on the GPU is not supported".into(),
+                    ))
+                }
+            }
+            *se = scaled;
+        }
+        self.codec = codec;
+        Ok(())
+    }
+
     /// The compensation the next call will add, as f32 (read back from the GPU if there).
     pub fn error(&self) -> Result<Vec<f32>> {
         let inv_se = match self.memory {

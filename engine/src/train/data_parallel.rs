@@ -8,7 +8,9 @@ use std::sync::{mpsc, Arc};
 use super::Classifier;
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
-use crate::compress::{clipped_codes, parse, Codec, DecodeMode};
+use crate::compress::{
+    build, clipped_codes, parse, payload_log2s, rescaled, Codec, CodecSpec, DecodeMode,
+};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory};
 use crate::nn::Module;
@@ -287,6 +289,30 @@ impl<C: Collective> DataParallel<C> {
         Ok((total > 0).then(|| nonzero as f64 / total as f64))
     }
 
+    /// The scale (`log2 s`) this rank's rescalable LoCo pushes are coded at; `None` where
+    /// no partition pushes rescalable LoCo codes.
+    pub fn push_log2s(&self) -> Option<i32> {
+        self.memories.iter().find_map(|m| match m.codec().spec() {
+            CodecSpec::Loco {
+                log2s,
+                rescalable: true,
+                ..
+            } => Some(log2s),
+            _ => None,
+        })
+    }
+
+    /// Codes this rank's rescalable LoCo pushes at scale `2^log2s` from the next round on
+    /// (a recalibration, which every rank makes at the same round from the same data): each
+    /// such partition's memory moves its error scale with it ([`Feedback::rescale`]). The
+    /// servers follow the scale the round's pushes carry.
+    pub fn rescale(&mut self, log2s: i32) -> Result<()> {
+        for memory in &mut self.memories {
+            rescale_memory(memory, log2s)?;
+        }
+        Ok(())
+    }
+
     /// How the last round's codes sat ([`CodeStats`]).
     pub fn code_stats(&self) -> CodeStats {
         self.codes
@@ -307,12 +333,25 @@ impl<C: Collective> DataParallel<C> {
             .iter()
             .map(|s| vec![0.0; s.iter().product()])
             .collect();
-        for ((p, pull), (key, reply)) in self.parts.iter().zip(&self.pulls).zip(replies) {
+        for (i, (key, reply)) in replies.iter().enumerate() {
+            let (p, pull) = (&self.parts[i], &self.pulls[i]);
             if *key != p.key {
                 return Err(Error::Data(format!(
                     "reply for key {key:#x} where {:#x} was expected",
                     p.key
                 )));
+            }
+            // A reply at another scale than this rank pushes at comes from rounds this rank
+            // did not take part in (a catch-up after a recalibration): push at the servers'
+            // scale from now on. The reply scale sits where registration put it from the push
+            // scale, and the servers move both together.
+            if let Some(reply_log2s) = payload_log2s(pull.spec(), reply) {
+                let offset = registered_log2s(&self.specs[i].pull)
+                    .zip(registered_log2s(&self.specs[i].push))
+                    .map(|(pull, push)| pull - push);
+                if let Some(offset) = offset {
+                    rescale_memory(&mut self.memories[i], reply_log2s - offset)?;
+                }
             }
             let ctx = codec_context(self.seed, self.round(), p.key);
             pull.decode_into(
@@ -330,4 +369,38 @@ impl<C: Collective> DataParallel<C> {
             .collect::<Result<Vec<_>>>()?;
         self.clf.apply(&grads)
     }
+}
+
+/// `log2 s` of a registered rescalable LoCo spec.
+fn registered_log2s(spec: &str) -> Option<i32> {
+    match spec.parse().ok()? {
+        CodecSpec::Loco {
+            log2s,
+            rescalable: true,
+            ..
+        } => Some(log2s),
+        _ => None,
+    }
+}
+
+/// Moves a memory whose codec is rescalable LoCo to scale `2^log2s` (no-op for others, and
+/// where it is there already).
+fn rescale_memory(memory: &mut Feedback, log2s: i32) -> Result<()> {
+    let spec = memory.codec().spec();
+    if let CodecSpec::Loco {
+        log2s: now,
+        rescalable: true,
+        ..
+    } = spec
+    {
+        if now != log2s {
+            if !(-100..=100).contains(&log2s) {
+                return Err(Error::Data(format!(
+                    "LoCo's scale cannot move to 2^{log2s}: past -100..=100"
+                )));
+            }
+            memory.rescale(build(rescaled(spec, log2s)), log2s - now)?;
+        }
+    }
+    Ok(())
 }
