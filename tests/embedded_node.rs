@@ -317,3 +317,67 @@ fn workers_calibrate_loco_alike_and_report_how_its_codes_sit() {
     assert!(ran.memory.starts_with("loco-ema:se="), "{}", ran.memory);
     assert_eq!(reports[1].job, *ran, "both workers ran one scale");
 }
+
+#[test]
+fn a_recalibrating_job_moves_every_worker_to_the_same_loco_scale() {
+    // A job that names a poor scale (the codec's old default, 2^19: most codes clip) and asks
+    // for recalibration every epoch: at the second epoch's first round both workers measure
+    // the same gradient, move to the same scale, the server follows, the codes stop clipping
+    // and the replicas stay identical.
+    let Some(dir) = swarm_dir("embedded-loco-recalibrate", 2) else {
+        return;
+    };
+    let loco = Job {
+        codec: "loco:bits=4:log2s=19".into(),
+        memory: "loco-ema".into(),
+        server_memory: "none".into(),
+        epochs: 2,
+        max_steps: None,
+        train_limit: Some(256),
+        loco_recalibrate_every: Some(1),
+        ..job(2, 8)
+    };
+    let server = server(&dir.0, loco);
+    let workers: Vec<WorkerHandle> = (0..2)
+        .map(|i| worker(&dir.0, &server, i, DeviceKind::Cpu))
+        .collect();
+    let mut moves = Vec::new();
+    for w in &workers {
+        let mut events = w.events();
+        let mut clipped_before = None;
+        let (step, log2s, was) = wait_for(&mut events, Duration::from_secs(120), |e| match e {
+            Event::Step { saturated, .. } => {
+                clipped_before = *saturated;
+                None
+            }
+            Event::Recalibrated {
+                step, log2s, was, ..
+            } => Some((*step, *log2s, *was)),
+            _ => None,
+        });
+        let clipped_after = wait_for(&mut events, Duration::from_secs(120), |e| match e {
+            Event::Step { saturated, .. } => Some(*saturated),
+            _ => None,
+        });
+        assert!(
+            clipped_before.is_some_and(|c| c > 0.5),
+            "{clipped_before:?}"
+        );
+        assert!(clipped_after.is_some_and(|c| c < 0.1), "{clipped_after:?}");
+        moves.push((step, log2s, was));
+    }
+    let reports: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    // 256 samples in global batches of 64: 4 rounds an epoch.
+    assert_eq!(moves[0].0, 4, "the second epoch's first round");
+    assert_eq!(moves[0].2, Some(19));
+    assert!(moves[0].1 < 19, "{moves:?}");
+    assert_eq!(moves[0], moves[1], "both workers moved alike");
+    assert_eq!(reports[0].steps, 8);
+    assert!(
+        reports[0].job.codec.ends_with(":rescalable"),
+        "{}",
+        reports[0].job.codec
+    );
+    let state = |i: usize| std::fs::read(dir.0.join(format!("worker-{i}.state"))).unwrap();
+    assert_eq!(state(0), state(1), "replicas differ");
+}

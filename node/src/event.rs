@@ -84,6 +84,18 @@ pub enum Event {
         /// Seconds the epoch took.
         seconds: f64,
     },
+    /// Every worker moved LoCo's scale at an epoch's first round, as the job asks
+    /// (`loco_recalibrate_every`).
+    Recalibrated {
+        /// The worker's rank.
+        rank: u16,
+        /// The round that is the first at the new scale.
+        step: u64,
+        /// The new scale, `log2 s`.
+        log2s: i32,
+        /// The scale before, `log2 s`.
+        was: Option<i32>,
+    },
     /// The worker left the rounds and waits for [`crate::WorkerHandle::resume`].
     Paused {
         /// The worker's rank.

@@ -95,6 +95,12 @@ pub struct Job {
     /// Rank 0 sends the servers a snapshot every this many rounds, for workers that rejoin.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().snapshot_every))]
     pub snapshot_every: u64,
+    /// Recalibrate LoCo's scale every this many epochs: at the epoch's first round every
+    /// worker measures the gradient of the epoch's first global batch at the current model
+    /// (the rule of the calibration at the start) and all move to the new scale together.
+    /// Needs a `loco` codec both ways (leave pull_codec out, or name a loco codec).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub loco_recalibrate_every: Option<u32>,
 }
 
 impl Default for Job {
@@ -121,6 +127,7 @@ impl Default for Job {
             partition_bytes: 4_096_000,
             min_compress_bytes: 1_024_000,
             snapshot_every: 50,
+            loco_recalibrate_every: None,
         }
     }
 }
@@ -234,6 +241,26 @@ impl Job {
         self.memory
             .parse::<murmur_engine::feedback::Memory>()
             .map_err(|e| NodeError::Job(format!("memory {:?}: {e}", self.memory)))?;
+        if let Some(every) = self.loco_recalibrate_every {
+            if every == 0 {
+                return bad("loco_recalibrate_every must be at least 1 epoch when given".into());
+            }
+            let pull = self.pull_codec.as_ref().unwrap_or(&self.codec);
+            let is_loco = |spec: &str| {
+                matches!(
+                    spec.parse(),
+                    Ok(murmur_engine::compress::CodecSpec::Loco { .. })
+                )
+            };
+            if !is_loco(&self.codec) || !is_loco(pull) {
+                return bad(format!(
+                    "loco_recalibrate_every needs LoCo codes both ways (codec {:?}, pull_codec \
+                     {pull:?}): a worker that misses a recalibration learns the new scale from \
+                     the replies",
+                    self.codec
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -369,6 +396,22 @@ mod tests {
     }
 
     #[test]
+    fn recalibration_needs_loco_both_ways() {
+        let ask = |codec: &str, pull: Option<&str>, every| Job {
+            codec: codec.into(),
+            pull_codec: pull.map(Into::into),
+            loco_recalibrate_every: Some(every),
+            ..Job::default()
+        };
+        assert!(ask("loco", None, 2).validate().is_ok());
+        assert!(ask("loco:bits=4", Some("loco:bits=8"), 1).validate().is_ok());
+        let err = ask("loco", Some("f32"), 1).validate().unwrap_err();
+        assert!(err.to_string().contains("LoCo codes both ways"), "{err}");
+        assert!(ask("topk:0.01", None, 1).validate().is_err());
+        assert!(ask("loco", None, 0).validate().is_err());
+    }
+
+    #[test]
     fn flags_override_only_the_fields_given() {
         let file = Job::from_toml("epochs = 2\nbatch = 64").unwrap();
         let flags = Job {
@@ -380,6 +423,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 21 && names.iter().any(|n| n == "min_compress_bytes"));
+        assert!(names.len() == 22 && names.iter().any(|n| n == "loco_recalibrate_every"));
     }
 }

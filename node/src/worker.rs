@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::address::resolve_all;
-use crate::calibration::calibrate_loco;
+use crate::calibration::{batch_log2s, calibrate_loco, recalibrated_bits};
 use crate::checks::{load_credentials, positive_seconds};
 use crate::control::{Budget, Control, Next, Stopper};
 use crate::data::{load_sets, DeviceKind, Sets};
@@ -485,6 +485,8 @@ impl Run {
         let mut batches = Vec::new();
         let mut batches_epoch = None;
         let mut failures = 0;
+        // The round whose recalibration was checked, so that a retried round does not redo it.
+        let mut recalibrated = None;
         while dp.round() < joined.total_steps {
             match self.control.next() {
                 Next::Stop => return Ok((totals, final_accuracy, true)),
@@ -510,6 +512,10 @@ impl Run {
                 batches_epoch = Some(epoch);
             }
             let global = &batches[(dp.round() % joined.steps_per_epoch) as usize];
+            if recalibrated != Some(dp.round()) {
+                self.recalibrate(joined, dp, epoch, global)?;
+                recalibrated = Some(dp.round());
+            }
             let share = rank_share(global.len(), rank as usize, world);
             let (first_sample, samples) = (share.start, share.len());
             let (x, y) = joined.sets.train.batch(&global[share]);
@@ -577,6 +583,43 @@ impl Run {
             self.control.rest(step_started.elapsed());
         }
         Ok((totals, final_accuracy, false))
+    }
+
+    /// Moves LoCo's scale at the first round of every `loco_recalibrate_every`-th epoch
+    /// (after the first), by the calibration's rule on the epoch's first global batch `global`
+    /// at the current model: every worker gets the same scale and moves before it pushes.
+    fn recalibrate(
+        &self,
+        joined: &Joined,
+        dp: &mut DataParallel<QuicCollective>,
+        epoch: u32,
+        global: &[usize],
+    ) -> Result<()> {
+        let (Some(bits), Some(every)) = (
+            recalibrated_bits(&joined.job),
+            joined.job.loco_recalibrate_every,
+        ) else {
+            return Ok(());
+        };
+        let first_of_epoch = dp.round().is_multiple_of(joined.steps_per_epoch);
+        if !first_of_epoch || epoch == 0 || !epoch.is_multiple_of(every) {
+            return Ok(());
+        }
+        let log2s = batch_log2s(&dp.clf, &joined.sets, global, bits)?;
+        let was = dp.push_log2s();
+        dp.rescale(log2s)?;
+        tracing::info!(
+            "LoCo's scale recalibrated at round {}: s = 2^{log2s} (was 2^{})",
+            dp.round(),
+            was.map_or("?".into(), |w| w.to_string())
+        );
+        self.events.emit(Event::Recalibrated {
+            rank: joined.rank,
+            step: dp.round(),
+            log2s,
+            was,
+        });
+        Ok(())
     }
 
     fn report_step(&self, rank: u16, round: Round, totals: &Totals, started: Instant) {

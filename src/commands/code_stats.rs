@@ -12,3 +12,9 @@ pub fn code_stats_line(saturated: Option<f64>, error_nonzero: Option<f64>) -> St
     }
     line
 }
+
+/// `"LoCo's scale recalibrated at step 938: s = 2^12 (was 2^10)"`.
+pub fn recalibrated_line(step: u64, log2s: i32, was: Option<i32>) -> String {
+    let was = was.map_or(String::new(), |w| format!(" (was 2^{w})"));
+    format!("LoCo's scale recalibrated at step {step}: s = 2^{log2s}{was}")
+}

@@ -181,6 +181,9 @@ fn follow(
                 "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
                 100.0 * accuracy
             )),
+            Event::Recalibrated {
+                step, log2s, was, ..
+            } => bar.println(super::code_stats::recalibrated_line(step, log2s, was)),
             Event::Paused { step, .. } => bar.println(format!("paused at step {step}")),
             Event::Rejoined { step, reason, .. } => {
                 bar.println(format!("rejoined at step {step} after: {reason}"))

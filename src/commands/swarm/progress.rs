@@ -9,7 +9,7 @@ use serde::Serialize;
 use murmur_engine::stats::Mean;
 use murmur_node::Event;
 
-use crate::commands::code_stats::code_stats_line;
+use crate::commands::code_stats::{code_stats_line, recalibrated_line};
 
 #[derive(Default, Clone)]
 struct WorkerTotals {
@@ -179,6 +179,16 @@ impl Dashboard {
                     "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
                     100.0 * accuracy
                 ));
+            }
+            Event::Recalibrated {
+                rank,
+                step,
+                log2s,
+                was,
+            } => {
+                if rank == 0 {
+                    self.say(recalibrated_line(step, log2s, was));
+                }
             }
             Event::Paused { rank, step } => {
                 self.bars[index].set_message(format!("paused at step {step}"));
