@@ -23,6 +23,7 @@ const CODECS: &[&str] = &[
     "natural",
     "qsgd:bits=6",
     "loco:bits=4:log2s=10",
+    "loco:bits=4:log2s=10:rescalable",
     "blockq:bits=4:group=64",
     "hybrid:bits=6:topk=0.3",
 ];
