@@ -174,8 +174,9 @@ fn add_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     var sum = vec4<u32>(0u);
     var dropped = 0u;
     for (var i = start + lid; i < min(start + CHUNK, p.n); i += LANES) {
-        sum = add128(sum, vec4<u32>(code[5u * i], code[5u * i + 1u], code[5u * i + 2u], code[5u * i + 3u]));
-        dropped = dropped | code[5u * i + 4u];
+        let at = 5u * i;
+        sum = add128(sum, vec4<u32>(code[at], code[at + 1u], code[at + 2u], code[at + 3u]));
+        dropped = dropped | code[at + 4u];
     }
     write_chunk_sum(c, lid, sum, dropped);
 }

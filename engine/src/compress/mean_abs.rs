@@ -9,10 +9,10 @@
 //! device gives the same bits (the GPU half is `magnitudes`/`mean` in shaders/compress/
 //! sign.wgsl). The one loss is the bits of magnitudes that fall below the unit: less than one
 //! unit each, so the sum is low by less than `n · 2^-(GUARD + 23)` of itself (below 2^-55 for
-//! any length below 2^32), and a flag records that something was dropped, so that a quotient sitting
-//! exactly on a rounding boundary rounds the way the exact one would. The quotient is then
-//! divided and rounded to nearest even in integers, subnormal results included. The mean
-//! never exceeds the largest magnitude, so it cannot overflow.
+//! any length below 2^32), and a flag records that something was dropped, so that a quotient
+//! sitting exactly on a rounding boundary rounds the way the exact one would. The sum is then
+//! divided by n and the quotient rounded to nearest even, in integers, subnormal results
+//! included. The mean never exceeds the largest magnitude, so it cannot overflow.
 
 use rayon::prelude::*;
 
