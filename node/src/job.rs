@@ -404,7 +404,9 @@ mod tests {
             ..Job::default()
         };
         assert!(ask("loco", None, 2).validate().is_ok());
-        assert!(ask("loco:bits=4", Some("loco:bits=8"), 1).validate().is_ok());
+        assert!(ask("loco:bits=4", Some("loco:bits=8"), 1)
+            .validate()
+            .is_ok());
         let err = ask("loco", Some("f32"), 1).validate().unwrap_err();
         assert!(err.to_string().contains("LoCo codes both ways"), "{err}");
         assert!(ask("topk:0.01", None, 1).validate().is_err());
