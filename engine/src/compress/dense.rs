@@ -25,8 +25,8 @@ use super::codec::{bits_per_element, Codec, CodecContext, DecodeMode, Properties
 use super::gpu::{dense_decode_gpu, dense_encode_gpu, DenseLayout};
 use super::spec::{CodecSpec, Levels, Norm, Rounding};
 use super::support::{
-    check_padding, check_payload_len, clean, l2_norm, max_abs, packed_len, payload_err, read_scale,
-    rne, sign_extend, to_pattern, MAX_FACTOR, MAX_SCALE,
+    check_padding, check_payload_len, clean, l2_norm, max_abs, packed_len, payload_err, pow2,
+    read_scale, rne, sign_extend, to_pattern, MAX_FACTOR, MAX_SCALE,
 };
 use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
@@ -37,11 +37,6 @@ const TASK: usize = 4096;
 
 fn bit_length(s: u32) -> u32 {
     32 - s.leading_zeros()
-}
-
-/// `x * 2^e` built exactly from exponent bits (|e| <= 126).
-pub(super) fn pow2(e: i32) -> f32 {
-    f32::from_bits(((e + 127) as u32) << 23)
 }
 
 /// Uniform in [0, 1) from a random word (24 bits, exact on every device).

@@ -381,7 +381,7 @@ pub(super) fn dense_encode_gpu(
             rescalable: true,
             ..
         } => {
-            let scale = gpu.upload(&super::dense::pow2(log2s).to_le_bytes())?;
+            let scale = gpu.upload(&super::support::pow2(log2s).to_le_bytes())?;
             gpu.copy(&scale, 0, &payload, 0, 4);
         }
         CodecSpec::BlockQ { bits, group } => {

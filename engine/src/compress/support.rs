@@ -17,6 +17,11 @@ pub fn clean(v: f32) -> f32 {
     }
 }
 
+/// `2^e` built exactly from exponent bits (|e| <= 126): the same bits on every device.
+pub fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
 /// Round half to even for |x| <= 2^22, without a library call: adding 1.5 * 2^23 leaves no
 /// fraction bits, so the hardware's round-to-nearest-even does the rounding. (Rust's
 /// `round_ties_even` is a call to `rintf` on baseline x86-64.)
