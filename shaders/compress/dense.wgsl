@@ -1,7 +1,7 @@
 // Dense quantizers (engine/src/compress/dense.rs holds the definitions and the table of
 // formulas): `encode` turns 32 elements into `bits` payload words, `decode` one code into one
 // value. The scales sit in the first `header` payload words (written by reduce.wgsl; a
-// rescalable LoCo payload's, its fixed scale, by a copy).
+// rescalable LoCo payload's, its fixed scale, by `encode`).
 //   OP: 0 linear dithering, 1 natural dithering, 2 natural compression, 3 qsgd, 4 loco,
 //       5 blockq.   STOCHASTIC: qsgd's rounding.   MODE (decode): 0 set, 1 add, 2 subtract.
 
@@ -167,10 +167,23 @@ fn value(pattern: u32, step: f32) -> f32 {
 @group(0) @binding(2) var<storage, read_write> payload: array<u32>;
 
 // One invocation per 32 elements: their codes fill exactly `bits` words.
+// The scale an element is coded against: LoCo's is fixed (p.log2s; `encode` writes it into a
+// rescalable payload's header itself), the others' reduce.wgsl wrote into the header.
+fn encode_scale(i: u32) -> f32 {
+    if (OP == 4u) {
+        return pow2(p.log2s);
+    }
+    return bitcast<f32>(payload[scale_index(i)]);
+}
+
 @compute @workgroup_size(64)
 fn encode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = (wid.y * nwg.x + wid.x) * 64u + lid;
     let first = 32u * g;
+    // A rescalable LoCo payload's header is its fixed scale (written for n = 0 too).
+    if (OP == 4u && p.header == 1u && g == 0u) {
+        payload[0] = bitcast<u32>(pow2(p.log2s));
+    }
     if (first >= p.n) {
         return;
     }
@@ -187,7 +200,7 @@ fn encode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         if (j % 4u == 0u && (OP <= 2u || STOCHASTIC)) {
             rand = element_block(p.seed, p.step, p.key, i / 4u);
         }
-        let scale = bitcast<f32>(payload[scale_index(i)]);
+        let scale = encode_scale(i);
         let f = factors(scale);
         let c = code(clean(x[i]), scale, f.x, rand[j % 4u]);
         let bit = j * p.bits;

@@ -100,27 +100,21 @@ impl KeyState {
         } else {
             Some(Owner::new(&spec.owner, spec.numel as usize)?)
         };
-        let scale = match push.spec() {
+        let scale = push.spec().rescalable_log2s();
+        let pull_fixed = matches!(
+            pull.codec().spec(),
             CodecSpec::Loco {
-                log2s,
-                rescalable: true,
+                rescalable: false,
                 ..
-            } => {
-                let follows = match pull.codec().spec() {
-                    CodecSpec::Loco { rescalable, .. } => rescalable,
-                    _ => true,
-                };
-                if !follows {
-                    return Err(Error::Config(format!(
-                        "key {:#x}: rescalable pushes need a reply codec that follows their \
-                         scale (a rescalable LoCo, or one without a fixed scale), not {}",
-                        spec.key, spec.pull
-                    )));
-                }
-                Some(log2s)
             }
-            _ => None,
-        };
+        );
+        if scale.is_some() && pull_fixed {
+            return Err(Error::Config(format!(
+                "key {:#x}: rescalable pushes need a reply codec that follows their scale (a \
+                 rescalable LoCo, or one without a fixed scale), not {}",
+                spec.key, spec.pull
+            )));
+        }
         Ok(KeyState {
             spec,
             scale,

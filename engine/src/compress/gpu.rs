@@ -376,14 +376,6 @@ pub(super) fn dense_encode_gpu(
         CodecSpec::Dither { norm: Norm::L2, .. } => {
             finish(gpu, &l2_twins(gpu, x, n)?, &payload, 0, Finish::Sqrt, n)
         }
-        CodecSpec::Loco {
-            log2s,
-            rescalable: true,
-            ..
-        } => {
-            let scale = gpu.upload(&super::support::pow2(log2s).to_le_bytes())?;
-            gpu.copy(&scale, 0, &payload, 0, 4);
-        }
         CodecSpec::BlockQ { bits, group } => {
             let params = ReduceParams {
                 n: n as u32,
@@ -410,7 +402,8 @@ pub(super) fn dense_encode_gpu(
         &pipeline,
         &dense_params(layout, n, ctx),
         &[x, &payload],
-        grid_groups(n.div_ceil(32).div_ceil(64)),
+        // At least one group: a rescalable LoCo payload gets its header even for n = 0.
+        grid_groups(n.div_ceil(32).div_ceil(64).max(1)),
     );
     Ok(payload)
 }

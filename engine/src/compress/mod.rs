@@ -94,12 +94,7 @@ pub fn clipped_codes(spec: CodecSpec, payload: &[u8], n: usize) -> Option<usize>
 /// The scale `log2 s` a rescalable LoCo payload was coded at (its first four bytes, f32
 /// `2^log2s`); `None` for other codecs, or where those bytes are not such a scale.
 pub fn payload_log2s(spec: CodecSpec, payload: &[u8]) -> Option<i32> {
-    let CodecSpec::Loco {
-        rescalable: true, ..
-    } = spec
-    else {
-        return None;
-    };
+    spec.rescalable_log2s()?;
     let scale = f32::from_le_bytes(payload.get(..4)?.try_into().ok()?);
     dense::loco_payload_log2s(&scale)
 }

@@ -209,6 +209,21 @@ fn parse_u32(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32> {
     }
 }
 
+impl CodecSpec {
+    /// `log2 s` of a rescalable LoCo spec (whose payloads carry their scale); `None` for
+    /// every other spec.
+    pub fn rescalable_log2s(self) -> Option<i32> {
+        match self {
+            CodecSpec::Loco {
+                log2s,
+                rescalable: true,
+                ..
+            } => Some(log2s),
+            _ => None,
+        }
+    }
+}
+
 impl FromStr for CodecSpec {
     type Err = Error;
 

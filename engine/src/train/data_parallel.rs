@@ -292,14 +292,9 @@ impl<C: Collective> DataParallel<C> {
     /// The scale (`log2 s`) this rank's rescalable LoCo pushes are coded at; `None` where
     /// no partition pushes rescalable LoCo codes.
     pub fn push_log2s(&self) -> Option<i32> {
-        self.memories.iter().find_map(|m| match m.codec().spec() {
-            CodecSpec::Loco {
-                log2s,
-                rescalable: true,
-                ..
-            } => Some(log2s),
-            _ => None,
-        })
+        self.memories
+            .iter()
+            .find_map(|m| m.codec().spec().rescalable_log2s())
     }
 
     /// Codes this rank's rescalable LoCo pushes at scale `2^log2s` from the next round on
@@ -346,8 +341,10 @@ impl<C: Collective> DataParallel<C> {
             // scale from now on. The reply scale sits where registration put it from the push
             // scale, and the servers move both together.
             if let Some(reply_log2s) = payload_log2s(pull.spec(), reply) {
-                let offset = registered_log2s(&self.specs[i].pull)
-                    .zip(registered_log2s(&self.specs[i].push))
+                let registered =
+                    |spec: &str| spec.parse().ok().and_then(CodecSpec::rescalable_log2s);
+                let offset = registered(&self.specs[i].pull)
+                    .zip(registered(&self.specs[i].push))
                     .map(|(pull, push)| pull - push);
                 if let Some(offset) = offset {
                     rescale_memory(&mut self.memories[i], reply_log2s - offset)?;
@@ -371,28 +368,11 @@ impl<C: Collective> DataParallel<C> {
     }
 }
 
-/// `log2 s` of a registered rescalable LoCo spec.
-fn registered_log2s(spec: &str) -> Option<i32> {
-    match spec.parse().ok()? {
-        CodecSpec::Loco {
-            log2s,
-            rescalable: true,
-            ..
-        } => Some(log2s),
-        _ => None,
-    }
-}
-
 /// Moves a memory whose codec is rescalable LoCo to scale `2^log2s` (no-op for others, and
 /// where it is there already).
 fn rescale_memory(memory: &mut Feedback, log2s: i32) -> Result<()> {
     let spec = memory.codec().spec();
-    if let CodecSpec::Loco {
-        log2s: now,
-        rescalable: true,
-        ..
-    } = spec
-    {
+    if let Some(now) = spec.rescalable_log2s() {
         if now != log2s {
             if !(-100..=100).contains(&log2s) {
                 return Err(Error::Data(format!(
