@@ -634,3 +634,73 @@ impl Codec for DenseCodec {
         dense_decode_gpu(&self.gpu_layout(n), gpu, payload, out, n, mode)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::stochastic_level;
+
+    /// How many of the 2^24 uniforms round `l + f` up, found from the rounding itself: it
+    /// rounds up exactly for the uniforms below some threshold, which a binary search over
+    /// the 24-bit grid finds in 25 calls.
+    fn words_rounding_up(l: f32, f: f32) -> u64 {
+        let up = |k: u64| stochastic_level(l + f, 1e6, (k as u32) << 8) > l;
+        let (mut lo, mut hi) = (0u64, 1u64 << 24);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if up(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        // Monotone: everything below the threshold rounds up, nothing above.
+        assert!(lo == 0 || up(lo - 1));
+        assert!(lo == 1 << 24 || !up(lo));
+        lo
+    }
+
+    #[test]
+    fn stochastic_rounding_with_24_bit_uniforms_is_biased_by_under_2_pow_minus_24_of_a_step() {
+        // The claim in docs/wire-format.md ("What 24 bits cost"), measured on the rounding
+        // itself: the chance of rounding up exceeds the fraction by less than 2^-24, never
+        // falls below it, and a fraction under 2^-24 rounds up with probability 2^-24.
+        let grid = (1u64 << 24) as f64;
+        let mut fractions: Vec<f32> = vec![
+            1e-9,
+            2f32.powi(-25),
+            2f32.powi(-24),
+            3.0 * 2f32.powi(-24),
+            1e-6,
+            0.1,
+            1.0 / 3.0,
+            0.5,
+            0.999_999,
+            1.0 - 2f32.powi(-24),
+        ];
+        let mut x = 0x2545_f491u32;
+        for _ in 0..200 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            fractions.push((x >> 8) as f32 / grid as f32 + (x & 0xff) as f32 * 2f32.powi(-32));
+        }
+        for &l in &[0.0f32, 5.0] {
+            for &f in &fractions {
+                // The fraction the codec sees: l + f rounded to f32, minus l.
+                let f = ((l + f) - l) as f64;
+                if f <= 0.0 || f >= 1.0 {
+                    continue;
+                }
+                let p_up = words_rounding_up(l, f as f32) as f64 / grid;
+                let bias = p_up - f;
+                assert!(
+                    (0.0..1.0 / grid).contains(&bias),
+                    "level {l}, fraction {f:e}: rounds up with probability {p_up:e}, bias {bias:e}"
+                );
+                if f < 1.0 / grid {
+                    assert_eq!(p_up, 1.0 / grid, "fraction {f:e}");
+                }
+            }
+        }
+    }
+}
