@@ -11,6 +11,7 @@ pub mod autograd;
 pub mod checkpoint;
 pub mod comm;
 pub mod compress;
+pub mod cpu;
 pub mod data;
 pub mod error;
 pub mod feedback;

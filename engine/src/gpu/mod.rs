@@ -101,6 +101,33 @@ impl Gpu {
         Self::from_adapter(adapter)
     }
 
+    /// Opens the selected adapter when it is faster than murmur's CPU path; otherwise says
+    /// why the CPU path is the better device (`Ok(Err(reason))`). Software adapters
+    /// (lavapipe/llvmpipe, WARP, SwiftShader: wgpu reports them as device type `Cpu`) run
+    /// the WGSL kernels several times slower than the CPU path computes the same bits
+    /// (docs/benchmarks.md), so they lose unless `MURMUR_ADAPTER` names one. No adapter at
+    /// all is not an error here unless the environment asked for one.
+    pub fn open_if_faster_than_cpu() -> Result<std::result::Result<Arc<Self>, String>> {
+        let pref = AdapterPreference::from_env()?;
+        let instance = new_instance(pref.backends());
+        let adapter = match adapter::select(&instance, &pref) {
+            Ok(adapter) => adapter,
+            Err(Error::NoAdapter(_)) if pref == AdapterPreference::default() => {
+                return Ok(Err("no GPU adapter with compute shaders was found".into()))
+            }
+            Err(e) => return Err(e),
+        };
+        let info = adapter.get_info();
+        if info.device_type == wgpu::DeviceType::Cpu && pref.name.is_none() {
+            return Ok(Err(format!(
+                "the best adapter here, {} ({:?}), is a software rasteriser, slower than the CPU \
+                 path at the same bits (MURMUR_ADAPTER or --device gpu still picks it)",
+                info.name, info.backend
+            )));
+        }
+        Self::from_adapter(adapter).map(Ok)
+    }
+
     fn from_adapter(adapter: wgpu::Adapter) -> Result<Arc<Self>> {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16;

@@ -24,6 +24,16 @@ pub enum Binary {
 }
 
 impl Binary {
+    /// Every operation, for tests and tables.
+    pub const ALL: [Binary; 6] = [
+        Binary::Add,
+        Binary::Sub,
+        Binary::Mul,
+        Binary::Div,
+        Binary::Max,
+        Binary::Min,
+    ];
+
     fn code(self) -> u32 {
         self as u32
     }
@@ -64,7 +74,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 
 /// Element strides of `shape` read as `out` (rank-aligned from the right; 0 along broadcast
 /// axes).
-pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; out.len()];
     let mut step = 1;
     for i in (0..shape.len()).rev() {
@@ -80,8 +90,9 @@ pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
 }
 
 /// Drops size-1 axes and merges neighbours that are contiguous in both operands, so that the
-/// kernel's four axes suffice for any practical broadcast.
-fn collapse(out: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+/// kernel's four axes suffice for any practical broadcast: the output's dims and each
+/// operand's strides.
+pub fn collapse(out: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
     let (mut dims, mut a, mut b): (Vec<usize>, Vec<usize>, Vec<usize>) = (vec![], vec![], vec![]);
     for i in 0..out.len() {
         if out[i] == 1 {
@@ -132,6 +143,28 @@ pub fn binary_ref(
     result
 }
 
+/// The CPU path: `a op b` over collapsed dims and strides (see `collapse`), with the
+/// reference's bits, one monomorphised loop per operation, each element computed by
+/// `op.apply` itself.
+pub fn binary_fast(
+    a: &[f32],
+    sa: &[usize],
+    b: &[f32],
+    sb: &[usize],
+    dims: &[usize],
+    op: Binary,
+) -> Vec<f32> {
+    use crate::cpu::elementwise::broadcast;
+    match op {
+        Binary::Add => broadcast(a, sa, b, sb, dims, |x, y| Binary::Add.apply(x, y)),
+        Binary::Sub => broadcast(a, sa, b, sb, dims, |x, y| Binary::Sub.apply(x, y)),
+        Binary::Mul => broadcast(a, sa, b, sb, dims, |x, y| Binary::Mul.apply(x, y)),
+        Binary::Div => broadcast(a, sa, b, sb, dims, |x, y| Binary::Div.apply(x, y)),
+        Binary::Max => broadcast(a, sa, b, sb, dims, |x, y| Binary::Max.apply(x, y)),
+        Binary::Min => broadcast(a, sa, b, sb, dims, |x, y| Binary::Min.apply(x, y)),
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
@@ -171,18 +204,12 @@ fn binary_into_shape(a: &Tensor, b: &Tensor, op: Binary, out_shape: &[usize]) ->
         broadcast_strides(b.shape(), out_shape),
     );
     match a.device() {
-        Device::Cpu => Tensor::from_vec(
-            a.device(),
-            out_shape,
-            binary_ref(
-                a.cpu_f32().expect("cpu"),
-                &sa,
-                b.cpu_f32().expect("cpu"),
-                &sb,
-                out_shape,
-                op,
-            ),
-        ),
+        Device::Cpu => {
+            let (dims, sa, sb) = collapse(out_shape, &sa, &sb);
+            let (a, b) = (a.cpu_f32().expect("cpu"), b.cpu_f32().expect("cpu"));
+            let c = binary_fast(a, &sa, b, &sb, &dims, op);
+            Tensor::from_vec(&Device::Cpu, out_shape, c)
+        }
         Device::Gpu(gpu) => {
             let n = numel(out_shape);
             let same = a.shape() == out_shape && b.shape() == out_shape;

@@ -4,6 +4,7 @@
 //! (dX = col2im(dY W^T)).
 
 use bytemuck::{Pod, Zeroable};
+use rayon::prelude::*;
 
 use super::{grid_1d, CONV};
 use crate::error::{shape_err, Result};
@@ -122,24 +123,30 @@ struct Params {
 
 /// CPU reference of im2col.
 pub fn im2col_ref(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
-    let mut cols = Vec::with_capacity(g.cols_shape().iter().product());
-    for n in 0..g.n {
-        for oh in 0..g.out_h() {
-            for ow in 0..g.out_w() {
-                for kh in 0..g.kh {
-                    for kw in 0..g.kw {
-                        match g.source(oh, ow, kh, kw) {
-                            Some((ih, iw)) => {
+    let mut cols = vec![0.0f32; g.cols_shape().iter().product()];
+    let per_image = g.out_h() * g.out_w() * g.kh * g.kw * g.c;
+    if per_image == 0 {
+        return cols;
+    }
+    // One image per task on the CPU path: a copy, so any split gives the same bits.
+    cols.par_chunks_mut(per_image)
+        .enumerate()
+        .for_each(|(n, image)| {
+            let mut windows = image.chunks_exact_mut(g.c);
+            for oh in 0..g.out_h() {
+                for ow in 0..g.out_w() {
+                    for kh in 0..g.kh {
+                        for kw in 0..g.kw {
+                            let dst = windows.next().expect("sized from the geometry");
+                            if let Some((ih, iw)) = g.source(oh, ow, kh, kw) {
                                 let at = ((n * g.h + ih) * g.w + iw) * g.c;
-                                cols.extend_from_slice(&x[at..at + g.c]);
+                                dst.copy_from_slice(&x[at..at + g.c]);
                             }
-                            None => cols.extend(std::iter::repeat_n(0.0, g.c)),
                         }
                     }
                 }
             }
-        }
-    }
+        });
     cols
 }
 
@@ -148,34 +155,41 @@ pub fn im2col_ref(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
 pub fn col2im_ref(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
     let (oh_n, ow_n) = (g.out_h(), g.out_w());
     let mut dx = vec![0.0; g.n * g.h * g.w * g.c];
-    for n in 0..g.n {
-        for ih in 0..g.h {
-            for iw in 0..g.w {
-                for c in 0..g.c {
-                    let mut acc = 0.0f32;
-                    for kh in 0..g.kh {
-                        let Some(yh) = (ih + g.pad).checked_sub(kh) else {
-                            continue;
-                        };
-                        if yh % g.stride != 0 || yh / g.stride >= oh_n {
-                            continue;
-                        }
-                        for kw in 0..g.kw {
-                            let Some(yw) = (iw + g.pad).checked_sub(kw) else {
+    let per_image = g.h * g.w * g.c;
+    if per_image == 0 {
+        return dx;
+    }
+    // One image per task on the CPU path: each sum is over its own image's columns.
+    dx.par_chunks_mut(per_image)
+        .enumerate()
+        .for_each(|(n, image)| {
+            for ih in 0..g.h {
+                for iw in 0..g.w {
+                    for c in 0..g.c {
+                        let mut acc = 0.0f32;
+                        for kh in 0..g.kh {
+                            let Some(yh) = (ih + g.pad).checked_sub(kh) else {
                                 continue;
                             };
-                            if yw % g.stride != 0 || yw / g.stride >= ow_n {
+                            if yh % g.stride != 0 || yh / g.stride >= oh_n {
                                 continue;
                             }
-                            let row = (n * oh_n + yh / g.stride) * ow_n + yw / g.stride;
-                            acc += cols[(row * g.kh + kh) * g.kw * g.c + kw * g.c + c];
+                            for kw in 0..g.kw {
+                                let Some(yw) = (iw + g.pad).checked_sub(kw) else {
+                                    continue;
+                                };
+                                if yw % g.stride != 0 || yw / g.stride >= ow_n {
+                                    continue;
+                                }
+                                let row = (n * oh_n + yh / g.stride) * ow_n + yw / g.stride;
+                                acc += cols[(row * g.kh + kh) * g.kw * g.c + kw * g.c + c];
+                            }
                         }
+                        image[(ih * g.w + iw) * g.c + c] = acc;
                     }
-                    dx[((n * g.h + ih) * g.w + iw) * g.c + c] = acc;
                 }
             }
-        }
-    }
+        });
     dx
 }
 

@@ -87,10 +87,14 @@ struct Params {
 pub fn dropout_ref(x: &[f32], mask: &DropoutMask) -> Result<Vec<f32>> {
     let scale = mask.scale();
     let offset = mask.offset(x.len())?;
-    Ok(x.iter()
-        .zip(offset..)
-        .map(|(&v, i)| if mask.keeps(i) { v * scale } else { 0.0 })
-        .collect())
+    // Each element's draw depends on its index alone: parallel chunks give the same bits.
+    Ok(crate::cpu::elementwise::collect_indexed(x.len(), |j| {
+        if mask.keeps(offset + j as u32) {
+            x[j] * scale
+        } else {
+            0.0
+        }
+    }))
 }
 
 /// Applies the mask to `x`: the forward pass on activations and, with the same mask, the

@@ -13,6 +13,7 @@ pub mod fill;
 pub mod layernorm;
 pub mod math;
 pub mod matmul;
+pub mod matmul_dims;
 pub mod optim;
 pub mod permute;
 pub mod pool;

@@ -1,6 +1,7 @@
 //! Optimizer update kernels over flat parameter buffers (optim.wgsl), in place.
 
 use bytemuck::{Pod, Zeroable};
+use rayon::prelude::*;
 
 use super::{grid_1d, OPTIM};
 use crate::error::{shape_err, Result};
@@ -67,15 +68,29 @@ pub fn sgd_ref(w: &mut [f32], grad: &[f32], buf: &mut [f32], s: &SgdStep) {
     }
 }
 
-/// CPU reference of one AdamW update.
+/// CPU reference of one AdamW update; each element's update depends on that element
+/// alone, so it runs over rayon in chunks (the same bits as one pass).
 pub fn adamw_ref(w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
+    assert!(grad.len() == w.len() && m.len() == w.len() && v.len() == w.len());
     let (bc1, bc2_sqrt) = s.corrections();
-    for i in 0..w.len() {
-        let g = grad[i];
-        m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * g;
-        v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * g * g;
-        let decayed = w[i] * (1.0 - s.lr * s.weight_decay);
-        w[i] = decayed - (s.lr / bc1) * m[i] / (v[i].sqrt() / bc2_sqrt + s.eps);
+    let chunk = |w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]| {
+        // Zipped iterators: no bounds checks, so the loop vectorises.
+        for (((w, &g), m), v) in w.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+            *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+            let decayed = *w * (1.0 - s.lr * s.weight_decay);
+            *w = decayed - (s.lr / bc1) * *m / (v.sqrt() / bc2_sqrt + s.eps);
+        }
+    };
+    const CHUNK: usize = crate::cpu::elementwise::CHUNK;
+    if w.len() <= CHUNK {
+        chunk(w, grad, m, v);
+    } else {
+        w.par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((w, g), m), v)| chunk(w, g, m, v));
     }
 }
 

@@ -3,6 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::{grid_1d, POOL};
+use crate::cpu::elementwise::collect_indexed;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -133,9 +134,8 @@ struct Params {
 /// each maximum (the first in window order on ties; empty for average pooling).
 pub fn pool_ref(x: &[f32], g: &PoolGeometry, kind: Pool) -> (Vec<f32>, Vec<u32>) {
     let outs = g.out_shape().iter().product();
-    let mut y = Vec::with_capacity(outs);
-    let mut argmax = vec![];
-    for o in 0..outs {
+    // Each output on its own (in parallel on the CPU path: the same bits).
+    let pooled = collect_indexed(outs, |o| {
         let mut window = g.window(o);
         match kind {
             Pool::Max => {
@@ -146,31 +146,32 @@ pub fn pool_ref(x: &[f32], g: &PoolGeometry, kind: Pool) -> (Vec<f32>, Vec<u32>)
                         (best, at) = (x[j], j);
                     }
                 }
-                y.push(best);
-                argmax.push(at as u32);
+                (best, at as u32)
             }
             Pool::Avg => {
                 let sum = window.fold(0.0f32, |acc, j| acc + x[j]);
-                y.push(sum / (g.k * g.k) as f32);
+                (sum / (g.k * g.k) as f32, 0)
             }
         }
+    });
+    let (y, mut argmax): (Vec<f32>, Vec<u32>) = pooled.into_iter().unzip();
+    if kind == Pool::Avg {
+        argmax.clear();
     }
     (y, argmax)
 }
 
 /// CPU reference backward.
 pub fn pool_backward_ref(dy: &[f32], argmax: &[u32], g: &PoolGeometry, kind: Pool) -> Vec<f32> {
-    (0..g.n * g.h * g.w * g.c)
-        .map(|i| {
-            let covering = g.covering(i);
-            match kind {
-                Pool::Max => covering
-                    .filter(|&o| argmax[o] as usize == i)
-                    .fold(0.0f32, |acc, o| acc + dy[o]),
-                Pool::Avg => covering.fold(0.0f32, |acc, o| acc + dy[o]) / (g.k * g.k) as f32,
-            }
-        })
-        .collect()
+    collect_indexed(g.n * g.h * g.w * g.c, |i| {
+        let covering = g.covering(i);
+        match kind {
+            Pool::Max => covering
+                .filter(|&o| argmax[o] as usize == i)
+                .fold(0.0f32, |acc, o| acc + dy[o]),
+            Pool::Avg => covering.fold(0.0f32, |acc, o| acc + dy[o]) / (g.k * g.k) as f32,
+        }
+    })
 }
 
 /// Pools `x [n, h, w, c]`; returns the output and, for max pooling, the argmax indices (u32,

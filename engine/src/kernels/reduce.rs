@@ -6,6 +6,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use rayon::prelude::*;
+
 use super::math::workgroup_fold;
 use super::{grid_1d, grid_groups, span_starts, LOOP_SPAN, REDUCE};
 use crate::error::{shape_err, Result};
@@ -94,22 +96,31 @@ pub fn reduce_ref(
     match plan(outer * inner, len) {
         Plan::PerThread => {
             let mut out = vec![op.identity(); outer * inner];
-            for o in 0..outer {
-                for j in 0..len {
-                    for (acc, &v) in out[o * inner..][..inner]
-                        .iter_mut()
-                        .zip(&x[(o * len + j) * inner..][..inner])
-                    {
-                        *acc = op.combine(*acc, v);
-                    }
-                }
+            if out.is_empty() {
+                return out;
             }
-            out.iter_mut().for_each(|v| *v *= scale);
+            // Whole outer rows per task on the CPU path: each output's sum keeps its order.
+            let rows_per_task = (crate::cpu::elementwise::CHUNK / (len * inner).max(1)).max(1);
+            out.par_chunks_mut(rows_per_task * inner)
+                .enumerate()
+                .for_each(|(t, rows)| {
+                    for (r, row) in rows.chunks_mut(inner).enumerate() {
+                        let o = t * rows_per_task + r;
+                        for j in 0..len {
+                            for (acc, &v) in
+                                row.iter_mut().zip(&x[(o * len + j) * inner..][..inner])
+                            {
+                                *acc = op.combine(*acc, v);
+                            }
+                        }
+                        row.iter_mut().for_each(|v| *v *= scale);
+                    }
+                });
             out
         }
-        Plan::PerWorkgroup => (0..outer * inner)
-            .map(|oi| fold(oi / inner, oi % inner, 0..len) * scale)
-            .collect(),
+        Plan::PerWorkgroup => crate::cpu::elementwise::collect_indexed(outer * inner, |oi| {
+            fold(oi / inner, oi % inner, 0..len) * scale
+        }),
         Plan::TwoPass { chunks } => {
             let mut partial = vec![0.0; outer * chunks * inner];
             for o in 0..outer {

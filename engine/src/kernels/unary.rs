@@ -155,12 +155,7 @@ pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
     x.expect_dtype("unary", DType::F32)?;
     match x.device() {
         Device::Cpu => {
-            let y = x
-                .cpu_f32()
-                .expect("cpu")
-                .iter()
-                .map(|&v| op.apply(v))
-                .collect();
+            let y = crate::cpu::elementwise::map(x.cpu_f32().expect("cpu"), |v| op.apply(v));
             Tensor::from_vec(x.device(), x.shape(), y)
         }
         Device::Gpu(gpu) => {
@@ -192,11 +187,7 @@ pub fn unary_backward(x: &Tensor, dy: &Tensor, op: Unary) -> Result<Tensor> {
     match x.device() {
         Device::Cpu => {
             let (xs, ds) = (x.cpu_f32().expect("cpu"), dy.cpu_f32().expect("cpu"));
-            let dx = xs
-                .iter()
-                .zip(ds)
-                .map(|(&v, &d)| d * op.derivative(v))
-                .collect();
+            let dx = crate::cpu::elementwise::zip_map(xs, ds, |v, d| d * op.derivative(v));
             Tensor::from_vec(x.device(), x.shape(), dx)
         }
         Device::Gpu(gpu) => {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::gpu::Gpu;
 
-/// The CPU (reference implementations) or a GPU (WGSL kernels).
+/// The CPU or a GPU (WGSL kernels).
 #[derive(Clone)]
 pub enum Device {
-    /// The host, running the CPU reference implementations.
+    /// The host: the CPU path (`crate::cpu`), giving the CPU references' bits.
     Cpu,
     /// A GPU, running the WGSL kernels.
     Gpu(Arc<Gpu>),
@@ -19,6 +19,22 @@ impl Device {
     /// Opens the GPU chosen by `MURMUR_ADAPTER` / `MURMUR_BACKEND`, or the best one found.
     pub fn gpu() -> Result<Device> {
         Ok(Device::Gpu(Gpu::new()?))
+    }
+
+    /// The fastest device on this machine: the selected GPU adapter, or the CPU path where
+    /// the adapter is a software one or there is none (see
+    /// [`Gpu::open_if_faster_than_cpu`]). The second value says what was chosen and why.
+    pub fn auto() -> Result<(Device, String)> {
+        Ok(match Gpu::open_if_faster_than_cpu()? {
+            Ok(gpu) => {
+                let why = format!("gpu {}: a hardware adapter", gpu.describe());
+                (Device::Gpu(gpu), why)
+            }
+            Err(reason) => (
+                Device::Cpu,
+                format!("cpu ({}): {reason}", crate::cpu::gemm::describe()),
+            ),
+        })
     }
 
     /// Whether this is a GPU.

@@ -1,0 +1,173 @@
+//! Element-wise work on the CPU path: the references' arithmetic for each element, in inner
+//! loops the compiler can vectorise, split over rayon in chunks. Splitting an element-wise
+//! operation never changes a bit: each output depends on its own inputs only.
+
+use rayon::prelude::*;
+
+/// Elements per rayon task: below this, handing work to another thread costs more than it
+/// saves.
+pub const CHUNK: usize = 1 << 14;
+
+/// `out[i] = f(i-th chunk)` over matching chunks of `out` and `input`, in parallel when large.
+pub fn map_chunks<T: Sync, U: Send>(out: &mut [U], input: &[T], f: impl Fn(&mut [U], &[T]) + Sync) {
+    if out.len() <= CHUNK {
+        f(out, input);
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(input.par_chunks(CHUNK))
+            .for_each(|(o, i)| f(o, i));
+    }
+}
+
+/// `out[i] = f(i)` for every index, in parallel chunks when large.
+pub fn fill_indexed<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
+    if out.len() <= CHUNK {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = f(i);
+        }
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                for (j, o) in chunk.iter_mut().enumerate() {
+                    *o = f(c * CHUNK + j);
+                }
+            });
+    }
+}
+
+/// `[f(0), f(1), .., f(n - 1)]`, in parallel chunks when large.
+pub fn collect_indexed<T: Send + Clone + Default>(
+    n: usize,
+    f: impl Fn(usize) -> T + Sync,
+) -> Vec<T> {
+    let mut out = vec![T::default(); n];
+    fill_indexed(&mut out, f);
+    out
+}
+
+/// `f(x)` for every element, in parallel when large.
+pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    map_chunks(&mut out, x, |o, i| {
+        for (o, &v) in o.iter_mut().zip(i) {
+            *o = f(v);
+        }
+    });
+    out
+}
+
+/// `f(x, y)` for every pair of elements of two equally long slices, in parallel when large.
+pub fn zip_map(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    assert_eq!(x.len(), y.len(), "zip_map operands differ in length");
+    let mut out = vec![0.0f32; x.len()];
+    let run = |o: &mut [f32], x: &[f32], y: &[f32]| {
+        for ((o, &a), &b) in o.iter_mut().zip(x).zip(y) {
+            *o = f(a, b);
+        }
+    };
+    if x.len() <= CHUNK {
+        run(&mut out, x, y);
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
+            .for_each(|(o, (x, y))| run(o, x, y));
+    }
+    out
+}
+
+/// `f(a, b)` with broadcasting, element for element as
+/// [`binary_ref`](crate::kernels::binary::binary_ref) computes it: `dims` and the operands'
+/// element strides come collapsed (no size-1 axes, contiguous neighbours merged), so the
+/// innermost axis is the long one.
+pub fn broadcast(
+    a: &[f32],
+    sa: &[usize],
+    b: &[f32],
+    sb: &[usize],
+    dims: &[usize],
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let Some((&inner, outer)) = dims.split_last() else {
+        return vec![f(a[0], b[0])];
+    };
+    let (ia, ib) = (sa[outer.len()], sb[outer.len()]);
+    let n: usize = dims.iter().product();
+    let mut out = vec![0.0f32; n];
+    if n == 0 {
+        return out;
+    }
+    // Where row `r` (one run of the innermost axis) starts in each operand.
+    let starts = |mut r: usize| {
+        let (mut oa, mut ob) = (0, 0);
+        for ax in (0..outer.len()).rev() {
+            let c = r % outer[ax];
+            r /= outer[ax];
+            oa += c * sa[ax];
+            ob += c * sb[ax];
+        }
+        (oa, ob)
+    };
+    let row = |r: usize, o: &mut [f32]| {
+        let (oa, ob) = starts(r);
+        match (ia, ib) {
+            (1, 1) => {
+                for ((o, &x), &y) in o.iter_mut().zip(&a[oa..][..inner]).zip(&b[ob..][..inner]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in o.iter_mut().zip(&a[oa..][..inner]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in o.iter_mut().zip(&b[ob..][..inner]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
+        }
+    };
+    let rows_per_task = (CHUNK / inner).max(1);
+    if n <= CHUNK {
+        for (r, o) in out.chunks_mut(inner).enumerate() {
+            row(r, o);
+        }
+    } else {
+        out.par_chunks_mut(rows_per_task * inner)
+            .enumerate()
+            .for_each(|(t, rows)| {
+                for (i, o) in rows.chunks_mut(inner).enumerate() {
+                    row(t * rows_per_task + i, o);
+                }
+            });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_cover_every_element_across_chunks() {
+        let x: Vec<f32> = (0..3 * CHUNK + 17).map(|i| i as f32 * 0.37 - 9.0).collect();
+        let y: Vec<f32> = x.iter().rev().copied().collect();
+        let doubled = map(&x, |v| 2.0 * v);
+        assert!(doubled.iter().zip(&x).all(|(d, v)| *d == 2.0 * v));
+        let sum = zip_map(&x, &y, |a, b| a + b);
+        assert!(sum
+            .iter()
+            .zip(x.iter().zip(&y))
+            .all(|(s, (a, b))| *s == a + b));
+        let squares = collect_indexed(3 * CHUNK + 5, |i| i * i);
+        assert!(squares.iter().enumerate().all(|(i, s)| *s == i * i));
+    }
+}

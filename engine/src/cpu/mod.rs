@@ -1,0 +1,6 @@
+//! The fast CPU path: kernels that give the CPU references' bits (and so the WGSL kernels'
+//! bits on lavapipe) at a speed that makes the CPU a training device of its own, for the
+//! nodes and CI machines that have no GPU.
+
+pub mod elementwise;
+pub mod gemm;

@@ -1,0 +1,131 @@
+//! The CPU path (`engine/src/cpu`) against the CPU references it must equal bit for bit, on
+//! shapes off every tile and chunk size.
+
+use murmur_engine::cpu::gemm::{matmul, matmul_with, Arithmetic};
+use murmur_engine::kernels::binary::{
+    binary_fast, binary_ref, broadcast_shape, broadcast_strides, collapse, Binary,
+};
+use murmur_engine::kernels::matmul::{matmul_ref, MatmulDims};
+use murmur_engine::rng::Rng;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed, 0);
+    (0..len).map(|_| rng.normal()).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn products_give_the_references_bits_on_awkward_shapes() {
+    // Shapes off every tile size, both transposes, shared and batched operands (a stack of
+    // A's times one B is folded into one tall product), and products large enough to go
+    // parallel.
+    let shapes = [
+        (1, 1, 1, 1),
+        (1, 3, 5, 7),
+        (2, 13, 33, 17),
+        (3, 25, 47, 129),
+        (1, 64, 96, 300),
+        (2, 37, 70, 513),
+        (5, 7, 40, 64),
+    ];
+    for (seed, &(batch, m, n, k)) in shapes.iter().enumerate() {
+        for trans_a in [false, true] {
+            for trans_b in [false, true] {
+                for (a_batched, b_batched) in [(true, true), (true, false), (false, true)] {
+                    let d = MatmulDims {
+                        batch,
+                        m,
+                        n,
+                        k,
+                        trans_a,
+                        trans_b,
+                        a_batched,
+                        b_batched,
+                    };
+                    let a = values(if a_batched { batch } else { 1 } * m * k, seed as u64);
+                    let b = values(if b_batched { batch } else { 1 } * k * n, 100 + seed as u64);
+                    assert_eq!(
+                        bits(&matmul(&a, &b, &d)),
+                        bits(&matmul_ref(&a, &b, &d)),
+                        "{d:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_and_zero_k_products_are_zeros() {
+    let d = MatmulDims {
+        batch: 2,
+        m: 3,
+        n: 4,
+        k: 0,
+        trans_a: false,
+        trans_b: false,
+        a_batched: true,
+        b_batched: true,
+    };
+    assert_eq!(matmul(&[], &[], &d), vec![0.0; 24]);
+    let d = MatmulDims { m: 0, k: 5, ..d };
+    assert!(matmul(&[], &values(40, 1), &d).is_empty());
+}
+
+#[test]
+fn fused_arithmetic_is_close_but_not_the_reference() {
+    // The fused variant exists only for the benchmark; it must still compute the product.
+    let d = MatmulDims {
+        batch: 1,
+        m: 40,
+        n: 50,
+        k: 200,
+        trans_a: false,
+        trans_b: false,
+        a_batched: false,
+        b_batched: false,
+    };
+    let (a, b) = (values(40 * 200, 3), values(200 * 50, 4));
+    let exact = matmul(&a, &b, &d);
+    let fused = matmul_with(&a, &b, &d, Arithmetic::Fused);
+    assert_ne!(bits(&exact), bits(&fused));
+    for (x, y) in exact.iter().zip(&fused) {
+        assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "{x} vs {y}");
+    }
+}
+
+#[test]
+fn broadcasts_give_the_references_bits() {
+    // Rows, columns, scalars, a middle axis, and sizes past one chunk.
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[3, 5], &[3, 5]),
+        (&[3, 5], &[5]),
+        (&[3, 5], &[3, 1]),
+        (&[1], &[4, 7]),
+        (&[2, 3, 4], &[2, 1, 4]),
+        (&[4, 1, 6], &[1, 5, 1]),
+        (&[129, 300], &[300]),
+        (&[70, 600], &[70, 1]),
+        (&[5, 8000], &[5, 8000]),
+    ];
+    for (i, &(a_shape, b_shape)) in cases.iter().enumerate() {
+        let out = broadcast_shape(a_shape, b_shape).unwrap();
+        let a = values(a_shape.iter().product(), i as u64);
+        let b = values(b_shape.iter().product(), 50 + i as u64);
+        let (sa, sb) = (
+            broadcast_strides(a_shape, &out),
+            broadcast_strides(b_shape, &out),
+        );
+        let (dims, ca, cb) = collapse(&out, &sa, &sb);
+        for op in Binary::ALL {
+            assert_eq!(
+                bits(&binary_fast(&a, &ca, &b, &cb, &dims, op)),
+                bits(&binary_ref(&a, &sa, &b, &sb, &out, op)),
+                "{a_shape:?} {op:?} {b_shape:?}"
+            );
+        }
+    }
+}
