@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         SwarmConfig {
             servers: 1,
             job,
-            device: DeviceKind::Gpu,
+            device: DeviceKind::Auto,
             data: None,
             link: LinkConfig::default(),
             deadline_s: 30.0,

@@ -9,8 +9,10 @@ use murmur::engine::Device;
 fn main() -> anyhow::Result<()> {
     let train = ImageDataset::Mnist.load(&default_root(), Split::Train)?;
     let test = ImageDataset::Mnist.load(&default_root(), Split::Test)?;
-    // The best GPU adapter; Device::Cpu runs the reference kernels instead.
-    let device = Device::gpu()?;
+    // A hardware GPU if there is one, else the CPU path (faster than a software adapter
+    // such as lavapipe, with the same bits); Device::gpu() and Device::Cpu choose yourself.
+    let (device, why) = Device::auto()?;
+    eprintln!("device {why}");
     let config = ClassifierConfig {
         hidden: vec![256],
         lr: 1e-3,

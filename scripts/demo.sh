@@ -13,5 +13,5 @@ cd "$root"
 scripts/ensure-gpu.sh
 scripts/fetch-data.sh mnist
 cargo build --release --quiet
-./target/release/murmur info | sed -n '/^selected/,/matmul kernel/p' >&2
+./target/release/murmur info | sed -n '/^device auto/p' >&2
 ./target/release/murmur swarm --workers 4 --servers 2 --codec topk:0.01 "$@"

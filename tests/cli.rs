@@ -69,7 +69,7 @@ fn info_names_the_adapter() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("selected:") && stdout.contains("subgroup size"),
+        stdout.contains("selected GPU adapter") && stdout.contains("subgroup size"),
         "{stdout}"
     );
 }
@@ -91,6 +91,64 @@ fn no_adapter_is_a_clear_error_not_a_panic() {
         "the error says how to get an adapter: {stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn auto_device_trains_on_the_cpu_path_where_the_adapter_is_software_or_absent() {
+    if !have_mnist() {
+        return;
+    }
+    let train = |hide_drivers: bool| {
+        let mut cmd = murmur();
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+            "train",
+            "--max-steps",
+            "3",
+            "--train-limit",
+            "1000",
+            "--hidden",
+            "16",
+            "--quiet",
+        ]);
+        if hide_drivers {
+            cmd.env("VK_DRIVER_FILES", "/nonexistent.json")
+                .env("VK_ICD_FILENAMES", "/nonexistent.json");
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        let line = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap()
+            .to_string();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        v["device"].as_str().unwrap().to_string()
+    };
+    // No adapter at all: the default device is no longer an error.
+    assert_eq!(train(true), "cpu");
+    // With the machine's adapters: a software one (lavapipe in CI) loses to the CPU path,
+    // a hardware one wins.
+    let info = murmur().args(["info", "--json"]).output().unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let software = info["selected"]["device_type"] == "Cpu";
+    let auto = info["device_auto"].as_str().unwrap();
+    assert_eq!(auto.starts_with("cpu"), software, "{info}");
+    assert_eq!(train(false) == "cpu", software);
+
+    // `murmur info` without any adapter says what auto does instead of failing.
+    let out = murmur()
+        .arg("info")
+        .env("VK_DRIVER_FILES", "/nonexistent.json")
+        .env("VK_ICD_FILENAMES", "/nonexistent.json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("device auto (the default): cpu"),
+        "{stdout}"
+    );
 }
 
 #[test]

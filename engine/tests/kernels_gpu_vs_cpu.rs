@@ -431,14 +431,7 @@ fn binary_with_broadcasting() {
             .collect();
         let (ca, ga) = both(sa, &a);
         let (cb, gb) = both(sb, &b);
-        for op in [
-            Binary::Add,
-            Binary::Sub,
-            Binary::Mul,
-            Binary::Div,
-            Binary::Max,
-            Binary::Min,
-        ] {
+        for op in Binary::ALL {
             let (g, c) = (binary(&ga, &gb, op).unwrap(), binary(&ca, &cb, op).unwrap());
             assert_eq!(g.shape(), c.shape());
             assert_close(

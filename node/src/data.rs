@@ -13,25 +13,43 @@ use crate::error::{NodeError, Result};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceKind {
-    /// The best GPU adapter (lavapipe where there is no GPU).
+    /// The fastest here: a hardware GPU, else the CPU path (a software adapter such as
+    /// lavapipe is slower than the CPU path at the same bits).
     #[default]
+    Auto,
+    /// The best GPU adapter, lavapipe included (where there is no GPU).
     Gpu,
-    /// The CPU reference kernels (slow; for checking the GPU path).
+    /// The CPU path: vectorised, multi-threaded kernels with the GPU kernels' bits.
     Cpu,
 }
 
 impl DeviceKind {
-    /// Opens the device.
+    /// Opens the device (logging what `Auto` chose and why).
     pub fn open(self) -> Result<Device> {
-        Ok(match self {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Gpu => Device::gpu()?,
-        })
+        Ok(self.open_explained()?.0)
+    }
+
+    /// Opens the device; the second value says what it is, and for `Auto` why it won.
+    pub fn open_explained(self) -> Result<(Device, String)> {
+        let (device, why) = match self {
+            DeviceKind::Cpu => (Device::Cpu, "cpu: asked for".to_string()),
+            DeviceKind::Gpu => {
+                let device = Device::gpu()?;
+                let why = format!("{device}: asked for");
+                (device, why)
+            }
+            DeviceKind::Auto => Device::auto()?,
+        };
+        if self == DeviceKind::Auto {
+            tracing::info!("device auto: {why}");
+        }
+        Ok((device, why))
     }
 
     /// Its name as a flag takes it.
     pub fn name(self) -> &'static str {
         match self {
+            DeviceKind::Auto => "auto",
             DeviceKind::Cpu => "cpu",
             DeviceKind::Gpu => "gpu",
         }

@@ -76,7 +76,7 @@ impl Default for WorkerConfig {
             servers: Vec::new(),
             swarm: PathBuf::from("swarm"),
             node: String::new(),
-            device: DeviceKind::Gpu,
+            device: DeviceKind::Auto,
             data: None,
             link: LinkConfig::default(),
             budget: Budget::default(),

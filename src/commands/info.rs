@@ -2,8 +2,9 @@
 //! limits, features, subgroup sizes and matmul kernel; as text or (`--json`) one JSON object.
 
 use clap::Args;
-use murmur_engine::gpu::{list_adapters, AdapterPreference, Gpu};
+use murmur_engine::gpu::{list_adapters, AdapterPreference, Gpu, NO_ADAPTER_HELP};
 use murmur_engine::kernels::matmul::MatmulKernel;
+use murmur_engine::Device;
 use serde::Serialize;
 
 use super::machine::Machine;
@@ -21,7 +22,13 @@ struct Info {
     murmur: &'static str,
     machine: Machine,
     adapters: Vec<Adapter>,
-    selected: Selected,
+    /// What `--device auto` (the default) trains on, and why.
+    device_auto: String,
+    /// The CPU path's micro-kernel for this CPU.
+    cpu_kernel: String,
+    /// The adapter `--device gpu` opens; none where there is no adapter (auto then picks
+    /// the CPU path).
+    selected: Option<Selected>,
 }
 
 #[derive(Serialize)]
@@ -74,39 +81,49 @@ fn gather() -> anyhow::Result<Info> {
     .iter()
     .map(|a| adapter(&a.adapter))
     .collect();
-    let gpu = Gpu::with_preference(&pref)?;
-    let info = gpu.info();
-    let (a, l) = (&info.adapter, &info.limits);
+    let (_, device_auto) = Device::auto()?;
+    let selected = match Gpu::with_preference(&pref) {
+        Ok(gpu) => Some(selected(&gpu)?),
+        // Auto fell back to the CPU path without complaint: say so rather than fail.
+        Err(murmur_engine::Error::NoAdapter(_)) if device_auto.starts_with("cpu") => None,
+        Err(e) => return Err(e.into()),
+    };
     Ok(Info {
         murmur: env!("CARGO_PKG_VERSION"),
         machine: Machine::detect(),
         adapters,
-        selected: Selected {
-            description: gpu.describe(),
-            adapter: adapter(a),
-            subgroup_sizes: [a.subgroup_min_size, a.subgroup_max_size],
-            matmul_kernel: format!("{:?}", MatmulKernel::for_gpu(&gpu)?),
-            limits: Limits {
-                max_buffer_size: l.max_buffer_size,
-                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
-                max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
-                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
-                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
-                max_compute_workgroup_size: [
-                    l.max_compute_workgroup_size_x,
-                    l.max_compute_workgroup_size_y,
-                    l.max_compute_workgroup_size_z,
-                ],
-                max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
-                min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
-            },
-            features: (info.features.features_wgpu.iter_names())
-                .map(|(name, _)| name.to_string())
-                .chain(
-                    (info.features.features_webgpu.iter_names()).map(|(name, _)| name.to_string()),
-                )
-                .collect(),
+        device_auto,
+        cpu_kernel: murmur_engine::cpu::gemm::describe(),
+        selected,
+    })
+}
+
+fn selected(gpu: &Gpu) -> anyhow::Result<Selected> {
+    let info = gpu.info();
+    let (a, l) = (&info.adapter, &info.limits);
+    Ok(Selected {
+        description: gpu.describe(),
+        adapter: adapter(a),
+        subgroup_sizes: [a.subgroup_min_size, a.subgroup_max_size],
+        matmul_kernel: format!("{:?}", MatmulKernel::for_gpu(gpu)?),
+        limits: Limits {
+            max_buffer_size: l.max_buffer_size,
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_size: [
+                l.max_compute_workgroup_size_x,
+                l.max_compute_workgroup_size_y,
+                l.max_compute_workgroup_size_z,
+            ],
+            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
         },
+        features: (info.features.features_wgpu.iter_names())
+            .map(|(name, _)| name.to_string())
+            .chain((info.features.features_webgpu.iter_names()).map(|(name, _)| name.to_string()))
+            .collect(),
     })
 }
 
@@ -124,9 +141,17 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             a.name, a.backend, a.device_type, a.driver
         );
     }
-    let s = &info.selected;
+    println!("device auto (the default): {}", info.device_auto);
+    println!(
+        "CPU path (--device cpu): matmul micro-kernel {}",
+        info.cpu_kernel
+    );
+    let Some(s) = &info.selected else {
+        println!("no GPU adapter: {NO_ADAPTER_HELP}");
+        return Ok(());
+    };
     let l = &s.limits;
-    println!("selected: {}", s.description);
+    println!("selected GPU adapter (--device gpu): {}", s.description);
     println!("  device type: {}", s.adapter.device_type);
     println!(
         "  subgroup size: {}..{}",
@@ -174,7 +199,8 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     println!("  features enabled: {}", s.features.join(", "));
     println!(
-        "override with MURMUR_ADAPTER=<name substring> and MURMUR_BACKEND=vulkan|metal|dx12|gl"
+        "override with --device gpu|cpu, MURMUR_ADAPTER=<name substring> and \
+         MURMUR_BACKEND=vulkan|metal|dx12|gl"
     );
     Ok(())
 }

@@ -20,7 +20,7 @@ pub struct WorkerArgs {
     /// This node's name in the swarm folder.
     #[arg(long)]
     node: String,
-    #[arg(long, value_enum, default_value = "gpu")]
+    #[arg(long, value_enum, default_value = "auto")]
     device: DeviceKind,
     /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]

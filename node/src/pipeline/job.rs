@@ -115,7 +115,7 @@ impl Default for PipelineJob {
             train_limit: None,
             data: None,
             save: None,
-            device: DeviceKind::Gpu,
+            device: DeviceKind::Auto,
         }
     }
 }

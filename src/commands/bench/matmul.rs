@@ -3,6 +3,7 @@
 //! same run.
 
 use clap::{Args, ValueEnum};
+use murmur_engine::cpu::gemm::{self, Arithmetic};
 use murmur_engine::gpu::Gpu;
 use murmur_engine::kernels::matmul::{matmul_gpu, MatmulDims, MatmulKernel};
 use murmur_engine::rng::Rng;
@@ -49,6 +50,25 @@ struct Row {
     ratio_to_cpu: f64,
 }
 
+/// The CPU path (`--device cpu`, and auto's choice where the adapter is software) beside the
+/// same sgemm: with the reference's bits, and with fused multiply-adds (what exactness costs).
+#[derive(Serialize)]
+struct CpuRow {
+    size: usize,
+    /// GFLOPS for C = A B, A^T B, A B^T, A^T B^T with the reference's bits.
+    nn: f64,
+    tn: f64,
+    nt: f64,
+    tt: f64,
+    /// GFLOPS for C = A B with one fused multiply-add per term (other bits; never trained with).
+    nn_fused: f64,
+    cpu_sgemm: f64,
+    /// nn / cpu_sgemm.
+    ratio_to_sgemm: f64,
+    /// nn / nn_fused: below 1 by what the separately rounded multiply and add cost.
+    exact_over_fused: f64,
+}
+
 #[derive(Serialize)]
 struct Report {
     command: String,
@@ -57,27 +77,20 @@ struct Report {
     adapter: String,
     adapter_type: String,
     rows: Vec<Row>,
+    /// The CPU path's micro-kernel, e.g. "avx512 12x32".
+    cpu_kernel: String,
+    cpu_rows: Vec<CpuRow>,
 }
 
 fn time_until(min_seconds: f64, sync: impl FnMut(), f: impl FnMut()) -> f64 {
     super::seconds_per_call(min_seconds, 1 << 16, sync, f)
 }
 
-pub(super) fn gpu_gflops(
-    gpu: &Gpu,
-    n: usize,
-    ta: bool,
-    tb: bool,
-    kernel: MatmulKernel,
-    min_seconds: f64,
-) -> anyhow::Result<f64> {
+/// Random `n x n` operands and the dims of their product with the given transposes.
+fn square_product(n: usize, ta: bool, tb: bool) -> (Vec<f32>, Vec<f32>, MatmulDims) {
     let mut rng = Rng::new(n as u64, 0);
     let a: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
     let b: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
-    let (ga, gb) = (
-        gpu.upload(bytemuck::cast_slice(&a))?,
-        gpu.upload(bytemuck::cast_slice(&b))?,
-    );
     let dims = MatmulDims {
         batch: 1,
         m: n,
@@ -88,6 +101,22 @@ pub(super) fn gpu_gflops(
         a_batched: true,
         b_batched: true,
     };
+    (a, b, dims)
+}
+
+pub(super) fn gpu_gflops(
+    gpu: &Gpu,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    kernel: MatmulKernel,
+    min_seconds: f64,
+) -> anyhow::Result<f64> {
+    let (a, b, dims) = square_product(n, ta, tb);
+    let (ga, gb) = (
+        gpu.upload(bytemuck::cast_slice(&a))?,
+        gpu.upload(bytemuck::cast_slice(&b))?,
+    );
     // One checked call first: later calls cannot fail on sizes.
     matmul_gpu(gpu, &ga, &gb, &dims, kernel)?;
     let seconds = time_until(
@@ -100,6 +129,25 @@ pub(super) fn gpu_gflops(
     );
     gpu.check()?;
     Ok(dims.flops() / seconds / 1e9)
+}
+
+/// GFLOPS of murmur's CPU path on an `n`-cubed product.
+pub(super) fn cpu_path_gflops(
+    n: usize,
+    ta: bool,
+    tb: bool,
+    arithmetic: Arithmetic,
+    min_seconds: f64,
+) -> f64 {
+    let (a, b, dims) = square_product(n, ta, tb);
+    let seconds = time_until(
+        min_seconds,
+        || {},
+        || {
+            std::hint::black_box(gemm::matmul_with(&a, &b, &dims, arithmetic));
+        },
+    );
+    dims.flops() / seconds / 1e9
 }
 
 fn cpu_gflops(n: usize, min_seconds: f64) -> f64 {
@@ -185,6 +233,50 @@ pub fn run(a: MatmulArgs) -> anyhow::Result<()> {
             rows.push(row);
         }
     }
+    if !a.json {
+        println!();
+        println!(
+            "CPU path ({}), same bits as the reference; fused: one rounding per term, other bits",
+            gemm::describe()
+        );
+        println!("| size | A·B | Aᵀ·B | A·Bᵀ | Aᵀ·Bᵀ | A·B fused | CPU sgemm | A·B / sgemm | exact / fused |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    let mut cpu_rows = vec![];
+    for &n in &a.sizes {
+        let g = |ta, tb, arithmetic| cpu_path_gflops(n, ta, tb, arithmetic, a.min_seconds);
+        let cpu_sgemm = cpu_gflops(n, a.min_seconds);
+        let (nn, nn_fused) = (
+            g(false, false, Arithmetic::Exact),
+            g(false, false, Arithmetic::Fused),
+        );
+        let row = CpuRow {
+            size: n,
+            nn,
+            tn: g(true, false, Arithmetic::Exact),
+            nt: g(false, true, Arithmetic::Exact),
+            tt: g(true, true, Arithmetic::Exact),
+            nn_fused,
+            cpu_sgemm,
+            ratio_to_sgemm: nn / cpu_sgemm,
+            exact_over_fused: nn / nn_fused,
+        };
+        if !a.json {
+            println!(
+                "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+                row.size,
+                row.nn,
+                row.tn,
+                row.nt,
+                row.tt,
+                row.nn_fused,
+                row.cpu_sgemm,
+                row.ratio_to_sgemm,
+                row.exact_over_fused
+            );
+        }
+        cpu_rows.push(row);
+    }
     let info = &gpu.info().adapter;
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -193,6 +285,8 @@ pub fn run(a: MatmulArgs) -> anyhow::Result<()> {
         adapter: gpu.describe(),
         adapter_type: format!("{:?}", info.device_type),
         rows,
+        cpu_kernel: gemm::describe(),
+        cpu_rows,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

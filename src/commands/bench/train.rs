@@ -4,11 +4,13 @@
 //! convolutions of the forward pass, times three for forward plus backward.
 
 use clap::{Args, ValueEnum};
+use murmur_engine::cpu::gemm::{self, Arithmetic};
 use murmur_engine::kernels::matmul::MatmulKernel;
 use murmur_engine::nn::{CnnConfig, Module};
 use murmur_engine::rng::Rng;
 use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig};
 use murmur_engine::Device;
+use murmur_node::DeviceKind;
 use serde::Serialize;
 
 use super::super::machine::Machine;
@@ -39,6 +41,8 @@ pub struct TrainBenchArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
+    #[arg(long, value_enum, default_value = "auto")]
+    device: DeviceKind,
 }
 
 #[derive(Serialize)]
@@ -133,21 +137,32 @@ fn bench_gpt(device: &Device, sequences: usize, min_seconds: f64) -> anyhow::Res
 }
 
 pub fn run(a: TrainBenchArgs) -> anyhow::Result<()> {
-    let device = Device::gpu()?;
-    let gpu = device.as_gpu().expect("a GPU device");
-    let kernel = MatmulKernel::for_gpu(gpu)?;
-    let peak = super::matmul::gpu_gflops(
-        gpu,
-        a.peak_size,
-        false,
-        false,
-        kernel,
-        a.min_seconds.min(2.0),
-    )?;
+    let device = a.device.open()?;
+    let peak_seconds = a.min_seconds.min(2.0);
+    let (adapter, peak) = match device.as_gpu() {
+        Some(gpu) => {
+            let kernel = MatmulKernel::for_gpu(gpu)?;
+            let peak =
+                super::matmul::gpu_gflops(gpu, a.peak_size, false, false, kernel, peak_seconds)?;
+            (
+                format!("{} with the {kernel:?} matmul kernel", gpu.describe()),
+                peak,
+            )
+        }
+        None => {
+            let peak = super::matmul::cpu_path_gflops(
+                a.peak_size,
+                false,
+                false,
+                Arithmetic::Exact,
+                peak_seconds,
+            );
+            (format!("the CPU path ({})", gemm::describe()), peak)
+        }
+    };
     if !a.json {
         eprintln!(
-            "adapter: {}; matmul {1}³ with the {kernel:?} kernel: {peak:.1} GFLOPS",
-            gpu.describe(),
+            "device: {adapter}; matmul {}³: {peak:.1} GFLOPS",
             a.peak_size
         );
         println!("| model | parameters | batch | steps/s | throughput | GFLOPS | of matmul peak |");
@@ -180,7 +195,7 @@ pub fn run(a: TrainBenchArgs) -> anyhow::Result<()> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         date: super::today(),
         machine: Machine::detect(),
-        adapter: gpu.describe(),
+        adapter,
         matmul_peak_size: a.peak_size,
         matmul_peak_gflops: peak,
         rows,

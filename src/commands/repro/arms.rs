@@ -50,7 +50,7 @@ pub struct CommonArgs {
     /// Samples per worker per step.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
-    #[arg(long, value_enum, default_value = "gpu")]
+    #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceKind,
     /// Where the table goes [default: docs/results/<paper>.md, quick target/repro/<paper>.md].
     #[arg(long)]
@@ -275,14 +275,11 @@ pub fn load_images(
 
 /// The device a reproduction trains on, and the name its results file gives it.
 pub fn open_device(kind: DeviceKind) -> anyhow::Result<(Device, String)> {
-    let device = match kind {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Gpu => Device::gpu()?,
-    };
-    let adapter = device
-        .as_gpu()
-        .map(|g| g.info().adapter.name.clone())
-        .unwrap_or_else(|| "CPU reference kernels".into());
+    let device = kind.open()?;
+    let adapter = device.as_gpu().map_or_else(
+        || format!("the CPU path ({})", murmur_engine::cpu::gemm::describe()),
+        |g| g.info().adapter.name.clone(),
+    );
     Ok((device, adapter))
 }
 
