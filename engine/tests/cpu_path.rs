@@ -1,7 +1,7 @@
 //! The CPU path (`engine/src/cpu`) against the CPU references it must equal bit for bit, on
 //! shapes off every tile and chunk size.
 
-use murmur_engine::cpu::gemm::{matmul, matmul_with, Arithmetic};
+use murmur_engine::cpu::gemm::{matmul, matmul_on, matmul_with, Arithmetic, Isa};
 use murmur_engine::kernels::binary::{
     binary_fast, binary_ref, broadcast_shape, broadcast_strides, collapse, Binary,
 };
@@ -21,7 +21,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn products_give_the_references_bits_on_awkward_shapes() {
     // Shapes off every tile size, both transposes, shared and batched operands (a stack of
     // A's times one B is folded into one tall product), and products large enough to go
-    // parallel.
+    // parallel; on every micro-kernel this CPU can run (an AVX-512 machine checks the AVX2
+    // and portable kernels too).
+    let isas = Isa::available();
+    assert_eq!(isas[0], Isa::detect());
     let shapes = [
         (1, 1, 1, 1),
         (1, 3, 5, 7),
@@ -47,11 +50,12 @@ fn products_give_the_references_bits_on_awkward_shapes() {
                     };
                     let a = values(if a_batched { batch } else { 1 } * m * k, seed as u64);
                     let b = values(if b_batched { batch } else { 1 } * k * n, 100 + seed as u64);
-                    assert_eq!(
-                        bits(&matmul(&a, &b, &d)),
-                        bits(&matmul_ref(&a, &b, &d)),
-                        "{d:?}"
-                    );
+                    let want = bits(&matmul_ref(&a, &b, &d));
+                    assert_eq!(bits(&matmul(&a, &b, &d)), want, "{d:?}");
+                    for &isa in &isas[1..] {
+                        let got = matmul_on(isa, &a, &b, &d, Arithmetic::Exact);
+                        assert_eq!(bits(&got), want, "{isa}: {d:?}");
+                    }
                 }
             }
         }

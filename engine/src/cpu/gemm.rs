@@ -31,9 +31,7 @@ pub enum Arithmetic {
 /// The micro-kernel sizes for this CPU, as `"<isa> <rows>x<columns>"` (for `murmur info`
 /// and benchmark reports).
 pub fn describe() -> String {
-    let isa = Isa::detect();
-    let (mr, nr) = isa.tile();
-    format!("{} {mr}x{nr}", isa.name())
+    Isa::detect().to_string()
 }
 
 /// `C = op(A) * op(B)` with the reference's bits (see the module comment).
@@ -43,6 +41,22 @@ pub fn matmul(a: &[f32], b: &[f32], d: &MatmulDims) -> Vec<f32> {
 
 /// `C = op(A) * op(B)` with the given arithmetic.
 pub fn matmul_with(a: &[f32], b: &[f32], d: &MatmulDims, arithmetic: Arithmetic) -> Vec<f32> {
+    matmul_on(Isa::detect(), a, b, d, arithmetic)
+}
+
+/// `C = op(A) * op(B)` on a given micro-kernel, which must be one of [`Isa::available`]
+/// (panics otherwise): for the tests that check every kernel this CPU can run.
+pub fn matmul_on(
+    isa: Isa,
+    a: &[f32],
+    b: &[f32],
+    d: &MatmulDims,
+    arithmetic: Arithmetic,
+) -> Vec<f32> {
+    assert!(
+        Isa::available().contains(&isa),
+        "this CPU cannot run the {isa} micro-kernel"
+    );
     let mut c = vec![0.0f32; d.batch * d.m * d.n];
     if c.is_empty() || d.k == 0 {
         return c;
@@ -64,7 +78,7 @@ pub fn matmul_with(a: &[f32], b: &[f32], d: &MatmulDims, arithmetic: Arithmetic)
         d
     };
     let fused = arithmetic == Arithmetic::Fused;
-    match Isa::detect() {
+    match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if fused => product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>),
         #[cfg(target_arch = "x86_64")]
@@ -79,9 +93,9 @@ pub fn matmul_with(a: &[f32], b: &[f32], d: &MatmulDims, arithmetic: Arithmetic)
     c
 }
 
-/// The vector instruction set the micro-kernel is compiled for.
+/// The vector instruction set a micro-kernel is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
+pub enum Isa {
     /// 16 f32 lanes, 32 registers.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
@@ -93,19 +107,27 @@ enum Isa {
 }
 
 impl Isa {
-    fn detect() -> Isa {
+    /// The widest micro-kernel this CPU runs: the one the CPU path uses.
+    pub fn detect() -> Isa {
+        Isa::available()[0]
+    }
+
+    /// Every micro-kernel this CPU can run, widest first (each gives the same bits).
+    pub fn available() -> Vec<Isa> {
+        let mut isas = vec![];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
+                isas.push(Isa::Avx512);
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                return Isa::Avx2;
+                isas.push(Isa::Avx2);
             }
         }
-        Isa::Baseline
+        isas.push(Isa::Baseline);
+        isas
     }
 
     fn name(self) -> &'static str {
@@ -127,9 +149,16 @@ impl Isa {
     }
 }
 
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (mr, nr) = self.tile();
+        write!(f, "{} {mr}x{nr}", self.name())
+    }
+}
+
 /// Computes every tile of one row panel: the packed panel of A (`k` groups of `MR`), the
 /// packed B (`k` rows of `NR` per column panel), `k`, `n`, and the panel's rows of C.
-/// Unsafe because the x86 variants need the CPU features `Isa::detect` checks for.
+/// Unsafe because the x86 variants need the CPU features `Isa::available` checks for.
 type PanelKernel = unsafe fn(&[f32], &[f32], usize, usize, &mut [f32]);
 
 /// The panel kernel for the target's baseline instruction set.
@@ -305,7 +334,7 @@ fn product<const MR: usize, const NR: usize>(
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
         let mut a_panel = take_scratch(&A_PANEL, k * MR);
         pack_a_panel::<MR>(a_z, d, ip, &mut a_panel);
-        // SAFETY: `matmul_with` picked `kernel` for the features `Isa::detect` found.
+        // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
         unsafe { kernel(&a_panel, b_z, k, n, c_rows) };
         put_scratch(&A_PANEL, a_panel);
     };

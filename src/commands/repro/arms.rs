@@ -67,7 +67,7 @@ pub struct Bench {
     pub train: ImageSet,
     pub test: ImageSet,
     pub device: Device,
-    /// The adapter's name, or the CPU reference kernels.
+    /// The adapter's name, or the CPU path with its micro-kernel.
     pub adapter: String,
     /// Element counts of the model's parameter tensors.
     pub sizes: Vec<usize>,
