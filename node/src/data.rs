@@ -19,7 +19,8 @@ pub enum DeviceKind {
     Auto,
     /// The best GPU adapter, lavapipe included (where there is no GPU).
     Gpu,
-    /// The CPU path: vectorised, multi-threaded kernels with the GPU kernels' bits.
+    /// The CPU path: vectorised, multi-threaded kernels with the CPU references' bits
+    /// (lavapipe's too).
     Cpu,
 }
 
