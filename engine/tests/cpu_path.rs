@@ -6,6 +6,9 @@ use murmur_engine::kernels::binary::{
     binary_fast, binary_ref, broadcast_shape, broadcast_strides, collapse, Binary,
 };
 use murmur_engine::kernels::matmul::{matmul_ref, MatmulDims};
+use murmur_engine::kernels::pool::{
+    max_pool_backward_fast, max_pool_fast, pool_backward_ref, pool_ref, Pool, PoolGeometry,
+};
 use murmur_engine::rng::Rng;
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -131,5 +134,35 @@ fn broadcasts_give_the_references_bits() {
                 "{a_shape:?} {op:?} {b_shape:?}"
             );
         }
+    }
+}
+
+#[test]
+fn max_pooling_gives_the_references_bits_and_argmax() {
+    // (n, h, w, c, k, stride): overlapping windows, gaps, edges that do not divide, and
+    // ties (rounded inputs), as the GPU test has them.
+    for (n, h, w, c, k, stride) in [
+        (1, 1, 1, 1, 1, 1),
+        (2, 4, 4, 3, 2, 2),
+        (1, 7, 5, 2, 3, 2),
+        (3, 6, 6, 1, 2, 3),
+        (2, 9, 8, 5, 3, 1),
+        (4, 28, 28, 16, 2, 2),
+    ] {
+        let g = PoolGeometry::of(&[n, h, w, c], k, stride).unwrap();
+        let x: Vec<f32> = values(n * h * w * c, 7)
+            .iter()
+            .map(|v| (v * 2.0).round())
+            .collect();
+        let (want_y, want_at) = pool_ref(&x, &g, Pool::Max);
+        let (y, at) = max_pool_fast(&x, &g);
+        assert_eq!(bits(&y), bits(&want_y), "{g:?}");
+        assert_eq!(at, want_at, "{g:?} argmax");
+        let dy = values(y.len(), 8);
+        assert_eq!(
+            bits(&max_pool_backward_fast(&dy, &at, &g)),
+            bits(&pool_backward_ref(&dy, &at, &g, Pool::Max)),
+            "{g:?} backward"
+        );
     }
 }

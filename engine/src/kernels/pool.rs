@@ -1,6 +1,7 @@
 //! Max and average pooling over square windows, NHWC, no padding (pool.wgsl).
 
 use bytemuck::{Pod, Zeroable};
+use rayon::prelude::*;
 
 use super::{grid_1d, POOL};
 use crate::cpu::elementwise::collect_indexed;
@@ -174,6 +175,85 @@ pub fn pool_backward_ref(dy: &[f32], argmax: &[u32], g: &PoolGeometry, kind: Poo
     })
 }
 
+/// The CPU path's max pooling, with [`pool_ref`]'s bits and argmax (the first maximum in
+/// window order): a window's pixels are walked once per output pixel with the channels
+/// innermost, instead of an index decomposition per element; output rows run in parallel.
+pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
+    let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
+    let outs = g.n * out_h * out_w * c;
+    let (mut y, mut at) = (vec![0.0f32; outs], vec![0u32; outs]);
+    if outs == 0 {
+        return (y, at);
+    }
+    let row = out_w * c;
+    y.par_chunks_mut(row)
+        .zip(at.par_chunks_mut(row))
+        .enumerate()
+        .for_each(|(r, (y, at))| {
+            let (n, oh) = (r / out_h, r % out_h);
+            for (ow, (y, at)) in y.chunks_mut(c).zip(at.chunks_mut(c)).enumerate() {
+                for kh in 0..g.k {
+                    for kw in 0..g.k {
+                        let base = ((n * g.h + oh * g.stride + kh) * g.w + ow * g.stride + kw) * c;
+                        let pixel = &x[base..][..c];
+                        if kh == 0 && kw == 0 {
+                            y.copy_from_slice(pixel);
+                            for (j, a) in at.iter_mut().enumerate() {
+                                *a = (base + j) as u32;
+                            }
+                            continue;
+                        }
+                        for (j, &v) in pixel.iter().enumerate() {
+                            if v > y[j] {
+                                (y[j], at[j]) = (v, (base + j) as u32);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    (y, at)
+}
+
+/// The CPU path's max-pooling backward, with [`pool_backward_ref`]'s bits: each input sums,
+/// from 0 and in (kh, kw) order, the gradients of the outputs whose maximum it was; input
+/// rows run in parallel.
+pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> Vec<f32> {
+    let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
+    let mut dx = vec![0.0f32; g.n * g.h * g.w * c];
+    if dx.is_empty() {
+        return dx;
+    }
+    // Where an input coordinate sits in the window that starts `k` before it, if one does.
+    let out_of = |x: usize, k: usize, len: usize| {
+        let y = x.checked_sub(k)?;
+        (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
+    };
+    dx.par_chunks_mut(g.w * c).enumerate().for_each(|(r, dx)| {
+        let (n, ih) = (r / g.h, r % g.h);
+        for (iw, acc) in dx.chunks_mut(c).enumerate() {
+            let input = ((n * g.h + ih) * g.w + iw) * c;
+            for kh in 0..g.k {
+                let Some(oh) = out_of(ih, kh, out_h) else {
+                    continue;
+                };
+                for kw in 0..g.k {
+                    let Some(ow) = out_of(iw, kw, out_w) else {
+                        continue;
+                    };
+                    let out = ((n * out_h + oh) * out_w + ow) * c;
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        if argmax[out + j] as usize == input + j {
+                            *a += dy[out + j];
+                        }
+                    }
+                }
+            }
+        }
+    });
+    dx
+}
+
 /// Pools `x [n, h, w, c]`; returns the output and, for max pooling, the argmax indices (u32,
 /// same shape) the backward pass needs.
 pub fn pool(x: &Tensor, g: &PoolGeometry, kind: Pool) -> Result<(Tensor, Option<Tensor>)> {
@@ -188,7 +268,11 @@ pub fn pool(x: &Tensor, g: &PoolGeometry, kind: Pool) -> Result<(Tensor, Option<
     let outs: usize = shape.iter().product();
     match x.device() {
         Device::Cpu => {
-            let (y, argmax) = pool_ref(x.cpu_f32().expect("cpu"), g, kind);
+            let values = x.cpu_f32().expect("cpu");
+            let (y, argmax) = match kind {
+                Pool::Max => max_pool_fast(values, g),
+                Pool::Avg => pool_ref(values, g, kind),
+            };
             let argmax = match kind {
                 Pool::Max => Some(Tensor::from_u32(x.device(), &shape, argmax)?),
                 Pool::Avg => None,
@@ -239,11 +323,12 @@ pub fn pool_backward(
     match dy.device() {
         Device::Cpu => {
             let argmax = argmax.map(|a| a.cpu_u32().expect("cpu")).unwrap_or(&[]);
-            Tensor::from_vec(
-                dy.device(),
-                &shape,
-                pool_backward_ref(dy.cpu_f32().expect("cpu"), argmax, g, kind),
-            )
+            let dy_values = dy.cpu_f32().expect("cpu");
+            let dx = match kind {
+                Pool::Max => max_pool_backward_fast(dy_values, argmax, g),
+                Pool::Avg => pool_backward_ref(dy_values, argmax, g, kind),
+            };
+            Tensor::from_vec(dy.device(), &shape, dx)
         }
         Device::Gpu(gpu) => {
             let dx = gpu.alloc(4 * n as u64)?;
