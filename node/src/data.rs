@@ -27,24 +27,15 @@ pub enum DeviceKind {
 impl DeviceKind {
     /// Opens the device (logging what `Auto` chose and why).
     pub fn open(self) -> Result<Device> {
-        Ok(self.open_explained()?.0)
-    }
-
-    /// Opens the device; the second value says what it is, and for `Auto` why it won.
-    pub fn open_explained(self) -> Result<(Device, String)> {
-        let (device, why) = match self {
-            DeviceKind::Cpu => (Device::Cpu, "cpu: asked for".to_string()),
-            DeviceKind::Gpu => {
-                let device = Device::gpu()?;
-                let why = format!("{device}: asked for");
-                (device, why)
+        Ok(match self {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Gpu => Device::gpu()?,
+            DeviceKind::Auto => {
+                let (device, why) = Device::auto()?;
+                tracing::info!("device auto: {why}");
+                device
             }
-            DeviceKind::Auto => Device::auto()?,
-        };
-        if self == DeviceKind::Auto {
-            tracing::info!("device auto: {why}");
-        }
-        Ok((device, why))
+        })
     }
 
     /// Its name as a flag takes it.

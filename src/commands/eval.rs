@@ -23,7 +23,7 @@ pub struct EvalArgs {
     /// Folder holding mnist/, fashion-mnist/ and text/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// gpt: validation windows, spread over the held-out plays as `murmur train` spreads
     /// them [default: 256, as murmur train].

@@ -81,8 +81,13 @@ fn gather() -> anyhow::Result<Info> {
     .iter()
     .map(|a| adapter(&a.adapter))
     .collect();
-    let (_, device_auto) = Device::auto()?;
-    let selected = match Gpu::with_preference(&pref) {
+    let (auto, device_auto) = Device::auto()?;
+    // Auto opened the preferred adapter if it is a hardware one; open it only where it did not.
+    let gpu = match auto.as_gpu() {
+        Some(gpu) => Ok(gpu.clone()),
+        None => Gpu::with_preference(&pref),
+    };
+    let selected = match gpu {
         Ok(gpu) => Some(selected(&gpu)?),
         // Auto fell back to the CPU path without complaint: say so rather than fail.
         Err(murmur_engine::Error::NoAdapter(_)) if device_auto.starts_with("cpu") => None,

@@ -26,7 +26,7 @@ pub struct SampleArgs {
     /// Seeds the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
 }
 

@@ -50,7 +50,7 @@ pub struct TrainArgs {
     pub(super) momentum: Option<f32>,
     #[arg(long, default_value_t = 0)]
     pub(super) seed: u64,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     pub(super) device: DeviceKind,
     /// Stop after this many steps in total (for quick checks; for gpt the schedule still
     /// spans --steps).

@@ -20,7 +20,7 @@ pub struct WorkerArgs {
     /// This node's name in the swarm folder.
     #[arg(long)]
     node: String,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]

@@ -8,31 +8,16 @@ use rayon::prelude::*;
 /// saves.
 pub const CHUNK: usize = 1 << 14;
 
-/// `out[i] = f(i-th chunk)` over matching chunks of `out` and `input`, in parallel when large.
-pub fn map_chunks<T: Sync, U: Send>(out: &mut [U], input: &[T], f: impl Fn(&mut [U], &[T]) + Sync) {
+/// Runs `f(start, chunk)` over `out` in chunks of [`CHUNK`] (`start` is the chunk's first
+/// index), in parallel when there is more than one: the one way the element-wise kernels
+/// below split their work.
+pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     if out.len() <= CHUNK {
-        f(out, input);
-    } else {
-        out.par_chunks_mut(CHUNK)
-            .zip(input.par_chunks(CHUNK))
-            .for_each(|(o, i)| f(o, i));
-    }
-}
-
-/// `out[i] = f(i)` for every index, in parallel chunks when large.
-pub fn fill_indexed<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
-    if out.len() <= CHUNK {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = f(i);
-        }
+        f(0, out);
     } else {
         out.par_chunks_mut(CHUNK)
             .enumerate()
-            .for_each(|(c, chunk)| {
-                for (j, o) in chunk.iter_mut().enumerate() {
-                    *o = f(c * CHUNK + j);
-                }
-            });
+            .for_each(|(c, chunk)| f(c * CHUNK, chunk));
     }
 }
 
@@ -42,15 +27,19 @@ pub fn collect_indexed<T: Send + Clone + Default>(
     f: impl Fn(usize) -> T + Sync,
 ) -> Vec<T> {
     let mut out = vec![T::default(); n];
-    fill_indexed(&mut out, f);
+    for_chunks(&mut out, |start, chunk| {
+        for (j, o) in chunk.iter_mut().enumerate() {
+            *o = f(start + j);
+        }
+    });
     out
 }
 
 /// `f(x)` for every element, in parallel when large.
 pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
-    map_chunks(&mut out, x, |o, i| {
-        for (o, &v) in o.iter_mut().zip(i) {
+    for_chunks(&mut out, |start, chunk| {
+        for (o, &v) in chunk.iter_mut().zip(&x[start..]) {
             *o = f(v);
         }
     });
@@ -61,18 +50,11 @@ pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
 pub fn zip_map(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     assert_eq!(x.len(), y.len(), "zip_map operands differ in length");
     let mut out = vec![0.0f32; x.len()];
-    let run = |o: &mut [f32], x: &[f32], y: &[f32]| {
-        for ((o, &a), &b) in o.iter_mut().zip(x).zip(y) {
+    for_chunks(&mut out, |start, chunk| {
+        for ((o, &a), &b) in chunk.iter_mut().zip(&x[start..]).zip(&y[start..]) {
             *o = f(a, b);
         }
-    };
-    if x.len() <= CHUNK {
-        run(&mut out, x, y);
-    } else {
-        out.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
-            .for_each(|(o, (x, y))| run(o, x, y));
-    }
+    });
     out
 }
 

@@ -171,7 +171,8 @@ unsafe fn baseline<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, n: usize, 
 
 /// The panel kernels for wider vectors, with the micro-kernel written in intrinsics: the
 /// compiler vectorises the fused form of the portable micro-kernel well but spills the
-/// unfused one (5 GFLOPS against 130 on a 2-core AVX-512 EPYC).
+/// unfused one to the stack (seen in a throwaway probe on a 2-core AVX-512 EPYC, not kept;
+/// to see it again, call `micro_kernel` from the x86 panel functions).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

@@ -41,7 +41,7 @@ pub struct TrainBenchArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
 }
 

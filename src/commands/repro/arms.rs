@@ -50,7 +50,7 @@ pub struct CommonArgs {
     /// Samples per worker per step.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     pub device: DeviceKind,
     /// Where the table goes [default: docs/results/<paper>.md, quick target/repro/<paper>.md].
     #[arg(long)]

@@ -77,7 +77,7 @@ pub struct ClappingArgs {
     /// Arms to run, by label, separated by semicolons [default: all].
     #[arg(long, value_delimiter = ';')]
     arms: Option<Vec<String>>,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// Where the table goes [default: docs/results/clapping.md, quick
     /// target/repro/clapping.md].

@@ -76,7 +76,7 @@ pub struct ClappingGptArgs {
     /// Validations per run, evenly spaced.
     #[arg(long, default_value_t = 3)]
     evals: u64,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// Runs trained at once, each on its own thread [default: the CPU cores].
     #[arg(long)]

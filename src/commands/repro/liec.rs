@@ -63,7 +63,7 @@ pub struct LiecArgs {
     /// 5 MiB buckets over ResNet18, about a tenth of the model here).
     #[arg(long, default_value = "bucket:64k")]
     blockwise: String,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// Where the table goes [default: docs/results/liec-sgd.md, quick target/repro/liec-sgd.md].
     #[arg(long)]

@@ -25,7 +25,7 @@ pub struct LaunchArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     job: Job,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t)]
     device: DeviceKind,
     /// Folder holding mnist/ and fashion-mnist/ (default: $MURMUR_DATA or ./data).
     #[arg(long)]
