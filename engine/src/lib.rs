@@ -21,6 +21,7 @@ pub mod nn;
 pub mod optim;
 pub mod pipeline;
 pub mod rng;
+pub mod saved_bytes;
 pub mod shaders;
 pub mod stats;
 pub mod tensor;

@@ -122,6 +122,47 @@ impl Owner {
     pub fn master(&self) -> Option<&[f32]> {
         self.master.as_deref()
     }
+
+    /// Everything the owner keeps, for a server that writes its state to disk.
+    pub fn saved(&self) -> SavedOwner {
+        let (m, v) = self.optimizer.moments();
+        SavedOwner {
+            master: self.master.clone(),
+            steps: self.steps,
+            m: m.to_vec(),
+            v: v.to_vec(),
+        }
+    }
+
+    /// Takes back what [`Owner::saved`] gave, checking its sizes against this owner's.
+    pub fn restore(&mut self, saved: SavedOwner) -> Result<()> {
+        let numel = self.optimizer.moments_len();
+        if saved.master.as_ref().is_some_and(|p| p.len() != numel) {
+            return Err(Error::Data(format!(
+                "saved master parameters do not fit a block of {numel} elements"
+            )));
+        }
+        self.optimizer.set_moments(saved.m, saved.v)?;
+        self.master = saved.master;
+        self.steps = saved.steps;
+        Ok(())
+    }
+}
+
+/// What an [`Owner`] keeps between rounds, as plain values.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedOwner {
+    /// The master parameters, once adopted.
+    #[serde(with = "crate::saved_bytes::opt_f32s")]
+    pub master: Option<Vec<f32>>,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// The optimizer's first moment (or momentum).
+    #[serde(with = "crate::saved_bytes::f32s")]
+    pub m: Vec<f32>,
+    /// The optimizer's second moment.
+    #[serde(with = "crate::saved_bytes::f32s")]
+    pub v: Vec<f32>,
 }
 
 #[cfg(test)]

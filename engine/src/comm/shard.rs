@@ -11,11 +11,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::owner::{Owner, StepHeader};
+use super::owner::{Owner, SavedOwner, StepHeader};
 use super::{codec_context, KeySpec, PLAIN};
 use crate::compress::{build, parse, payload_log2s, rescaled, Codec, CodecContext, CodecSpec};
 use crate::error::{Error, Result};
-use crate::feedback::{Feedback, Memory};
+use crate::feedback::{Feedback, Memory, SavedMemory};
 use crate::tensor::Device;
 
 /// One decoded push.
@@ -293,6 +293,44 @@ impl KeyState {
         self.pull.rescale(build(pull), shift)
     }
 
+    /// What the key keeps between rounds (not the open round's pushes): a durable server
+    /// writes it before it replies to a round.
+    pub fn saved(&self) -> Result<SavedKey> {
+        Ok(SavedKey {
+            step: self.step,
+            scale: self.scale,
+            memory: self.pull.saved()?,
+            owner: self.owner.as_ref().map(Owner::saved),
+        })
+    }
+
+    /// The key `spec` as [`KeyState::saved`] left it, with no push of its open round: what a
+    /// restarted server resumes from. A state that does not fit the spec is an error.
+    pub fn restore(spec: KeySpec, saved: SavedKey) -> Result<Self> {
+        let key = spec.key;
+        let mut state = KeyState::new(spec)?;
+        let mismatch = |what: &str| Error::Data(format!("key {key:#x}: the saved {what}"));
+        if let (Some(now), Some(then)) = (state.scale, saved.scale) {
+            if !(-100..=100).contains(&then) {
+                return Err(mismatch("scale is past LoCo's range"));
+            }
+            if then != now {
+                state.rescale(then - now)?;
+            }
+        } else if state.scale.is_some() != saved.scale.is_some() {
+            return Err(mismatch("scale belongs to another codec"));
+        }
+        state.scale = saved.scale;
+        state.pull.restore(saved.memory)?;
+        match (&mut state.owner, saved.owner) {
+            (Some(owner), Some(o)) => owner.restore(o)?,
+            (None, None) => {}
+            _ => return Err(mismatch("parameters belong to another kind of key")),
+        }
+        state.step = saved.step;
+        Ok(state)
+    }
+
     /// The parameters the server owns (an owned key after its parameter round).
     pub fn owned_params(&self) -> Option<&[f32]> {
         self.owner.as_ref()?.master()
@@ -302,6 +340,19 @@ impl KeyState {
     pub fn server_error(&self) -> Result<Vec<f32>> {
         self.pull.error()
     }
+}
+
+/// What a key keeps between rounds ([`KeyState::saved`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedKey {
+    /// The open round.
+    pub step: u64,
+    /// The scale of its rescalable LoCo pushes so far.
+    pub scale: Option<i32>,
+    /// The server's error-feedback memory.
+    pub memory: SavedMemory,
+    /// What the server keeps of parameters it owns.
+    pub owner: Option<SavedOwner>,
 }
 
 /// A key whose close always fails, for the tests of what the shard does then.
@@ -390,6 +441,89 @@ mod tests {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn a_restored_key_closes_its_next_rounds_as_the_original_does() {
+        use crate::compress::build;
+        let spec = |push: &str, pull: &str, memory: &str, owner: &str| KeySpec {
+            key: 3,
+            numel: 5,
+            push: push.into(),
+            pull: pull.into(),
+            server_memory: memory.into(),
+            seed: 7,
+            sync_every: 0,
+            owner: owner.into(),
+        };
+        let rescalable: CodecSpec = "loco:bits=4:log2s=4:rescalable".parse().unwrap();
+        let specs = [
+            spec("topk:0.4", "sign", "ef", ""),
+            spec(
+                &rescalable.to_string(),
+                "loco:bits=8:log2s=5:rescalable",
+                "loco-ema:beta=0.5:se=64",
+                "",
+            ),
+            spec("f32", "f32", "none", "adamw"),
+        ];
+        let header = StepHeader {
+            lr: 0.1,
+            weight_decay: 0.01,
+        };
+        for spec in specs {
+            let owned = !spec.owner.is_empty();
+            // Round `step`'s pushes: the rescalable codec moves to 2^6 from round 1 on.
+            let payload = |step: u64, rank: usize| {
+                let g: Vec<f32> = (0..5)
+                    .map(|i| ((i + 3 * rank + 5 * step as usize) as f32).sin())
+                    .collect();
+                let codec = if spec.push.contains("rescalable") {
+                    build(rescaled(rescalable, if step == 0 { 4 } else { 6 }))
+                } else {
+                    parse(&spec.push).unwrap()
+                };
+                let mut bytes = if owned && step > 0 {
+                    header.to_bytes().to_vec()
+                } else {
+                    Vec::new()
+                };
+                bytes.extend(codec.encode(&g, &codec_context(7, step, 3)));
+                bytes
+            };
+            let round = |key: &mut KeyState, step: u64| {
+                for rank in 0..2 {
+                    let decoder = key.push_decoder(rank, step).unwrap();
+                    let p = if owned && step == 0 {
+                        payload(0, 0)
+                    } else {
+                        payload(step, rank)
+                    };
+                    key.insert(rank, decoder.decode(&p).unwrap()).unwrap();
+                }
+                key.close().unwrap()
+            };
+            let mut original = KeyState::new(spec.clone()).unwrap();
+            for step in 0..2 {
+                round(&mut original, step);
+            }
+            let mut restored = KeyState::restore(spec.clone(), original.saved().unwrap()).unwrap();
+            for step in 2..4 {
+                assert_eq!(
+                    round(&mut original, step),
+                    round(&mut restored, step),
+                    "{} round {step}",
+                    spec.push
+                );
+            }
+            assert_eq!(original.saved().unwrap(), restored.saved().unwrap());
+            // A state saved for another key is refused.
+            let other = KeyState::new(spec.clone()).unwrap().saved().unwrap();
+            let mut wrong = other.clone();
+            wrong.memory.residual = vec![0.0; 4];
+            wrong.memory.codes = vec![0; 4];
+            assert!(KeyState::restore(spec.clone(), wrong).is_err());
+        }
     }
 
     #[test]

@@ -13,7 +13,11 @@
 //! The residual update is fused into the encoding pass (`Codec::encode_residual`); `1 / s_e`
 //! is applied as a multiplication, exact when `s_e` is a power of two.
 
+mod saved;
+
 use bytemuck::{Pod, Zeroable};
+
+pub use saved::SavedMemory;
 
 use crate::compress::support::{clean, rne};
 use crate::compress::{Codec, CodecContext, DecodeMode};

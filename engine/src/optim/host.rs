@@ -181,6 +181,44 @@ impl HostOptimizer {
         self.spec
     }
 
+    /// Elements of the model the optimizer steps.
+    pub fn moments_len(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+
+    /// The moments: momentum or first moment, and second moment (each empty before the
+    /// first step, and the second where the update keeps none).
+    pub fn moments(&self) -> (&[f32], &[f32]) {
+        (&self.m, &self.v)
+    }
+
+    /// Takes back moments from [`HostOptimizer::moments`] of the same optimizer over the same
+    /// sizes; lengths that another optimizer or model would have are an error.
+    pub fn set_moments(&mut self, m: Vec<f32>, v: Vec<f32>) -> Result<()> {
+        let n: usize = self.sizes.iter().sum();
+        let second = matches!(
+            self.spec,
+            OptimizerSpec::AdamW { .. }
+                | OptimizerSpec::Lans { .. }
+                | OptimizerSpec::AdamPaper { .. }
+        );
+        let fits = match (m.len(), v.len()) {
+            (0, 0) => true,
+            (a, 0) => a == n && !second,
+            (a, b) => a == n && b == n && second,
+        };
+        if !fits {
+            return Err(Error::Data(format!(
+                "saved moments of {} and {} elements do not fit {} over {n} elements",
+                m.len(),
+                v.len(),
+                self.spec
+            )));
+        }
+        (self.m, self.v) = (m, v);
+        Ok(())
+    }
+
     /// Applies the averaged gradient `u` to `x` at step `hyper.step` (counting from 0).
     pub fn step(&mut self, x: &mut [f32], u: &[f32], hyper: Hyper) -> Result<()> {
         if u.len() != x.len() || self.sizes.iter().sum::<usize>() != x.len() {

@@ -58,6 +58,18 @@ pub struct DataParallel<C: Collective> {
     specs: Vec<KeySpec>,
     /// Shapes of the model's parameters, for the averaged gradients.
     shapes: Vec<Vec<usize>>,
+    /// The round pushed last whose replies have not been applied yet.
+    unanswered: Option<Unanswered>,
+}
+
+/// A round this rank pushed, kept until its replies are applied: should they never come (a
+/// shard was lost), the round is pushed again with the same bytes. Encoding again would move
+/// the error-feedback memories a second time; the same bytes give the round the bits it would
+/// have had had nothing failed.
+struct Unanswered {
+    step: u64,
+    loss: f32,
+    pushes: Vec<(Key, Vec<u8>)>,
 }
 
 /// Refuses a gradient with non-finite values ([`Error::NonFinite`]): the codecs would send them
@@ -139,6 +151,7 @@ impl<C: Collective> DataParallel<C> {
             keys,
             specs,
             shapes,
+            unanswered: None,
         })
     }
 
@@ -186,19 +199,38 @@ impl<C: Collective> DataParallel<C> {
     /// round's global batch ([`rank_share`]): returns its loss and the bytes it moved. The loss comes
     /// back with the gradients in the round's one readback, so reporting it every round costs
     /// no extra wait for the GPU.
+    ///
+    /// A round that failed after its pushes (its replies never came: call again after
+    /// [`DataParallel::reconnect`]) is pushed again with the same bytes, without computing
+    /// anything: `x` and `labels` must be the round's own, as they were.
     pub fn step(
         &mut self,
         x: &[f32],
         labels: &[u32],
         first_sample: usize,
     ) -> Result<(f32, RoundBytes)> {
-        let (loss, grads) = self.clf.loss_and_grads(x, labels, first_sample)?;
-        let mut host =
-            Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
-        let loss = host.remove(0)[0];
-        check_finite(&host, self.round())?;
-        let pushed = self.encode_and_push(host)?;
-        let replies = self.collective.pull(self.round(), &self.keys)?;
+        let round = self.round();
+        let (loss, pushed) = match self.unanswered.take().filter(|u| u.step == round) {
+            Some(again) => {
+                let mut pushed = 0;
+                for (key, bytes) in &again.pushes {
+                    pushed += bytes.len();
+                    self.collective.push(round, *key, bytes.clone())?;
+                }
+                let loss = again.loss;
+                self.unanswered = Some(again);
+                (loss, pushed)
+            }
+            None => {
+                let (loss, grads) = self.clf.loss_and_grads(x, labels, first_sample)?;
+                let mut host =
+                    Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
+                let loss = host.remove(0)[0];
+                check_finite(&host, round)?;
+                (loss, self.encode_and_push(host, loss)?)
+            }
+        };
+        let replies = self.collective.pull(round, &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
         let f32_each_way = 4 * self
@@ -220,7 +252,7 @@ impl<C: Collective> DataParallel<C> {
     /// one the moment it is ready, so the first partitions travel while later ones encode.
     /// Returns the bytes pushed. The encoding runs as one task on rayon's pool (no thread is
     /// started per round); this thread pushes what it makes, then takes the memories back.
-    fn encode_and_push(&mut self, host: Vec<Vec<f32>>) -> Result<usize> {
+    fn encode_and_push(&mut self, host: Vec<Vec<f32>>, loss: f32) -> Result<usize> {
         use rayon::prelude::*;
         let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
         // Each encoded partition comes with its clipped LoCo codes (where it has any).
@@ -256,25 +288,48 @@ impl<C: Collective> DataParallel<C> {
             let _ = give_back.send(memories);
         });
         let mut clipped: Option<(usize, usize)> = None;
-        let pushed = rx.iter().try_fold(0, |pushed, encoded| {
-            let (key, bytes, codes) = encoded?;
+        // Every payload is kept, even past a failed push: the memories moved for all of them.
+        let mut kept = Vec::with_capacity(self.parts.len());
+        let (mut encoding_failed, mut push_failed) = (None, None);
+        for encoded in rx.iter() {
+            let (key, bytes, codes) = match encoded {
+                Ok(e) => e,
+                Err(e) => {
+                    encoding_failed.get_or_insert(e);
+                    continue;
+                }
+            };
             if let Some((c, n)) = codes {
                 let (sum_c, sum_n) = clipped.get_or_insert((0, 0));
                 (*sum_c, *sum_n) = (*sum_c + c, *sum_n + n);
             }
-            let len = bytes.len();
-            self.collective.push(step, key, bytes)?;
-            Ok::<_, Error>(pushed + len)
-        });
-        drop(rx);
+            if push_failed.is_none() {
+                if let Err(e) = self.collective.push(step, key, bytes.clone()) {
+                    push_failed = Some(e);
+                }
+            }
+            kept.push((key, bytes));
+        }
         self.memories = memories_back.recv().map_err(|_| {
             Error::Data("the encoding task ended without returning its memories".into())
         })?;
+        if let Some(e) = encoding_failed {
+            return Err(e);
+        }
+        let pushed = kept.iter().map(|(_, b)| b.len()).sum();
+        self.unanswered = Some(Unanswered {
+            step,
+            loss,
+            pushes: kept,
+        });
+        if let Some(e) = push_failed {
+            return Err(e);
+        }
         self.codes = CodeStats {
             saturated: clipped.map(|(c, n)| c as f64 / n.max(1) as f64),
             error_nonzero: self.error_nonzero()?,
         };
-        pushed
+        Ok(pushed)
     }
 
     /// The fraction of nonzero entries over every partition's error-feedback memory.
@@ -364,7 +419,10 @@ impl<C: Collective> DataParallel<C> {
             .zip(&self.shapes)
             .map(|(v, s)| Tensor::from_vec(&device, s, v))
             .collect::<Result<Vec<_>>>()?;
-        self.clf.apply(&grads)
+        self.clf.apply(&grads)?;
+        // The round is answered (or replayed past): nothing of it is pushed again.
+        self.unanswered = None;
+        Ok(())
     }
 }
 
