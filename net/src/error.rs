@@ -15,6 +15,10 @@ pub enum NetError {
     /// QUIC or TLS failure, or a peer gone.
     #[error("connection: {0}")]
     Connection(String),
+    /// A shard's state folder could not be written, or holds files that are damaged or
+    /// belong to another shard or job.
+    #[error("shard state: {0}")]
+    State(String),
     /// A round did not complete in time.
     #[error("timed out: {0}")]
     Timeout(String),

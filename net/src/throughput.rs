@@ -90,6 +90,7 @@ async fn quic(w: Workload, server: &Credentials, client: &Credentials) -> Result
     let link = Link {
         bytes_per_second: 10e9,
         rtt: Duration::from_millis(1),
+        ..Link::default()
     };
     let lim = limits(&w);
     let listener = server_endpoint("127.0.0.1:0".parse().expect("valid"), server, &link)?;

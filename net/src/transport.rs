@@ -25,7 +25,20 @@ pub struct Link {
     pub bytes_per_second: f64,
     /// Round-trip time of the path, also QUIC's initial RTT estimate.
     pub rtt: Duration,
+    /// How long a peer may stay silent before its connection is taken for dead. Both ends
+    /// send a keep-alive every [`KEEP_ALIVE`], so only a peer that is gone (killed, frozen,
+    /// cut off) stays silent; QUIC uses the smaller of the two ends' values.
+    pub peer_timeout: Duration,
 }
+
+/// The longest peer timeout murmur configures (an hour).
+pub const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Interval of the keep-alives every connection sends when it has nothing else to send.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
+/// The default [`Link::peer_timeout`]: five keep-alives lost in a row.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for Link {
     /// 1 Gbit/s with 50 ms round trips: a generous internet path.
@@ -33,6 +46,7 @@ impl Default for Link {
         Link {
             bytes_per_second: 125e6,
             rtt: Duration::from_millis(50),
+            peer_timeout: PEER_TIMEOUT,
         }
     }
 }
@@ -60,7 +74,8 @@ impl Link {
 
     /// A QUIC transport configuration for this link: a stream window of one bandwidth-delay product
     /// (1 MiB to 1 GiB), a connection window of two (4 MiB to 2 GiB), up to
-    /// [`MAX_STREAMS_IN_FLIGHT`] unidirectional streams, 5 s keep-alives and a 60 s idle timeout.
+    /// [`MAX_STREAMS_IN_FLIGHT`] unidirectional streams, keep-alives every [`KEEP_ALIVE`] and
+    /// the link's peer timeout as QUIC's idle timeout (at least three keep-alives).
     pub fn transport(&self) -> TransportConfig {
         let bdp = self.bdp();
         // A stream may fill the pipe alone; the connection holds two pipes' worth.
@@ -73,9 +88,10 @@ impl Link {
             .max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS_IN_FLIGHT))
             .max_concurrent_bidi_streams(VarInt::from_u32(0))
             .initial_rtt(self.rtt)
-            .keep_alive_interval(Some(Duration::from_secs(5)))
+            .keep_alive_interval(Some(KEEP_ALIVE))
             .max_idle_timeout(Some(
-                IdleTimeout::try_from(Duration::from_secs(60)).expect("valid"),
+                IdleTimeout::try_from(self.peer_timeout.clamp(3 * KEEP_ALIVE, MAX_PEER_TIMEOUT))
+                    .expect("below QUIC's limit"),
             ))
             .datagram_receive_buffer_size(Some(64 << 10));
         t
@@ -171,6 +187,9 @@ pub mod close {
     pub const DEADLINE: u32 = 2;
     /// A newer connection took over the peer's rank.
     pub const REPLACED: u32 = 3;
+    /// A worker hangs up to connect again at once (it lost another shard): the open round
+    /// waits for its rank.
+    pub const RECONNECTING: u32 = 4;
 }
 
 /// Closes a connection with a code from [`close`] and a reason the peer will see and log.
@@ -355,6 +374,7 @@ mod tests {
         let link = Link {
             bytes_per_second: 1e6,
             rtt: Duration::from_millis(1),
+            ..Link::default()
         };
         let (frames, size) = (24u64, 1_000_000usize);
         let limits = Limits {

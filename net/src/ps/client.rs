@@ -364,6 +364,16 @@ impl QuicCollective {
         }
     }
 
+    /// Hangs up on every shard to connect again at once (a shard was lost, or a round
+    /// failed): the shards keep waiting for this rank in the open round, up to its deadline,
+    /// instead of closing it without this worker.
+    pub fn leave_to_reconnect(&mut self) {
+        let _ = self.flush();
+        for conn in &self.shards {
+            hang_up(conn, close::RECONNECTING, "reconnecting");
+        }
+    }
+
     /// Waits for the pushes handed to the runtime; the first send error fails the round.
     fn flush(&mut self) -> Result<()> {
         let handles = std::mem::take(&mut self.in_flight);

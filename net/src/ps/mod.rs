@@ -8,6 +8,7 @@
 //! from the open round ([`catch_up`]).
 
 pub mod client;
+pub mod durable;
 pub mod server;
 pub mod state;
 

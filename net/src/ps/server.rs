@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +18,8 @@ use murmur_engine::comm::shard::PushDecoder;
 use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
-use super::state::{CatchupReply, ClosedRound, PeerId, PushCheck, ShardState};
+use super::durable::{job_digest, StateDir};
+use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{
@@ -47,7 +49,13 @@ pub struct ServerOptions {
     /// Where the snapshots this shard keeps (shard 0: rank 0's model every few rounds) are
     /// also sent, as (step, bytes): what `murmur server --save` writes to disk.
     pub snapshots: Option<std::sync::mpsc::Sender<(u64, bytes::Bytes)>>,
+    /// A folder where the shard saves its state after every round, before replying, and
+    /// from which it resumes when started again ([`super::durable`]).
+    pub state_dir: Option<PathBuf>,
 }
+
+/// How long a new connection may take to send its first frame (a hello, or a join).
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A job as the servers offer it to joining workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +77,7 @@ impl Default for ServerOptions {
             max_log_rounds: 10_000,
             job: None,
             snapshots: None,
+            state_dir: None,
         }
     }
 }
@@ -78,6 +87,8 @@ struct Shared {
     conns: Mutex<HashMap<PeerId, Connection>>,
     options: ServerOptions,
     next_id: AtomicUsize,
+    /// The state folder, and the digest of the job the state belongs to.
+    durable: Option<(StateDir, Vec<u8>)>,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -95,8 +106,43 @@ impl Server {
                 options.shard, options.shards
             )));
         }
+        let job = options
+            .job
+            .as_ref()
+            .map_or_else(Vec::new, |j| job_digest(&j.description));
+        let durable = match &options.state_dir {
+            Some(dir) => Some((StateDir::create(dir)?, job.clone())),
+            None => None,
+        };
+        let loaded = match &durable {
+            Some((dir, _)) => dir.load(options.limits.max_payload)?,
+            None => None,
+        };
+        let mut state = match loaded {
+            Some(loaded) => {
+                let state = ShardState::restore(
+                    options.shard,
+                    &job,
+                    options.limits,
+                    options.max_log_rounds,
+                    loaded,
+                )?;
+                tracing::info!(
+                    "shard {}: resuming at round {} from {}; waiting for ranks {:?}",
+                    options.shard,
+                    state.open_step(),
+                    options
+                        .state_dir
+                        .as_deref()
+                        .unwrap_or(Path::new(""))
+                        .display(),
+                    state.expected()
+                );
+                state
+            }
+            None => ShardState::new(options.shard, options.limits, options.max_log_rounds),
+        };
         let endpoint = server_endpoint(addr, creds, &options.link)?;
-        let mut state = ShardState::new(options.shard, options.limits, options.max_log_rounds);
         if let Some(job) = &options.job {
             if job.world == 0 {
                 return Err(NetError::Protocol("a job of 0 workers".into()));
@@ -117,6 +163,7 @@ impl Server {
                 conns: Mutex::default(),
                 options,
                 next_id: AtomicUsize::new(0),
+                durable,
             }),
         })
     }
@@ -175,8 +222,21 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         .expect("conns lock")
         .insert(id, conn.clone());
     let mut incoming = Incoming::new(conn.clone(), shared.options.limits);
+    let mut first = true;
     let outcome = loop {
-        match incoming.next().await {
+        let next = if first {
+            first = false;
+            tokio::time::timeout(HELLO_DEADLINE, incoming.next())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(NetError::Protocol(format!(
+                        "no hello within {HELLO_DEADLINE:?} of connecting"
+                    )))
+                })
+        } else {
+            incoming.next().await
+        };
+        match next {
             Ok(Some(frame)) => {
                 if let Err(e) = handle(&shared, id, frame).await {
                     break Err(e);
@@ -198,9 +258,54 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         Ok(()) => tracing::info!("shard {shard}: peer {fingerprint} ({rank}) left"),
     }
     shared.conns.lock().expect("conns lock").remove(&id);
-    lock(&shared).disconnect(id);
+    lock(&shared).disconnect(id, departure(&conn));
     // Its leaving may complete the round the others were waiting on.
     close_round_if_complete(&shared).await;
+}
+
+/// Whether the peer hung up to reconnect at once (the open round then waits for its rank).
+fn departure(conn: &Connection) -> Departure {
+    match conn.close_reason() {
+        Some(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == quinn::VarInt::from_u32(close::RECONNECTING) =>
+        {
+            Departure::Reconnecting
+        }
+        _ => Departure::Left,
+    }
+}
+
+/// Saves the shard to its state folder, if it has one: `round`'s replies first, then the
+/// state that names them. A failure is logged and the shard serves on (a restart would then
+/// resume from an older round, which the workers ahead of it cannot rejoin).
+fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) {
+    let Some((dir, job)) = &shared.durable else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let saved = round
+        .map_or(Ok(()), |r| dir.write_round(r.step, &r.replies))
+        .and_then(|()| state.saved(job))
+        .and_then(|s| {
+            dir.write_state(&s)?;
+            Ok(s.first_logged)
+        });
+    match saved {
+        Ok(first_logged) => {
+            dir.prune_rounds_before(first_logged);
+            tracing::debug!(
+                "shard {}: state of round {} saved in {:?}",
+                shared.options.shard,
+                state.open_step(),
+                started.elapsed()
+            );
+        }
+        Err(e) => tracing::error!(
+            "shard {}: the state of round {} was not saved: {e}",
+            shared.options.shard,
+            state.open_step()
+        ),
+    }
 }
 
 async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
@@ -245,7 +350,21 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         }
         Kind::Push => on_push(shared, id, frame).await?,
         Kind::Snapshot => {
-            let kept = lock(shared).snapshot(id, frame.step, frame.payload)?;
+            let kept = {
+                let mut state = lock(shared);
+                let kept = state.snapshot(id, frame.step, frame.payload)?;
+                if let (Some((step, bytes)), Some((dir, _))) = (&kept, &shared.durable) {
+                    if let Err(e) = dir.write_snapshot(*step, bytes) {
+                        tracing::error!(
+                            "shard {}: the snapshot of round {step} was not saved: {e}",
+                            shared.options.shard
+                        );
+                    }
+                }
+                // The log got shorter (on every shard): the state says so.
+                persist(shared, &state, None);
+                kept
+            };
             if let (Some(kept), Some(sink)) = (kept, &shared.options.snapshots) {
                 // The receiver writes it to disk; if it has gone, nobody asked.
                 let _ = sink.send(kept);
@@ -274,7 +393,14 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
             }
             let conn = conn_of(shared, id);
             let identity = conn.as_ref().map_or("?".into(), peer_fingerprint);
-            let rank = lock(shared).assign_rank(&identity)?;
+            let rank = {
+                let mut state = lock(shared);
+                let (rank, new) = state.assign_rank(&identity)?;
+                if new {
+                    persist(shared, &state, None);
+                }
+                rank
+            };
             tracing::info!(
                 "shard 0: {identity} ({:?}) joins the job as rank {rank} of {}",
                 join.node.chars().take(128).collect::<String>(),
@@ -315,7 +441,7 @@ async fn on_push(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         ..
     } = frame;
     let decoder = {
-        let state = lock(shared);
+        let mut state = lock(shared);
         if state.rank_of(id).is_some_and(|r| r != rank) {
             return Err(NetError::Protocol(format!(
                 "a push signed rank {rank} on rank {}'s connection",
@@ -409,6 +535,10 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     let closed = tokio::task::spawn_blocking(move || {
         let mut state = lock(&worker);
         let round = state.close_round();
+        if let Some(round) = &round {
+            // Before any worker sees the reply: no worker gets ahead of the saved state.
+            persist(&worker, &state, Some(round));
+        }
         (round, state.listeners())
     })
     .await;

@@ -9,15 +9,22 @@
 //! - Before the first round the shard waits for `world` ranks to register (start barrier). A
 //!   rank that registers later is a *listener*: it receives every reply from then on and may
 //!   ask for a catch-up; it becomes *active* with its first push for the open round.
-//! - A round closes when every active rank has pushed every key, or at its deadline, when the
-//!   active ranks that have not finished are evicted (their pushes discarded, their connection
-//!   closed) and the round closes over the ranks that did.
-//! - An active rank pushing a step that is not the open one breaks the protocol (a replayed old
-//!   step, or one from the future); a listener's push for an already closed step is ignored,
-//!   because it raced the round it was catching up to.
+//! - A round closes when every active rank has pushed every key and no *expected* rank is
+//!   missing, or at its deadline, when the active ranks that have not finished are evicted
+//!   (their pushes discarded, their connection closed), the expected ones are given up on, and
+//!   the round closes over the ranks that did.
+//! - Expected ranks are those the round waits for without a connection: an active rank that
+//!   hung up to reconnect at once (it lost another shard) or whose connection a newer one
+//!   replaced, and, after a restart from the state folder, the ranks of the last saved round.
+//!   A rank that said goodbye, or went silent past the peer timeout, is not waited for.
+//! - A push for a step after the open one breaks the protocol; a push for a closed step is
+//!   ignored and counted (a worker that missed the reply sends its round again).
+//! - With a state folder ([`super::durable`]) the shard saves itself after every round closes,
+//!   before replying, and [`ShardState::restore`] takes it back.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use super::durable::{Loaded, SavedShard};
 use bytes::Bytes;
 use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
@@ -60,6 +67,16 @@ pub struct CatchupReply {
     pub summary: Catchup,
 }
 
+/// How a connection ended, which decides whether the open round waits for its rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// Goodbye, a pause, a protocol error or silence past the peer timeout: the rounds go on
+    /// without the rank.
+    Left,
+    /// It hung up to reconnect at once: the open round waits for it (up to its deadline).
+    Reconnecting,
+}
+
 /// What the server must do with a push once it has checked it.
 pub enum PushCheck {
     /// A listener's push for a round that already closed: drop it quietly.
@@ -88,6 +105,10 @@ pub struct ShardState {
     snapshot: Option<(u64, Bytes)>,
     /// Ranks handed out by [`ShardState::assign_rank`], by certificate fingerprint.
     assigned: BTreeMap<String, u16>,
+    /// Ranks the open round waits for that have no active connection (see the rules above).
+    expected: BTreeSet<u16>,
+    /// Pushes for rounds that had closed, ignored.
+    late_pushes: u64,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -112,7 +133,95 @@ impl ShardState {
             max_log_rounds: max_log_rounds.max(1),
             snapshot: None,
             assigned: BTreeMap::new(),
+            expected: BTreeSet::new(),
+            late_pushes: 0,
         }
+    }
+
+    /// The shard as a state folder keeps it ([`super::durable`]), for the job whose
+    /// description has the digest `job`. Fails only where a key's memory cannot be read.
+    pub fn saved(&self, job: &[u8]) -> Result<SavedShard> {
+        let keys = self
+            .keys
+            .values()
+            .map(|k| Ok((k.spec.clone(), k.saved()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SavedShard {
+            shard: self.shard,
+            job: job.to_vec(),
+            world: self.world,
+            started: self.started,
+            open_step: self.open_step,
+            keys,
+            members: self
+                .active_ranks()
+                .chain(self.expected.iter().copied())
+                .collect(),
+            assigned: self.assigned.iter().map(|(f, r)| (f.clone(), *r)).collect(),
+            first_logged: self.log.front().map_or(self.open_step, |r| r.step),
+            snapshot_step: self.snapshot.as_ref().map(|(s, _)| *s),
+        })
+    }
+
+    /// A shard as its state folder left it: no connections yet, the open round waiting for
+    /// the ranks of the last saved one. Refuses a state of another shard or job, or one that
+    /// does not hold together.
+    pub fn restore(
+        shard: u16,
+        job: &[u8],
+        limits: Limits,
+        max_log_rounds: usize,
+        loaded: Loaded,
+    ) -> Result<Self> {
+        let Loaded {
+            shard: saved,
+            rounds,
+            snapshot,
+        } = loaded;
+        let refuse = |why: String| Err(NetError::State(why));
+        if saved.shard != shard {
+            return refuse(format!(
+                "the folder holds shard {}'s state, not {shard}'s",
+                saved.shard
+            ));
+        }
+        if saved.job != job {
+            return refuse("the folder holds the state of another job: give this job a folder of its own, or remove the old one".into());
+        }
+        let specs: Vec<_> = saved.keys.iter().map(|(s, _)| s.clone()).collect();
+        Register { keys: specs }.check(&limits)?;
+        let mut state = ShardState::new(shard, limits, max_log_rounds);
+        for (spec, key) in saved.keys {
+            let id = spec.key;
+            let restored = KeyState::restore(spec, key)
+                .map_err(|e| NetError::State(format!("key {id:#x}: {e}")))?;
+            if restored.step != saved.open_step || state.keys.insert(id, restored).is_some() {
+                return refuse(format!(
+                    "key {id:#x} is not at the open round, or saved twice"
+                ));
+            }
+        }
+        state.keys_fixed = !state.keys.is_empty();
+        state.world = saved.world;
+        state.started = saved.started;
+        state.open_step = saved.open_step;
+        state.log = rounds
+            .into_iter()
+            .map(|(step, replies)| ClosedRound {
+                step,
+                replies,
+                faults: Vec::new(),
+            })
+            .collect();
+        state.snapshot = snapshot;
+        state.assigned = saved.assigned.into_iter().collect();
+        state.expected = saved.members.into_iter().collect();
+        Ok(state)
+    }
+
+    /// Pushes for rounds that had already closed, ignored since the shard started.
+    pub fn late_pushes(&self) -> u64 {
+        self.late_pushes
     }
 
     /// Fixes the world size from the job this shard serves, so that no peer sets it by
@@ -123,15 +232,15 @@ impl ShardState {
 
     /// A rank for the certificate `identity` (its fingerprint), for a worker that joins
     /// knowing only the servers: the rank it had before if it joined earlier, else the lowest
-    /// rank never handed out. A rank stays its certificate's for the server's life (a paused
+    /// rank never handed out (then with `true`: the assignment is new). A rank stays its certificate's for the server's life (a paused
     /// worker comes back to it), so a job takes at most `world` certificates; freeing the
     /// places of workers that left for good belongs to elastic membership. Needs a fixed world.
-    pub fn assign_rank(&mut self, identity: &str) -> Result<u16> {
+    pub fn assign_rank(&mut self, identity: &str) -> Result<(u16, bool)> {
         let Some(world) = self.world else {
             return protocol("this server was started without a job; it assigns no ranks".into());
         };
         if let Some(&rank) = self.assigned.get(identity) {
-            return Ok(rank);
+            return Ok((rank, false));
         }
         let taken: Vec<u16> = self.assigned.values().copied().collect();
         let Some(rank) = (0..world).find(|r| !taken.contains(r)) else {
@@ -140,7 +249,12 @@ impl ShardState {
             ));
         };
         self.assigned.insert(identity.to_string(), rank);
-        Ok(rank)
+        Ok((rank, true))
+    }
+
+    /// The open round.
+    pub fn open_step(&self) -> u64 {
+        self.open_step
     }
 
     /// Checks that the certificate `identity` may say hello as `rank`: where this shard hands
@@ -196,7 +310,8 @@ impl ShardState {
             .find(|(_, p)| p.rank == hello.rank)
             .map(|(id, _)| *id);
         if let Some(old) = replaced {
-            self.disconnect(old);
+            // The newer connection goes on where the old one was: the round waits for it.
+            self.disconnect(old, Departure::Reconnecting);
         }
         self.peers.insert(
             id,
@@ -289,7 +404,7 @@ impl ShardState {
     }
 
     /// Checks a push's header against the protocol; the payload is decoded afterwards.
-    pub fn check_push(&self, id: PeerId, key: Key, step: u64, numel: u32) -> Result<PushCheck> {
+    pub fn check_push(&mut self, id: PeerId, key: Key, step: u64, numel: u32) -> Result<PushCheck> {
         let peer = self.peer(id)?;
         if !peer.registered || !self.started {
             return protocol("push before registration completed".into());
@@ -304,13 +419,8 @@ impl ShardState {
             ));
         }
         if step < self.open_step {
-            if !peer.active {
-                return Ok(PushCheck::Ignore);
-            }
-            return protocol(format!(
-                "replayed old step {step} (the open round is step {})",
-                self.open_step
-            ));
+            self.late_pushes += 1;
+            return Ok(PushCheck::Ignore);
         }
         if step > self.open_step {
             return protocol(format!(
@@ -345,6 +455,7 @@ impl ShardState {
                 peer.rank
             );
             peer.active = true;
+            self.expected.remove(&peer.rank);
         }
         *self.pushed.entry(peer.rank).or_default() += 1;
         Ok(true)
@@ -363,18 +474,32 @@ impl ShardState {
         self.pushed.get(&rank).copied().unwrap_or(0) == self.keys.len()
     }
 
-    /// Whether every active rank has pushed every key.
+    /// Whether every active rank has pushed every key and no expected rank is missing.
     pub fn round_complete(&self) -> bool {
         !self.keys.is_empty()
+            && self.expected.is_empty()
             && self.active_ranks().next().is_some()
             && self.active_ranks().all(|r| self.finished(r))
     }
 
-    /// At the deadline of round `step`: evicts the active ranks that have not finished and
-    /// returns their peers, for the server to close.
+    /// The ranks the open round waits for without a connection.
+    pub fn expected(&self) -> &BTreeSet<u16> {
+        &self.expected
+    }
+
+    /// At the deadline of round `step`: gives up on the expected ranks, evicts the active
+    /// ranks that have not finished and returns their peers, for the server to close.
     pub fn evict_stragglers(&mut self, step: u64) -> Vec<PeerId> {
         if step != self.open_step {
             return Vec::new();
+        }
+        if !self.expected.is_empty() {
+            tracing::warn!(
+                "shard {}: round {step} closes without ranks {:?}, which did not come back in time",
+                self.shard,
+                self.expected
+            );
+            self.expected.clear();
         }
         let late: Vec<PeerId> = self
             .peers
@@ -383,7 +508,7 @@ impl ShardState {
             .map(|(id, _)| *id)
             .collect();
         for id in &late {
-            self.disconnect(*id);
+            self.disconnect(*id, Departure::Left);
         }
         late
     }
@@ -471,8 +596,9 @@ impl ShardState {
         })
     }
 
-    /// A peer left: its pushes of the open round no longer count.
-    pub fn disconnect(&mut self, id: PeerId) {
+    /// A peer left: its pushes of the open round no longer count, and the round waits for
+    /// its rank only if it was active and is `Reconnecting`.
+    pub fn disconnect(&mut self, id: PeerId, how: Departure) {
         let Some(peer) = self.peers.remove(&id) else {
             return;
         };
@@ -480,6 +606,9 @@ impl ShardState {
             entry.discard(peer.rank as usize);
         }
         self.pushed.remove(&peer.rank);
+        if peer.active && how == Departure::Reconnecting {
+            self.expected.insert(peer.rank);
+        }
     }
 }
 
@@ -551,6 +680,147 @@ mod tests {
         }
     }
 
+    /// A shard of one 2-element f32 key for a world of 2, with ranks 0 and 1 registered
+    /// as peers 0 and 1.
+    fn two_ranks() -> ShardState {
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(2);
+        for rank in 0..2u16 {
+            state.hello(rank as PeerId, &hello(rank)).unwrap();
+            state.register(rank as PeerId, &one_key()).unwrap();
+        }
+        state
+    }
+
+    fn one_key() -> Register {
+        Register {
+            keys: vec![murmur_engine::comm::KeySpec {
+                key: 1,
+                numel: 2,
+                push: "f32".into(),
+                pull: "f32".into(),
+                server_memory: "none".into(),
+                seed: 1,
+                sync_every: 0,
+                owner: String::new(),
+            }],
+        }
+    }
+
+    /// Peer `id` pushes `value` twice for `step`; whether the push counted.
+    fn push(state: &mut ShardState, id: PeerId, step: u64, value: f32) -> bool {
+        match state.check_push(id, 1, step, 2).unwrap() {
+            PushCheck::Ignore => false,
+            PushCheck::Decode(d) => {
+                let push = d.decode(&bytemuck_f32(&[value, value])).unwrap();
+                state.insert_push(id, 1, step, push).unwrap()
+            }
+        }
+    }
+
+    #[test]
+    fn a_push_for_a_closed_round_is_ignored_and_counted() {
+        let mut state = two_ranks();
+        assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
+        assert_eq!(state.close_round().unwrap().step, 0);
+        // Rank 0 missed the reply and sends round 0 again: it changes nothing.
+        assert!(!push(&mut state, 0, 0, 1.0));
+        assert_eq!(state.late_pushes(), 1);
+        assert!(push(&mut state, 0, 1, 1.0) && push(&mut state, 1, 1, 3.0));
+        assert_eq!(state.close_round().unwrap().step, 1);
+        // A push from the future still breaks the protocol.
+        assert!(state.check_push(0, 1, 5, 2).is_err());
+    }
+
+    #[test]
+    fn a_rank_that_reconnects_is_waited_for_and_one_that_left_is_not() {
+        let mut state = two_ranks();
+        assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
+        state.close_round().unwrap();
+        // Rank 1 hangs up to reconnect: round 1 waits for it.
+        state.disconnect(1, Departure::Reconnecting);
+        assert!(push(&mut state, 0, 1, 1.0));
+        assert!(
+            !state.round_complete(),
+            "closed without the reconnecting rank"
+        );
+        state.hello(2, &hello(1)).unwrap();
+        state.register(2, &one_key()).unwrap();
+        assert!(!state.round_complete());
+        assert!(push(&mut state, 2, 1, 3.0));
+        let round = state.close_round().expect("both ranks pushed");
+        assert_eq!(round.step, 1);
+        // A newer connection for rank 1 replaces the old one: also waited for.
+        state.hello(3, &hello(1)).unwrap();
+        state.register(3, &one_key()).unwrap();
+        assert!(push(&mut state, 0, 2, 1.0));
+        assert!(!state.round_complete());
+        assert!(push(&mut state, 3, 2, 3.0));
+        state.close_round().unwrap();
+        // Rank 1 leaves (a pause, silence past the peer timeout): not waited for.
+        state.disconnect(3, Departure::Left);
+        assert!(push(&mut state, 0, 3, 1.0));
+        assert_eq!(state.close_round().unwrap().step, 3);
+        // A rank waited for that never comes back is given up on at the deadline.
+        state.disconnect(0, Departure::Reconnecting);
+        state.hello(4, &hello(1)).unwrap();
+        state.register(4, &one_key()).unwrap();
+        assert!(push(&mut state, 4, 4, 3.0));
+        assert!(!state.round_complete());
+        assert!(state.evict_stragglers(4).is_empty());
+        assert_eq!(state.close_round().unwrap().step, 4);
+    }
+
+    #[test]
+    fn a_restored_shard_waits_for_the_last_rounds_members_and_serves_its_log() {
+        let mut state = two_ranks();
+        assert_eq!(state.assign_rank("fingerprint").unwrap(), (0, true));
+        let mut replies = Vec::new();
+        for step in 0..3 {
+            assert!(push(&mut state, 0, step, 1.0) && push(&mut state, 1, step, step as f32));
+            replies.push(state.close_round().unwrap().replies);
+        }
+        let job = b"job digest";
+        let saved = state.saved(job).unwrap();
+        assert_eq!((saved.open_step, saved.first_logged), (3, 0));
+        assert_eq!(saved.members, [0, 1]);
+        let loaded = |saved: SavedShard| Loaded {
+            shard: saved,
+            rounds: state
+                .log
+                .iter()
+                .map(|r| (r.step, r.replies.clone()))
+                .collect(),
+            snapshot: None,
+        };
+        assert!(ShardState::restore(1, job, Limits::default(), 10, loaded(saved.clone())).is_err());
+        assert!(
+            ShardState::restore(0, b"other", Limits::default(), 10, loaded(saved.clone())).is_err()
+        );
+        let mut back = ShardState::restore(0, job, Limits::default(), 10, loaded(saved)).unwrap();
+        assert_eq!(back.open_step(), 3);
+        assert_eq!(back.assign_rank("fingerprint").unwrap(), (0, false));
+        // A worker behind reconnects and catches up from the log.
+        back.hello(10, &hello(0)).unwrap();
+        let registered = back.register(10, &one_key()).unwrap();
+        assert!(registered[0].1.underway);
+        let catchup = back.catchup(10).unwrap();
+        assert_eq!(catchup.summary.first_step, 0);
+        let logged: Vec<_> = catchup.rounds.iter().map(|r| r.replies.clone()).collect();
+        assert_eq!(logged, replies);
+        // Round 3 waits for both ranks of round 2, then closes as the original would.
+        assert!(push(&mut back, 10, 3, 1.0));
+        assert!(!back.round_complete());
+        back.hello(11, &hello(1)).unwrap();
+        back.register(11, &one_key()).unwrap();
+        assert!(push(&mut back, 11, 3, 3.0));
+        assert!(push(&mut state, 0, 3, 1.0) && push(&mut state, 1, 3, 3.0));
+        assert_eq!(
+            back.close_round().unwrap().replies,
+            state.close_round().unwrap().replies
+        );
+    }
+
     fn bytemuck_f32(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
@@ -560,18 +830,18 @@ mod tests {
         let mut state = ShardState::new(0, Limits::default(), 10);
         assert!(state.assign_rank("a").is_err(), "no job, no ranks");
         state.fix_world(2);
-        assert_eq!(state.assign_rank("a").unwrap(), 0);
-        assert_eq!(state.assign_rank("b").unwrap(), 1);
+        assert_eq!(state.assign_rank("a").unwrap(), (0, true));
+        assert_eq!(state.assign_rank("b").unwrap(), (1, true));
         // The same certificate gets its rank back.
-        assert_eq!(state.assign_rank("a").unwrap(), 0);
+        assert_eq!(state.assign_rank("a").unwrap(), (0, false));
         // Both ranks are taken: a third certificate is refused.
         state.hello(10, &hello(0)).unwrap();
         state.hello(11, &hello(1)).unwrap();
         assert!(state.assign_rank("c").is_err());
         // Rank 1's worker leaves: its place stays its own, and a newcomer is still refused.
-        state.disconnect(11);
+        state.disconnect(11, Departure::Left);
         assert!(state.assign_rank("c").is_err());
-        assert_eq!(state.assign_rank("b").unwrap(), 1);
+        assert_eq!(state.assign_rank("b").unwrap(), (1, false));
         // No certificate may say hello as another's rank.
         assert!(state.check_rank("b", 1).is_ok());
         assert!(state.check_rank("b", 0).is_err());

@@ -152,6 +152,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
         let link = Link {
             bytes_per_second: shape.rate,
             rtt: Duration::from_secs_f64(a.rtt_ms / 1e3),
+            ..Link::default()
         };
         let gpus: Vec<Arc<Gpu>> = (0..a.workers)
             .map(|_| Gpu::new())
