@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{have_mnist, RemovedOnDrop};
+use common::{have_mnist, wait_for, RemovedOnDrop};
 use murmur_node::swarm::prepare;
 use murmur_node::{
     Budget, DeviceKind, Event, Job, ServerConfig, ServerNode, Worker, WorkerConfig, WorkerHandle,
@@ -68,33 +68,6 @@ fn worker(
         ..WorkerConfig::default()
     })
     .unwrap()
-}
-
-/// Waits for the first event `want` accepts; panics on an error event or after `timeout`.
-fn wait_for<T>(
-    events: &mut Receiver<Event>,
-    timeout: Duration,
-    mut want: impl FnMut(&Event) -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "no such event within {timeout:?}"
-        );
-        match events.try_recv() {
-            Ok(Event::Error { message, .. }) => panic!("worker failed: {message}"),
-            Ok(e) => {
-                if let Some(t) = want(&e) {
-                    return t;
-                }
-            }
-            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            Err(e) => panic!("events: {e}"),
-        }
-    }
 }
 
 fn step_of(e: &Event) -> Option<u64> {

@@ -45,6 +45,11 @@ pub struct ServerConfig {
     /// sends one every `snapshot_every` rounds of the job), each replacing the last, so the
     /// file holds the newest model when the shard stops.
     pub save: Option<PathBuf>,
+    /// A folder where the shard saves its state after every round, before replying (keys,
+    /// server memories, the round log, snapshot, ranks); started again with the same folder
+    /// after a crash or a kill, it goes on from the last round it closed, and the workers
+    /// reconnect on their own. Each shard needs a folder of its own.
+    pub state: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +64,7 @@ impl Default for ServerConfig {
             link: LinkConfig::default(),
             job: Job::default(),
             save: None,
+            state: None,
         }
     }
 }
@@ -71,6 +77,7 @@ impl ServerNode {
     /// shard listens.
     pub fn start(config: ServerConfig) -> Result<ServerHandle> {
         config.job.validate()?;
+        config.link.validate()?;
         positive_seconds("the round deadline", config.deadline_s)?;
         if config.shard >= config.shards {
             return Err(NodeError::Config(format!(
@@ -98,6 +105,7 @@ impl ServerNode {
                 description: config.job.to_wire(),
             }),
             snapshots,
+            state_dir: config.state.clone(),
             ..ServerOptions::default()
         };
         let (bound_tx, bound_rx) = mpsc::channel();

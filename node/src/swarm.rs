@@ -221,7 +221,7 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             deadline_s: config.deadline_s,
             link: config.link,
             job: config.job.clone(),
-            save: None,
+            ..ServerConfig::default()
         })?);
     }
     let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();

@@ -122,6 +122,7 @@ impl Worker {
     /// its thread, never nested in the caller's.
     pub fn start(config: WorkerConfig) -> Result<WorkerHandle> {
         config.budget.validate()?;
+        config.link.validate()?;
         positive_seconds("join_timeout_s", config.join_timeout_s)?;
         if config.save_every == Some(0) {
             return Err(NodeError::Config("save_every must be at least 1".into()));
@@ -531,7 +532,7 @@ impl Run {
                         return Err(NodeError::Engine(e));
                     }
                     let reason = format!("lost the swarm ({e})");
-                    dp.collective.leave();
+                    dp.collective.leave_to_reconnect();
                     self.rejoin(joined, dp, &reason)?;
                     continue;
                 }

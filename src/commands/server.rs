@@ -40,6 +40,11 @@ pub struct ServerArgs {
     /// --snapshot-every rounds), so that the newest model is there when the shard stops.
     #[arg(long)]
     save: Option<PathBuf>,
+    /// Save this shard's state in DIR after every round (before replying) and resume from it
+    /// when started again with the same DIR: a killed shard restarted with the same flags
+    /// goes on from its last round, and the workers reconnect on their own.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
 }
 
 pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
@@ -57,6 +62,7 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         link: a.link,
         job: job.clone(),
         save: a.save,
+        state: a.state,
     })?;
     let listening = Listening {
         event: "listening".into(),

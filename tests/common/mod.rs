@@ -1,6 +1,8 @@
 //! Helpers shared by the binary's integration tests.
 #![allow(dead_code)] // each test binary uses a different part
 
+use murmur::node::Event;
+
 /// Whether MNIST is in `data/`; a test that needs it skips with a visible notice, or fails
 /// under CI, where a missing dataset is a set-up error.
 pub fn have_mnist() -> bool {
@@ -44,5 +46,32 @@ impl RemovedOnDrop {
 impl Drop for RemovedOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits for the first event `want` accepts; panics on an error event or after `timeout`.
+pub fn wait_for<T>(
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+    timeout: std::time::Duration,
+    mut want: impl FnMut(&Event) -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no such event within {timeout:?}"
+        );
+        match events.try_recv() {
+            Ok(Event::Error { message, .. }) => panic!("worker failed: {message}"),
+            Ok(e) => {
+                if let Some(t) = want(&e) {
+                    return t;
+                }
+            }
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            }
+            Err(e) => panic!("events: {e}"),
+        }
     }
 }
