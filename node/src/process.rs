@@ -32,6 +32,18 @@ impl Children {
 }
 
 impl Children {
+    /// Kills the child named `name` with SIGKILL (if it still runs), reaps it and forgets it.
+    pub fn kill(&mut self, name: &str) {
+        self.0.retain_mut(|(n, child)| {
+            if n != name {
+                return true;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            false
+        });
+    }
+
     /// Stops the children whose names start with `prefix`: SIGTERM (a graceful stop: a
     /// worker finishes its round and writes its checkpoint), then SIGKILL for any still
     /// running after `grace`. Returns how many had to be killed.
@@ -97,10 +109,16 @@ pub fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-/// Starts `exe args` with stdout piped to the launcher and stderr to `log`.
-pub fn spawn_logged(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
-    let log_file = std::fs::File::create(log)
-        .map_err(|e| NodeError::io(format!("creating {}", log.display()), e))?;
+/// Starts `exe args` with stdout piped to the launcher and stderr to `log`, which it starts
+/// afresh, or goes on with when `again` (a node started again after it died).
+pub fn spawn_logged(exe: &Path, args: &[String], log: &Path, again: bool) -> Result<Child> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(again)
+        .truncate(!again)
+        .open(log)
+        .map_err(|e| NodeError::io(format!("opening {}", log.display()), e))?;
     let mut command = Command::new(exe);
     command
         .args(args)

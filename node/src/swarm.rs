@@ -97,7 +97,19 @@ enum Nodes {
         workers: Vec<WorkerHandle>,
         servers: Vec<ServerHandle>,
     },
-    Processes(Children),
+    Processes(Processes),
+}
+
+/// The nodes as processes, with what starts each again.
+struct Processes {
+    children: Children,
+    exe: PathBuf,
+    logs: PathBuf,
+    /// Each shard's arguments but `--listen`, and the address it listens on.
+    servers: Vec<(Vec<String>, SocketAddr)>,
+    /// Each worker's arguments.
+    workers: Vec<Vec<String>>,
+    tx: mpsc::Sender<SwarmEvent>,
 }
 
 /// A running local swarm.
@@ -168,6 +180,90 @@ impl LocalSwarm {
         &self.logs
     }
 
+    fn processes(&mut self, what: &str) -> Result<&mut Processes> {
+        match &mut self.nodes {
+            Nodes::Processes(p) => Ok(p),
+            Nodes::Threads { .. } => Err(NodeError::Config(format!(
+                "{what} needs nodes that are processes (Launch::Processes)"
+            ))),
+        }
+    }
+
+    /// Kills worker `index` with SIGKILL, as a crash would, and forgets it: [`LocalSwarm::finish`]
+    /// no longer waits for it. Its [`SwarmEvent::Ended`] follows. Processes only; also how a
+    /// launcher lets go of a worker that exited early.
+    pub fn kill_worker(&mut self, index: usize) -> Result<()> {
+        let p = self.processes("killing a worker")?;
+        p.children.kill(&format!("worker {index}"));
+        Ok(())
+    }
+
+    /// Starts worker `index` again, with its certificate and flags: the servers give it its
+    /// rank back, and it catches up from the newest snapshot. Call it from the thread that
+    /// started the swarm (on Linux a child dies with the thread that started it). Processes
+    /// only.
+    pub fn respawn_worker(&mut self, index: usize) -> Result<()> {
+        let p = self.processes("respawning a worker")?;
+        if index >= p.workers.len() {
+            return Err(NodeError::Config(format!(
+                "no worker {index} in a swarm of {}",
+                p.workers.len()
+            )));
+        }
+        p.children.kill(&format!("worker {index}"));
+        p.spawn_worker(index, true)
+    }
+
+    /// The shards whose processes have ended, with how (each said once: the shard is
+    /// forgotten until [`LocalSwarm::restart_server`] starts it again). Threads: none.
+    pub fn ended_servers(&mut self) -> Vec<(u16, String)> {
+        let Nodes::Processes(p) = &mut self.nodes else {
+            return Vec::new();
+        };
+        let mut ended = Vec::new();
+        for shard in 0..p.servers.len() as u16 {
+            let name = format!("server {shard}");
+            let status = p
+                .children
+                .0
+                .iter_mut()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, child)| child.try_wait().ok().flatten());
+            if let Some(status) = status {
+                p.children.kill(&name);
+                let log = p.logs.join(format!("server-{shard}.log"));
+                ended.push((
+                    shard,
+                    format!("{status}; the end of its log:\n{}", log_tail(&log)),
+                ));
+            }
+        }
+        ended
+    }
+
+    /// Kills server shard `shard` with SIGKILL, as a crash would. Processes only.
+    pub fn kill_server(&mut self, shard: u16) -> Result<()> {
+        let p = self.processes("killing a server")?;
+        p.children.kill(&format!("server {shard}"));
+        Ok(())
+    }
+
+    /// Starts shard `shard` again on its address, from its state folder: it goes on from the
+    /// last round it saved, and the workers reconnect on their own. Processes only; call it
+    /// from the thread that started the swarm.
+    pub fn restart_server(&mut self, shard: u16) -> Result<()> {
+        let p = self.processes("restarting a server")?;
+        p.children.kill(&format!("server {shard}"));
+        let addr = p.servers.get(shard as usize).map(|s| s.1).ok_or_else(|| {
+            NodeError::Config(format!(
+                "no shard {shard} in a swarm of {}",
+                p.servers.len()
+            ))
+        })?;
+        p.spawn_server(shard, &addr.to_string(), true)?;
+        Ok(())
+    }
+
     /// Stops the swarm early and gracefully: every worker finishes its round (and writes
     /// its checkpoint, if it has one), then the servers stop. Nodes still running `grace`
     /// after being asked are killed; returns how many were.
@@ -184,8 +280,8 @@ impl LocalSwarm {
                 drop(servers);
                 0
             }
-            Nodes::Processes(mut children) => {
-                children.terminate("worker", grace) + children.terminate("server", grace)
+            Nodes::Processes(mut p) => {
+                p.children.terminate("worker", grace) + p.children.terminate("server", grace)
             }
         }
     }
@@ -204,7 +300,7 @@ impl LocalSwarm {
                 drop(servers);
                 first
             }
-            Nodes::Processes(mut children) => children.wait_for("worker"),
+            Nodes::Processes(mut p) => p.children.wait_for("worker"),
         }
     }
 }
@@ -270,45 +366,45 @@ fn start_processes(
     tx: mpsc::Sender<SwarmEvent>,
 ) -> Result<Nodes> {
     let dir = &config.dir;
-    let logs = dir.join("logs");
     let job_file = dir.join("job.toml");
     std::fs::write(&job_file, config.job.to_toml())
         .map_err(|e| NodeError::io(format!("writing {}", job_file.display()), e))?;
-    let mut children = Children(Vec::new());
-    let mut addrs = Vec::new();
+    // Shards keep their state here, so that one killed mid-run starts again where it was;
+    // a new run starts from nothing.
+    let states = dir.join("state");
+    if states.exists() {
+        std::fs::remove_dir_all(&states)
+            .map_err(|e| NodeError::io(format!("clearing {}", states.display()), e))?;
+    }
+    let mut p = Processes {
+        children: Children(Vec::new()),
+        exe: exe.to_path_buf(),
+        logs: dir.join("logs"),
+        servers: Vec::new(),
+        workers: Vec::new(),
+        tx,
+    };
     for shard in 0..config.servers {
         let mut args: Vec<String> = vec![
             "server".into(),
-            "--listen=127.0.0.1:0".into(),
             format!("--swarm={}", dir.display()),
             format!("--node=server-{shard}"),
             format!("--shard={shard}"),
             format!("--shards={}", config.servers),
             format!("--deadline={}", config.deadline_s),
             format!("--config={}", job_file.display()),
+            format!(
+                "--state={}",
+                states.join(format!("shard-{shard}")).display()
+            ),
         ];
         args.extend(config.link.to_args());
-        let log = logs.join(format!("server-{shard}.log"));
-        let mut child = spawn_logged(exe, &args, &log)?;
-        let stdout = child.stdout.take().expect("piped");
-        children.0.push((format!("server {shard}"), child));
-        let (line_tx, line_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = line_tx.send(line);
-        });
-        let line = line_rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_default();
-        let listening: Listening = serde_json::from_str(line.trim()).map_err(|_| {
-            NodeError::Thread(format!(
-                "server {shard} did not start within 30 s; the end of its log:\n{}",
-                log_tail(&log)
-            ))
-        })?;
-        addrs.push(listening.addr.to_string());
+        p.servers
+            .push((args, SocketAddr::from(([127, 0, 0, 1], 0))));
+        let addr = p.spawn_server(shard, "127.0.0.1:0", false)?;
+        p.servers[shard as usize].1 = addr;
     }
+    let addrs: Vec<String> = p.servers.iter().map(|s| s.1.to_string()).collect();
     for index in 0..config.job.workers as usize {
         let mut args: Vec<String> = vec![
             "worker".into(),
@@ -326,11 +422,48 @@ fn start_processes(
             args.extend(config.save_every.map(|n| format!("--save-every={n}")));
         }
         args.extend(config.link.to_args());
-        let log = logs.join(format!("worker-{index}.log"));
-        let mut child = spawn_logged(exe, &args, &log)?;
+        p.workers.push(args);
+        p.spawn_worker(index, false)?;
+    }
+    Ok(Nodes::Processes(p))
+}
+
+impl Processes {
+    /// Starts shard `shard` listening on `listen` (`again`: after it died); returns the
+    /// address it listens on, read from its first line.
+    fn spawn_server(&mut self, shard: u16, listen: &str, again: bool) -> Result<SocketAddr> {
+        let mut args = self.servers[shard as usize].0.clone();
+        args.push(format!("--listen={listen}"));
+        let log = self.logs.join(format!("server-{shard}.log"));
+        let mut child = spawn_logged(&self.exe, &args, &log, again)?;
         let stdout = child.stdout.take().expect("piped");
-        children.0.push((format!("worker {index}"), child));
-        let tx = tx.clone();
+        self.children.0.push((format!("server {shard}"), child));
+        let (line_tx, line_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = line_tx.send(line);
+        });
+        let line = line_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_default();
+        let listening: Listening = serde_json::from_str(line.trim()).map_err(|_| {
+            NodeError::Thread(format!(
+                "server {shard} did not start within 30 s; the end of its log:\n{}",
+                log_tail(&log)
+            ))
+        })?;
+        Ok(listening.addr)
+    }
+
+    /// Starts worker `index` (`again`: after it died), whose events go to the swarm's stream
+    /// until it ends.
+    fn spawn_worker(&mut self, index: usize, again: bool) -> Result<()> {
+        let log = self.logs.join(format!("worker-{index}.log"));
+        let mut child = spawn_logged(&self.exe, &self.workers[index], &log, again)?;
+        let stdout = child.stdout.take().expect("piped");
+        self.children.0.push((format!("worker {index}"), child));
+        let tx = self.tx.clone();
         std::thread::spawn(move || {
             let mut done = false;
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
@@ -347,6 +480,6 @@ fn start_processes(
             });
             let _ = tx.send(SwarmEvent::Ended { index, error });
         });
+        Ok(())
     }
-    Ok(Nodes::Processes(children))
 }

@@ -420,7 +420,8 @@ impl Run {
             "batch": job.batch * world as usize,
             "epochs": job.epochs,
         });
-        let collective = self.connect(&joined)?;
+        // A shard may be restarting: keep trying, as after losing the swarm.
+        let collective = self.with_backoff(|| self.connect(&joined))?;
         self.wait(format!(
             "all {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
             self.client_options().start_timeout
@@ -640,40 +641,44 @@ impl Run {
         });
     }
 
-    /// Connects again and catches up on the rounds missed, keeping the replica's state;
-    /// tries `rejoin_attempts` times, waiting 1 s, 2 s, 4 s ... (at most 30 s) between tries.
+    /// Connects again and catches up on the rounds missed, keeping the replica's state,
+    /// with back-off ([`Run::with_backoff`]).
     fn rejoin(
         &self,
         joined: &Joined,
         dp: &mut DataParallel<QuicCollective>,
         reason: &str,
     ) -> Result<()> {
+        self.with_backoff(|| {
+            dp.reconnect(self.connect(joined)?)?;
+            catch_up(dp)?;
+            Ok(())
+        })?;
+        self.events.emit(Event::Rejoined {
+            rank: joined.rank,
+            step: dp.round(),
+            reason: reason.to_string(),
+        });
+        Ok(())
+    }
+
+    /// Tries `attempt` up to `rejoin_attempts` times, waiting 1 s, 2 s, 4 s ... (at most
+    /// 30 s) between tries and saying so; a stop ends the waiting.
+    fn with_backoff<T>(&self, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
         let mut delay = Duration::from_secs(1);
-        let mut attempt = 0;
+        let mut tries = 0;
         loop {
-            attempt += 1;
-            let tried = self.connect(joined).and_then(|c| {
-                dp.reconnect(c)?;
-                catch_up(dp)?;
-                Ok(())
-            });
-            match tried {
-                Ok(()) => {
-                    self.events.emit(Event::Rejoined {
-                        rank: joined.rank,
-                        step: dp.round(),
-                        reason: reason.to_string(),
-                    });
-                    return Ok(());
-                }
-                Err(e) if attempt >= self.config.rejoin_attempts.max(1) => {
+            tries += 1;
+            match attempt() {
+                Ok(done) => return Ok(done),
+                Err(e) if tries >= self.config.rejoin_attempts.max(1) => {
                     return Err(NodeError::Net(murmur_net::NetError::Connection(format!(
-                        "rejoining failed {attempt} times (last: {e})"
+                        "reaching the servers failed {tries} times (last: {e})"
                     ))))
                 }
                 Err(e) => {
                     self.wait(format!(
-                        "the servers again in {delay:?} (try {attempt} of {}: {e})",
+                        "the servers again in {delay:?} (try {tries} of {}: {e})",
                         self.config.rejoin_attempts
                     ));
                     if self.control.sleep(delay) == Next::Stop {

@@ -298,7 +298,7 @@ fn start_process(
         args.push(format!("--connect={addr}"));
     }
     args.extend(stage.job.to_args());
-    let mut child = spawn_logged(exe, &args, log)?;
+    let mut child = spawn_logged(exe, &args, log, false)?;
     let stdout = child.stdout.take().expect("piped");
     let log = log.to_path_buf();
     std::thread::spawn(move || {

@@ -54,7 +54,16 @@ pub struct LaunchArgs {
     /// a line with the test accuracy after each epoch.
     #[arg(long)]
     metrics: Option<PathBuf>,
+    /// Start a node that dies (crash, kill) again: a worker at most 10 times (it gets its rank
+    /// back and catches up), a server shard from its saved state (the workers reconnect).
+    /// Without it the other workers train on without a dead worker, and a dead shard ends
+    /// the run.
+    #[arg(long)]
+    respawn: bool,
 }
+
+/// Most times --respawn starts one worker again (a worker that keeps dying is let go).
+const MAX_RESPAWNS: usize = 10;
 
 /// How long nodes get to stop gracefully before they are killed.
 const GRACE: Duration = Duration::from_secs(15);
@@ -93,7 +102,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         }
     );
     let workers = job.workers as usize;
-    let swarm = LocalSwarm::start(
+    let mut swarm = LocalSwarm::start(
         SwarmConfig {
             servers: a.servers,
             job,
@@ -112,6 +121,9 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
 
     let mut dashboard = Dashboard::new(workers, a.quiet);
     let mut ended = 0;
+    let mut respawns = vec![0; workers];
+    // Workers that died and were let go, with why.
+    let mut gone: Vec<(usize, String)> = Vec::new();
     let mut last_word = Instant::now();
     while ended < workers {
         if let Some(signal) = crate::signals::received() {
@@ -127,6 +139,14 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             report_saved(&save);
             eprintln!("logs in {}", dir.join("logs").display());
             return Err(Interrupted { signal }.into());
+        }
+        for (shard, how) in swarm.ended_servers() {
+            if !a.respawn {
+                dashboard.clear();
+                bail!("server {shard} ended ({how}); --respawn starts a server or worker that dies again");
+            }
+            dashboard.server_restarted(shard);
+            swarm.restart_server(shard)?;
         }
         let Some(event) = swarm.next_event(Duration::from_millis(200)) else {
             if last_word.elapsed() > Duration::from_secs(3600) {
@@ -148,9 +168,16 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
                 index,
                 error: Some(why),
             } => {
-                dashboard.failed(index, "exited early");
-                dashboard.clear();
-                bail!("{why}");
+                let respawn = a.respawn && respawns[index] < MAX_RESPAWNS;
+                dashboard.left(index, respawn);
+                if respawn {
+                    respawns[index] += 1;
+                    swarm.respawn_worker(index)?;
+                } else {
+                    swarm.kill_worker(index)?;
+                    gone.push((index, why));
+                    ended += 1;
+                }
             }
         }
     }
@@ -158,6 +185,17 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     // Workers are done: reap them, then stop the servers.
     swarm.finish()?;
     report_saved(&save);
+    for (index, why) in &gone {
+        eprintln!("murmur swarm: worker {index} left early: {why}");
+    }
+    if gone.len() == workers {
+        bail!("every worker left before the end");
+    }
+    if gone.iter().any(|(index, _)| *index == 0) {
+        bail!(
+            "worker 0, which evaluates and saves the model, left before the end (the others finished; --respawn starts a worker that dies again)"
+        );
+    }
 
     let outcome = dashboard.outcome();
     eprintln!(

@@ -28,6 +28,10 @@ pub struct Dashboard {
     final_accuracy: Option<f64>,
     total_steps: u64,
     rejoins: usize,
+    /// Workers that died and were started again, and those let go.
+    respawned: usize,
+    left: usize,
+    servers_restarted: usize,
     /// Without a terminal: the next step at which to print a plain progress line.
     next_line: u64,
     /// Rank 0's code statistics summed over its rounds, and the rounds that had each.
@@ -53,6 +57,11 @@ pub struct Outcome {
     /// f32 traffic over actual traffic.
     pub reduction: f64,
     pub rejoins: usize,
+    /// Workers that died and were started again (`--respawn`), and that died and were let go.
+    pub respawned: usize,
+    pub left: usize,
+    /// Server shards that died and were started again.
+    pub servers_restarted: usize,
     /// Mean over rank 0's rounds of the fraction of its LoCo codes clipped at the ends of
     /// their range (LoCo codecs only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -91,6 +100,9 @@ impl Dashboard {
             final_accuracy: None,
             total_steps: 0,
             rejoins: 0,
+            respawned: 0,
+            left: 0,
+            servers_restarted: 0,
             next_line: 0,
             saturated: Mean::default(),
             error_nonzero: Mean::default(),
@@ -226,9 +238,30 @@ impl Dashboard {
         }
     }
 
-    /// Worker `index` failed.
-    pub fn failed(&self, index: usize, why: &str) {
-        self.bars[index].abandon_with_message(format!("failed: {why}"));
+    /// Shard `shard` died and is started again from its state.
+    pub fn server_restarted(&mut self, shard: u16) {
+        self.servers_restarted += 1;
+        self.say(format!(
+            "server {shard} died; starting it again from its saved state (the workers reconnect)"
+        ));
+    }
+
+    /// Worker `index` died before the end; `respawning` if it is started again.
+    pub fn left(&mut self, index: usize, respawning: bool) {
+        let step = self.bars[index].position();
+        if respawning {
+            self.respawned += 1;
+            self.bars[index].set_message("died; starting it again");
+            self.say(format!(
+                "worker {index} died at step {step}; starting it again (the others go on)"
+            ));
+        } else {
+            self.left += 1;
+            self.bars[index].abandon_with_message("died");
+            self.say(format!(
+                "worker {index} died at step {step}; the others go on without it"
+            ));
+        }
     }
 
     pub fn outcome(&self) -> Outcome {
@@ -251,6 +284,9 @@ impl Dashboard {
             total_f32_bytes,
             reduction: total_f32_bytes as f64 / total_bytes.max(1) as f64,
             rejoins: self.rejoins,
+            respawned: self.respawned,
+            left: self.left,
+            servers_restarted: self.servers_restarted,
             loco_clipped: self.saturated.get(),
             error_nonzero: self.error_nonzero.get(),
         }
