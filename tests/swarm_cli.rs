@@ -63,15 +63,12 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     assert_eq!(bytes, v["total_bytes"].as_u64().unwrap());
     let evaluated: Vec<&serde_json::Value> =
         lines.iter().filter(|l| l["accuracy"].is_f64()).collect();
-    assert_eq!(
-        evaluated.len(),
-        1,
-        "rank 0 evaluates once, at the last round"
-    );
-    assert_eq!(
-        (&evaluated[0]["step"], &evaluated[0]["rank"]),
-        (&40.into(), &0.into())
-    );
+    // One epoch: every worker evaluates the last round, and the replicas agree.
+    assert_eq!(evaluated.len(), 2, "each rank evaluates the last round");
+    for (l, rank) in evaluated.iter().zip([0, 1]) {
+        assert_eq!((&l["step"], &l["rank"]), (&40.into(), &rank.into()));
+    }
+    assert_eq!(evaluated[0]["accuracy"], evaluated[1]["accuracy"]);
     // Both shards took part: each heard both workers introduce their rank, and shard 0
     // handed the job to both (the workers were given no job flags).
     for shard in 0..2 {

@@ -47,7 +47,7 @@ pub enum Kind {
     /// Server → worker: the round's reply for one key, identical bytes for every worker.
     Reply = 5,
     // 6 is retired: errors travel as the reason of the connection close.
-    /// Rank 0 → servers: a state snapshot after `step` rounds (payload only to shard 0, which
+    /// A worker (the ranks in turn) → servers: a state snapshot after `step` rounds (payload only to shard 0, which
     /// keeps it; every shard drops older rounds from its log). Server → rejoining worker: the
     /// snapshot it holds.
     Snapshot = 7,

@@ -92,7 +92,8 @@ pub struct Job {
     /// Tensors smaller than this travel uncompressed (BytePS default 1,024,000).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().min_compress_bytes))]
     pub min_compress_bytes: usize,
-    /// Rank 0 sends the servers a snapshot every this many rounds, for workers that rejoin.
+    /// The ranks in turn send the servers a snapshot every this many rounds, for workers
+    /// that rejoin (the servers' log of rounds reaches back to the newest one).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().snapshot_every))]
     pub snapshot_every: u64,
     /// Recalibrate LoCo's scale every this many epochs: at the epoch's first round every

@@ -41,8 +41,8 @@ pub struct ServerConfig {
     /// The job: shard 0 hands it to every worker that joins; every shard takes the world
     /// size from it.
     pub job: Job,
-    /// Shard 0 only: write the model snapshots it keeps for rejoining workers here (rank 0
-    /// sends one every `snapshot_every` rounds of the job), each replacing the last, so the
+    /// Shard 0 only: write the model snapshots it keeps for rejoining workers here (the
+    /// ranks send one in turn every `snapshot_every` rounds of the job), each replacing the last, so the
     /// file holds the newest model when the shard stops.
     pub save: Option<PathBuf>,
     /// A folder where the shard saves its state after every round, before replying (keys,

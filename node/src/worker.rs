@@ -96,7 +96,8 @@ pub struct WorkerReport {
     pub rank: u16,
     /// Rounds its replica went through.
     pub steps: u64,
-    /// The last test accuracy it measured (rank 0 evaluates).
+    /// The last test accuracy it measured (the ranks evaluate epochs in turn, and every
+    /// worker the last round).
     pub final_accuracy: Option<f64>,
     /// Bytes pushed in all.
     pub bytes_pushed: u64,
@@ -559,18 +560,19 @@ impl Run {
                     write_atomically(path, &dp.clf.save_state()?)?;
                 }
             }
-            if rank == 0 && dp.round().is_multiple_of(job.snapshot_every.max(1)) {
+            if snapshot_duty(dp.round(), job.snapshot_every, joined.world) == Some(rank) {
                 let state = dp.clf.save_state()?;
                 let step = dp.round();
                 dp.collective.snapshot(step, state)?;
             }
-            let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch)
-                || dp.round() == joined.total_steps;
+            let last = dp.round() == joined.total_steps;
+            let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch) || last;
             if epoch_done {
                 let seconds = epoch_started.elapsed().as_secs_f64();
                 epoch_started = Instant::now();
-                // The replicas are identical: one rank evaluates for all.
-                if rank == 0 {
+                // The replicas are identical: one rank evaluates for all, in turn, so that no
+                // worker's leaving stops the evaluations; the last round, every worker.
+                if last || epoch % joined.world as u32 == rank as u32 {
                     let accuracy = dp.clf.accuracy(&joined.sets.test, 1000)?;
                     final_accuracy = Some(accuracy);
                     self.events.emit(Event::Evaluated {
@@ -688,5 +690,44 @@ impl Run {
                 }
             }
         }
+    }
+}
+
+/// The rank that sends the servers a snapshot after `round` rounds, if one is due: every
+/// `every` rounds, the ranks in turn, so that a rejoining worker finds a recent snapshot (and
+/// the servers' log stays short) whichever workers have left, as long as one stays.
+fn snapshot_duty(round: u64, every: u64, world: u16) -> Option<u16> {
+    let every = every.max(1);
+    round
+        .is_multiple_of(every)
+        .then(|| ((round / every) % u64::from(world.max(1))) as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snapshot_duty;
+
+    #[test]
+    fn snapshots_fall_to_the_ranks_in_turn() {
+        let duties: Vec<_> = (0..=8).map(|r| snapshot_duty(r, 2, 3)).collect();
+        assert_eq!(
+            duties,
+            [
+                Some(0),
+                None,
+                Some(1),
+                None,
+                Some(2),
+                None,
+                Some(0),
+                None,
+                Some(1)
+            ]
+        );
+        assert_eq!(
+            snapshot_duty(5, 0, 0),
+            Some(0),
+            "degenerate settings still snapshot"
+        );
     }
 }

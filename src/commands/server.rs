@@ -36,8 +36,8 @@ pub struct ServerArgs {
     link: LinkConfig,
     #[command(flatten)]
     job: Job,
-    /// Shard 0: write the model here each time rank 0 sends its snapshot (every
-    /// --snapshot-every rounds), so that the newest model is there when the shard stops.
+    /// Shard 0: write the model here each time a worker sends its snapshot (the ranks in
+    /// turn, every --snapshot-every rounds), so that the newest model is there when the shard stops.
     #[arg(long)]
     save: Option<PathBuf>,
     /// Save this shard's state in DIR after every round (before replying) and resume from it

@@ -9,7 +9,7 @@
 //!   the reply, so no worker is ever ahead of what a restarted shard knows.
 //! - `round-<step>`: one closed round's replies, written once before `state` names it; a
 //!   rejoining worker replays them. Removed once a snapshot covers them.
-//! - `snapshot`: shard 0's newest model snapshot (rank 0 sends one every few rounds).
+//! - `snapshot`: shard 0's newest model snapshot (the ranks send one in turn every few rounds).
 //!
 //! Every file is `MAGIC`, the body's length (8 bytes) and CRC-32 (4 bytes, little-endian),
 //! and the body (postcard, as on the wire; numeric vectors as runs of bytes). The CRC finds

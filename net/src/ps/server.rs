@@ -46,7 +46,7 @@ pub struct ServerOptions {
     /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
     /// to every worker that joins with [`Kind::Join`].
     pub job: Option<JobOffer>,
-    /// Where the snapshots this shard keeps (shard 0: rank 0's model every few rounds) are
+    /// Where the snapshots this shard keeps (shard 0: the model every few rounds, from the ranks in turn) are
     /// also sent, as (step, bytes): what `murmur server --save` writes to disk.
     pub snapshots: Option<std::sync::mpsc::Sender<(u64, bytes::Bytes)>>,
     /// A folder where the shard saves its state after every round, before replying, and

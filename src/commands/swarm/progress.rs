@@ -185,12 +185,14 @@ impl Dashboard {
                 seconds,
                 ..
             } => {
-                self.accuracy.insert(epoch, accuracy);
                 self.final_accuracy = Some(accuracy);
-                self.say(format!(
-                    "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
-                    100.0 * accuracy
-                ));
+                // Every worker evaluates the last round: say it once.
+                if self.accuracy.insert(epoch, accuracy).is_none() {
+                    self.say(format!(
+                        "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
+                        100.0 * accuracy
+                    ));
+                }
             }
             Event::Recalibrated {
                 rank,
