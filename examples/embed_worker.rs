@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             dir: dir.clone(),
             save: None,
             save_every: None,
+            durable: false,
         },
         Launch::Threads,
     )?;

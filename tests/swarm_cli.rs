@@ -61,8 +61,10 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
         bytes += l["bytes_up"].as_u64().unwrap_or(0) + l["bytes_down"].as_u64().unwrap_or(0);
     }
     assert_eq!(bytes, v["total_bytes"].as_u64().unwrap());
-    let evaluated: Vec<&serde_json::Value> =
+    let mut evaluated: Vec<&serde_json::Value> =
         lines.iter().filter(|l| l["accuracy"].is_f64()).collect();
+    // The ranks' lines arrive in either order.
+    evaluated.sort_by_key(|l| l["rank"].as_u64());
     // One epoch: every worker evaluates the last round, and the replicas agree.
     assert_eq!(evaluated.len(), 2, "each rank evaluates the last round");
     for (l, rank) in evaluated.iter().zip([0, 1]) {

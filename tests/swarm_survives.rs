@@ -1,7 +1,8 @@
 //! A local swarm of processes trains on through its nodes' deaths: a worker killed with
 //! SIGKILL costs the others one peer timeout, not the round deadline; started again it gets
-//! its rank back, catches up and finishes; a shard killed and started again goes on from its
-//! state folder. Every worker ends at the job's last round.
+//! its rank back, takes its own saved state (memories included) back, catches up and
+//! finishes; a shard killed and started again goes on from its state folder. Every worker
+//! ends at the job's last round.
 
 mod common;
 
@@ -46,6 +47,7 @@ fn a_swarm_trains_on_through_a_killed_worker_and_a_killed_shard() {
             dir: dir.0.clone(),
             save: None,
             save_every: None,
+            durable: true,
         },
         Launch::Processes {
             exe: env!("CARGO_BIN_EXE_murmur").into(),
@@ -92,8 +94,13 @@ fn a_swarm_trains_on_through_a_killed_worker_and_a_killed_shard() {
             }
             SwarmEvent::Worker {
                 index: 1,
-                event: Event::Joined { from_step, .. },
-            } if respawned => rejoined_from = Some(from_step),
+                event:
+                    Event::Joined {
+                        from_step,
+                        resumed_from,
+                        ..
+                    },
+            } if respawned => rejoined_from = Some((from_step, resumed_from)),
             SwarmEvent::Worker {
                 index,
                 event: Event::Done { steps, .. },
@@ -115,9 +122,14 @@ fn a_swarm_trains_on_through_a_killed_worker_and_a_killed_shard() {
         }
     }
     swarm.finish().unwrap();
-    let rejoined_from = rejoined_from.expect("the respawned worker joined");
+    let (rejoined_from, resumed_from) = rejoined_from.expect("the respawned worker joined");
     eprintln!(
-        "worker 1 killed at round {kill_worker_at}, started again at {respawn_at} and back from round {rejoined_from}; shard 1 killed and restarted at {kill_shard_at}; worker 0 waited at most {longest_wait:?} for a round"
+        "worker 1 killed at round {kill_worker_at}, started again at {respawn_at}, took its own state of round {resumed_from:?} back and rejoined at round {rejoined_from}; shard 1 killed and restarted at {kill_shard_at}; worker 0 waited at most {longest_wait:?} for a round"
+    );
+    let resumed_from = resumed_from.expect("the respawned worker took its saved state back");
+    assert!(
+        resumed_from >= kill_worker_at - 1 && resumed_from <= rejoined_from,
+        "it took back the state of round {resumed_from}"
     );
     assert!(
         rejoined_from >= respawn_at,

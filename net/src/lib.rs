@@ -11,6 +11,7 @@ pub mod identity;
 pub mod ps;
 pub mod relay;
 pub mod stage;
+pub mod state_file;
 pub mod throughput;
 pub mod tls;
 pub mod transport;

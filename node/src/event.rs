@@ -30,6 +30,10 @@ pub enum Event {
         keys: usize,
         /// The round it starts at (above 0 after catching up with a running swarm).
         from_step: u64,
+        /// The round of the worker's own saved state it took back (a worker started again
+        /// after dying), before catching up to `from_step`.
+        #[serde(default)]
+        resumed_from: Option<u64>,
         /// The codec of its compressed pushes, with every parameter named (LoCo's calibrated
         /// scale included).
         #[serde(default)]

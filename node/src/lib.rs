@@ -79,6 +79,7 @@ pub mod process;
 pub mod server;
 pub mod swarm;
 pub mod worker;
+mod worker_state;
 
 pub use control::{Budget, Stopper};
 pub use data::DeviceKind;

@@ -44,6 +44,12 @@ pub struct SwarmConfig {
     pub save: Option<PathBuf>,
     /// Also write `save` every this many rounds.
     pub save_every: Option<u64>,
+    /// Shards and workers save their state every round (in the folder's `state/`), what
+    /// [`LocalSwarm::restart_server`] needs and what lets [`LocalSwarm::respawn_worker`]
+    /// keep a worker's error-feedback memory. It costs time each round
+    /// (docs/benchmarks.md), so a swarm whose nodes are never started again goes without.
+    /// Processes only.
+    pub durable: bool,
 }
 
 /// How the nodes run.
@@ -109,6 +115,8 @@ struct Processes {
     servers: Vec<(Vec<String>, SocketAddr)>,
     /// Each worker's arguments.
     workers: Vec<Vec<String>>,
+    /// Whether the nodes save their state (see [`SwarmConfig::durable`]).
+    durable: bool,
     tx: mpsc::Sender<SwarmEvent>,
 }
 
@@ -249,10 +257,17 @@ impl LocalSwarm {
     }
 
     /// Starts shard `shard` again on its address, from its state folder: it goes on from the
-    /// last round it saved, and the workers reconnect on their own. Processes only; call it
-    /// from the thread that started the swarm.
+    /// last round it saved, and the workers reconnect on their own. Processes of a durable
+    /// swarm only; call it from the thread that started the swarm.
     pub fn restart_server(&mut self, shard: u16) -> Result<()> {
         let p = self.processes("restarting a server")?;
+        if !p.durable {
+            return Err(NodeError::Config(
+                "restarting a server needs a durable swarm (SwarmConfig::durable): without \
+                 its state a shard starts from nothing and the workers cannot catch up"
+                    .into(),
+            ));
+        }
         p.children.kill(&format!("server {shard}"));
         let addr = p.servers.get(shard as usize).map(|s| s.1).ok_or_else(|| {
             NodeError::Config(format!(
@@ -369,12 +384,16 @@ fn start_processes(
     let job_file = dir.join("job.toml");
     std::fs::write(&job_file, config.job.to_toml())
         .map_err(|e| NodeError::io(format!("writing {}", job_file.display()), e))?;
-    // Shards keep their state here, so that one killed mid-run starts again where it was;
-    // a new run starts from nothing.
+    // Shards and workers keep their state here, so that one killed mid-run starts again
+    // where it was; a new run starts from nothing.
     let states = dir.join("state");
     if states.exists() {
         std::fs::remove_dir_all(&states)
             .map_err(|e| NodeError::io(format!("clearing {}", states.display()), e))?;
+    }
+    if config.durable {
+        std::fs::create_dir_all(&states)
+            .map_err(|e| NodeError::io(format!("creating {}", states.display()), e))?;
     }
     let mut p = Processes {
         children: Children(Vec::new()),
@@ -382,6 +401,7 @@ fn start_processes(
         logs: dir.join("logs"),
         servers: Vec::new(),
         workers: Vec::new(),
+        durable: config.durable,
         tx,
     };
     for shard in 0..config.servers {
@@ -393,11 +413,11 @@ fn start_processes(
             format!("--shards={}", config.servers),
             format!("--deadline={}", config.deadline_s),
             format!("--config={}", job_file.display()),
-            format!(
-                "--state={}",
-                states.join(format!("shard-{shard}")).display()
-            ),
         ];
+        if config.durable {
+            let state = states.join(format!("shard-{shard}"));
+            args.push(format!("--state={}", state.display()));
+        }
         args.extend(config.link.to_args());
         p.servers
             .push((args, SocketAddr::from(([127, 0, 0, 1], 0))));
@@ -420,6 +440,11 @@ fn start_processes(
         if let (Some(path), 0) = (&config.save, index) {
             args.push(format!("--save={}", path.display()));
             args.extend(config.save_every.map(|n| format!("--save-every={n}")));
+        }
+        // A worker started again after dying takes its own state back.
+        if config.durable {
+            let state = states.join(format!("worker-{index}"));
+            args.push(format!("--state={}", state.display()));
         }
         args.extend(config.link.to_args());
         p.workers.push(args);

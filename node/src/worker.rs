@@ -35,6 +35,7 @@ use crate::event::{Event, Events};
 use crate::files::write_atomically;
 use crate::job::Job;
 use crate::link::LinkConfig;
+use crate::worker_state;
 
 /// A worker's own settings: who it is, where the servers are, and what it lends. Everything
 /// about the training itself is the job's, which the servers send.
@@ -66,6 +67,11 @@ pub struct WorkerConfig {
     pub save: Option<PathBuf>,
     /// Also write `save` every this many rounds (at rounds that are multiples of it).
     pub save_every: Option<u64>,
+    /// A file where the worker keeps its own state after every round (parameters, optimizer
+    /// state, error-feedback memories). Started again with the same file and certificate
+    /// after dying, it takes them back and catches up from there, losing nothing the servers
+    /// still log; a state of another job or rank is refused.
+    pub state: Option<PathBuf>,
     /// Also print every event as a JSON line on stdout (what a process launcher reads).
     pub json_events: bool,
 }
@@ -84,6 +90,7 @@ impl Default for WorkerConfig {
             join_timeout_s: 120.0,
             save: None,
             save_every: None,
+            state: None,
             json_events: false,
         }
     }
@@ -428,6 +435,14 @@ impl Run {
             self.client_options().start_timeout
         ));
         let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;
+        // A job already under way may hold this worker's earlier life: take its state back.
+        let job_text = job.to_wire();
+        let resumed_from = match &self.config.state {
+            Some(path) if dp.collective.underway() => {
+                worker_state::resume(path, &job_text, rank, &mut dp)?
+            }
+            _ => None,
+        };
         catch_up(&mut dp)?;
         self.events.emit(Event::Joined {
             rank,
@@ -437,6 +452,7 @@ impl Run {
             parameters: dp.clf.model.parameter_count(),
             keys: dp.partitions().len(),
             from_step: dp.round(),
+            resumed_from,
             codec: job
                 .codec
                 .parse::<murmur_engine::compress::CodecSpec>()
@@ -481,6 +497,14 @@ impl Run {
         dp: &mut DataParallel<QuicCollective>,
     ) -> Result<(Totals, Option<f64>, bool)> {
         let (job, rank, world) = (&joined.job, joined.rank, joined.world as usize);
+        let state_writer = match &self.config.state {
+            Some(path) => Some(worker_state::StateWriter::start(
+                path,
+                &job.to_wire(),
+                rank,
+            )?),
+            None => None,
+        };
         let mut totals = Totals::default();
         let mut final_accuracy = None;
         let started = Instant::now();
@@ -555,6 +579,9 @@ impl Run {
                 lr: dp.clf.optimizer.lr(),
             };
             self.report_step(rank, round, &totals, started);
+            if let Some(writer) = &state_writer {
+                writer.save(dp)?;
+            }
             if let (Some(path), Some(every)) = (&self.config.save, self.config.save_every) {
                 if dp.round().is_multiple_of(every.max(1)) {
                     write_atomically(path, &dp.clf.save_state()?)?;

@@ -46,6 +46,11 @@ pub struct WorkerArgs {
     /// With --save, also write it every this many rounds.
     #[arg(long, requires = "save")]
     save_every: Option<u64>,
+    /// Keep this worker's own state here after every round (parameters, optimizer state,
+    /// error-feedback memories): started again with the same FILE after dying, it takes them
+    /// back and catches up from there.
+    #[arg(long, value_name = "FILE")]
+    state: Option<PathBuf>,
     /// Report events as JSON lines on stdout (what `murmur swarm` reads) instead of a
     /// progress bar.
     #[arg(long)]
@@ -53,7 +58,7 @@ pub struct WorkerArgs {
     /// Write metrics here as JSON lines (created at the start; `murmur plot` draws them): a
     /// line per round with step, epoch, rank, loss, learning rate, bytes pushed (up) and
     /// pulled (down) and the round's seconds, and a line with the test accuracy after each
-    /// epoch (rank 0).
+    /// epoch this rank evaluated (the ranks take the epochs in turn; all, the last).
     #[arg(long)]
     metrics: Option<PathBuf>,
 }
@@ -64,6 +69,9 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &a.metrics {
         super::flag_checks::writable("--metrics", path)?;
+    }
+    if let Some(path) = &a.state {
+        super::flag_checks::writable("--state", path)?;
     }
     let metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     let worker = Worker::start(WorkerConfig {
@@ -81,6 +89,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         join_timeout_s: a.join_timeout,
         save: a.save,
         save_every: a.save_every,
+        state: a.state,
         json_events: a.json,
     })?;
     let stopper = worker.stopper();

@@ -12,7 +12,7 @@ use crate::compress::{
     build, clipped_codes, parse, payload_log2s, rescaled, Codec, CodecSpec, DecodeMode,
 };
 use crate::error::{Error, Result};
-use crate::feedback::{Feedback, Memory};
+use crate::feedback::{Feedback, Memory, SavedMemory};
 use crate::nn::Module;
 use crate::tensor::{Device, Tensor};
 
@@ -188,6 +188,34 @@ impl<C: Collective> DataParallel<C> {
     pub fn replay_round(&mut self) -> Result<()> {
         let replies = self.collective.pull(self.round(), &self.keys)?;
         self.apply_replies(&replies)
+    }
+
+    /// This rank's error-feedback memories, partition by partition: with the classifier's
+    /// state, what a worker keeps in its own state file to come back without loss.
+    pub fn saved_memories(&self) -> Result<Vec<SavedMemory>> {
+        self.memories.iter().map(Feedback::saved).collect()
+    }
+
+    /// Takes back memories from [`DataParallel::saved_memories`] of the same job; a list
+    /// that does not fit (another model, codec or memory) is an error and changes nothing.
+    pub fn restore_memories(&mut self, saved: Vec<SavedMemory>) -> Result<()> {
+        if saved.len() != self.memories.len() {
+            return Err(Error::Data(format!(
+                "{} saved memories for {} partitions",
+                saved.len(),
+                self.memories.len()
+            )));
+        }
+        let before = self.saved_memories()?;
+        for (i, s) in saved.into_iter().enumerate() {
+            if let Err(e) = self.memories[i].restore(s) {
+                for (m, b) in self.memories.iter_mut().zip(before) {
+                    m.restore(b).expect("a memory's own state fits it");
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// The keyed partitions this rank pushes each round.

@@ -11,25 +11,21 @@
 //!   rejoining worker replays them. Removed once a snapshot covers them.
 //! - `snapshot`: shard 0's newest model snapshot (the ranks send one in turn every few rounds).
 //!
-//! Every file is `MAGIC`, the body's length (8 bytes) and CRC-32 (4 bytes, little-endian),
-//! and the body (postcard, as on the wire; numeric vectors as runs of bytes). The CRC finds
-//! damage (the files are the shard's own, not a peer's, so a cryptographic digest would only
-//! cost time: SHA-256 took a third of the save). Reading checks the magic, the length, the
-//! CRC and every length against the shard's limits: a damaged or foreign file is an error
-//! that names it, never a panic or a wild allocation.
+//! Every file is framed by [`crate::state_file`] with [`MAGIC`]; reading also checks every
+//! length against the shard's limits: a damaged or foreign file is an error that names it,
+//! never a panic or a wild allocation.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use murmur_engine::comm::shard::SavedKey;
 use murmur_engine::comm::{Key, KeySpec};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{NetError, Result};
+use crate::state_file;
 
 /// The first bytes of every file in a shard's state folder, with the format's version.
 pub const MAGIC: &[u8; 8] = b"MMSHARD1";
@@ -106,7 +102,8 @@ pub struct Loaded {
 impl StateDir {
     /// The folder `dir`, created if missing.
     pub fn create(dir: &Path) -> Result<StateDir> {
-        fs::create_dir_all(dir).map_err(|e| io_error(dir, "creating", e))?;
+        fs::create_dir_all(dir)
+            .map_err(|e| NetError::State(format!("creating {}: {e}", dir.display())))?;
         Ok(StateDir {
             dir: dir.to_path_buf(),
         })
@@ -131,7 +128,7 @@ impl StateDir {
 
     /// Writes the shard's state (after its rounds' files).
     pub fn write_state(&self, shard: &SavedShard) -> Result<()> {
-        write_file(&self.state_path(), shard)
+        state_file::write(&self.state_path(), MAGIC, shard)
     }
 
     /// Writes one closed round's replies.
@@ -147,7 +144,7 @@ impl StateDir {
                 })
                 .collect(),
         };
-        write_file(&self.round_path(step), &saved)
+        state_file::write(&self.round_path(step), MAGIC, &saved)
     }
 
     /// Writes the snapshot the shard keeps.
@@ -156,7 +153,7 @@ impl StateDir {
             step,
             bytes: bytes.to_vec(),
         };
-        write_file(&self.snapshot_path(), &saved)
+        state_file::write(&self.snapshot_path(), MAGIC, &saved)
     }
 
     /// Removes the files of rounds before `step` (a snapshot covers them). Files that will not
@@ -185,7 +182,7 @@ impl StateDir {
         if !path.exists() {
             return Ok(None);
         }
-        let shard: SavedShard = read_file(&path)?;
+        let shard: SavedShard = state_file::read(&path, MAGIC)?;
         let damaged = |what: String| NetError::State(format!("{}: {what}", self.dir.display()));
         if shard.first_logged > shard.open_step {
             return Err(damaged(format!(
@@ -197,7 +194,7 @@ impl StateDir {
         let mut rounds = Vec::new();
         for step in shard.first_logged..shard.open_step {
             let path = self.round_path(step);
-            let saved: SavedRound = read_file(&path)?;
+            let saved: SavedRound = state_file::read(&path, MAGIC)?;
             let same_keys = saved.replies.len() == keys.len()
                 && saved.replies.iter().zip(&keys).all(|(r, (key, numel))| {
                     r.key == *key && r.numel == *numel && r.payload.len() <= max_payload
@@ -221,7 +218,7 @@ impl StateDir {
             None => None,
             Some(step) => {
                 let path = self.snapshot_path();
-                let saved: SavedSnapshot = read_file(&path)?;
+                let saved: SavedSnapshot = state_file::read(&path, MAGIC)?;
                 // A snapshot newer than the state names arrived just before the kill: it is
                 // as good (rank 0 sent it), and the rounds it covers are still logged.
                 if saved.step < step || saved.step > shard.open_step {
@@ -253,56 +250,6 @@ pub fn job_digest(description: &str) -> Vec<u8> {
     Sha256::digest(description.as_bytes()).to_vec()
 }
 
-fn io_error(path: &Path, doing: &str, e: std::io::Error) -> NetError {
-    NetError::State(format!("{doing} {}: {e}", path.display()))
-}
-
-/// Writes `MAGIC`, the body's length and CRC and the body through `path.partial`, synced,
-/// then renamed over `path`.
-fn write_file(path: &Path, value: &impl Serialize) -> Result<()> {
-    let body = postcard::to_allocvec(value)
-        .map_err(|e| NetError::State(format!("encoding {}: {e}", path.display())))?;
-    let partial = path.with_extension("partial");
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&partial)?;
-        file.write_all(MAGIC)?;
-        file.write_all(&(body.len() as u64).to_le_bytes())?;
-        file.write_all(&crc32fast::hash(&body).to_le_bytes())?;
-        file.write_all(&body)?;
-        file.sync_data()?;
-        fs::rename(&partial, path)?;
-        // The rename itself is durable once the folder is synced (where folders open).
-        if let Some(dir) = path.parent().and_then(|d| fs::File::open(d).ok()) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
-    };
-    write().map_err(|e| io_error(path, "writing", e))
-}
-
-/// Reads a file [`write_file`] wrote, checking its magic, length and CRC before decoding.
-fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let bytes = fs::read(path).map_err(|e| io_error(path, "reading", e))?;
-    decode_file(&bytes).map_err(|why| NetError::State(format!("{}: {why}", path.display())))
-}
-
-/// The body of a state file's bytes, or why they are not one.
-fn decode_file<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
-    let head = MAGIC.len() + 12;
-    if bytes.len() < head || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not a murmur shard state file (or one of another version)".into());
-    }
-    let (len, rest) = bytes[MAGIC.len()..].split_at(8);
-    let (crc, body) = rest.split_at(4);
-    if u64::from_le_bytes(len.try_into().expect("8 bytes")) != body.len() as u64 {
-        return Err("damaged: cut short, or with bytes past its end".into());
-    }
-    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-        return Err("damaged: its contents do not match their CRC".into());
-    }
-    postcard::from_bytes(body).map_err(|e| format!("damaged: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,18 +269,21 @@ mod tests {
             .write_round(0, &[(1, 2, Bytes::from_static(&[1, 2, 3]))])
             .unwrap();
         let good = fs::read(state.round_path(0)).unwrap();
-        assert!(decode_file::<SavedRound>(&good).is_ok());
+        assert!(state_file::decode::<SavedRound>(MAGIC, &good).is_ok());
         // Every truncation, and every flipped byte, is refused without a panic.
         for end in 0..good.len() {
             assert!(
-                decode_file::<SavedRound>(&good[..end]).is_err(),
+                state_file::decode::<SavedRound>(MAGIC, &good[..end]).is_err(),
                 "cut at {end}"
             );
         }
         for i in 0..good.len() {
             let mut bad = good.clone();
             bad[i] ^= 0x40;
-            assert!(decode_file::<SavedRound>(&bad).is_err(), "byte {i} flipped");
+            assert!(
+                state_file::decode::<SavedRound>(MAGIC, &bad).is_err(),
+                "byte {i} flipped"
+            );
         }
         // A body that claims a huge reply, with a correct length and CRC, fails on its length.
         let mut forged = Vec::from(&MAGIC[..]);
@@ -341,7 +291,7 @@ mod tests {
         forged.extend((body.len() as u64).to_le_bytes());
         forged.extend(crc32fast::hash(&body).to_le_bytes());
         forged.extend(body);
-        assert!(decode_file::<SavedRound>(&forged).is_err());
+        assert!(state_file::decode::<SavedRound>(MAGIC, &forged).is_err());
         // A state naming a round whose file is missing names the file.
         let shard = SavedShard {
             shard: 0,

@@ -113,6 +113,8 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             dir: dir.clone(),
             save: save.clone(),
             save_every: a.save_every,
+            // Nodes started again pick up their saved state.
+            durable: a.respawn,
         },
         Launch::Processes {
             exe: std::env::current_exe()?,
