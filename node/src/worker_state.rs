@@ -6,6 +6,7 @@
 //! holds, are not lost.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use murmur_engine::comm::Collective;
@@ -46,14 +47,16 @@ fn capture<C: Collective>(job: &str, rank: u16, dp: &DataParallel<C>) -> Result<
 
 /// Writes a worker's state off its training thread: the round's state is copied at once,
 /// then encoded, synced and renamed by a thread of its own. While a write is still going, a
-/// newer round's state is dropped rather than queued: the file lags the rounds by a round or
-/// two when the disk is slow, and the rounds never wait for it.
+/// newer round's state is not even copied: the file lags the rounds by a round or two when
+/// the disk is slow, and the rounds never wait for it.
 pub(crate) struct StateWriter {
     job: String,
     rank: u16,
     queue: Option<mpsc::SyncSender<Saved>>,
     thread: Option<std::thread::JoinHandle<()>>,
     failed: Arc<Mutex<Option<String>>>,
+    /// Set while a state is being written: the next round's state is not even copied.
+    busy: Arc<AtomicBool>,
 }
 
 impl StateWriter {
@@ -61,7 +64,8 @@ impl StateWriter {
     pub(crate) fn start(path: &Path, job: &str, rank: u16) -> Result<StateWriter> {
         let (queue, states) = mpsc::sync_channel::<Saved>(1);
         let failed = Arc::new(Mutex::new(None));
-        let (path, failure) = (path.to_path_buf(), failed.clone());
+        let busy = Arc::new(AtomicBool::new(false));
+        let (path, failure, writing) = (path.to_path_buf(), failed.clone(), busy.clone());
         let thread = std::thread::Builder::new()
             .name("murmur-worker-state".into())
             .spawn(move || {
@@ -69,6 +73,7 @@ impl StateWriter {
                     if let Err(e) = state_file::write(&path, MAGIC, &saved) {
                         *failure.lock().expect("failure lock") = Some(e.to_string());
                     }
+                    writing.store(false, Ordering::Release);
                 }
             })
             .map_err(|e| NodeError::io("starting the state writer", e))?;
@@ -78,6 +83,7 @@ impl StateWriter {
             queue: Some(queue),
             thread: Some(thread),
             failed,
+            busy,
         })
     }
 
@@ -92,9 +98,13 @@ impl StateWriter {
         let Some(queue) = &self.queue else {
             return Ok(());
         };
-        if let Err(mpsc::TrySendError::Disconnected(_)) =
-            queue.try_send(capture(&self.job, self.rank, dp)?)
-        {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let saved = capture(&self.job, self.rank, dp).inspect_err(|_| {
+            self.busy.store(false, Ordering::Release);
+        })?;
+        if let Err(mpsc::TrySendError::Disconnected(_)) = queue.try_send(saved) {
             return Err(NodeError::Thread("the state writer ended".into()));
         }
         Ok(())

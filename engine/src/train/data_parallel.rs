@@ -238,16 +238,18 @@ impl<C: Collective> DataParallel<C> {
         first_sample: usize,
     ) -> Result<(f32, RoundBytes)> {
         let round = self.round();
-        let (loss, pushed) = match self.unanswered.take().filter(|u| u.step == round) {
+        if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
+            self.unanswered = None;
+        }
+        let (loss, pushed) = match &self.unanswered {
+            // Kept whatever happens to the pushes: only applied replies end it.
             Some(again) => {
                 let mut pushed = 0;
                 for (key, bytes) in &again.pushes {
                     pushed += bytes.len();
                     self.collective.push(round, *key, bytes.clone())?;
                 }
-                let loss = again.loss;
-                self.unanswered = Some(again);
-                (loss, pushed)
+                (again.loss, pushed)
             }
             None => {
                 let (loss, grads) = self.clf.loss_and_grads(x, labels, first_sample)?;

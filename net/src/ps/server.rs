@@ -89,6 +89,11 @@ struct Shared {
     next_id: AtomicUsize,
     /// The state folder, and the digest of the job the state belongs to.
     durable: Option<(StateDir, Vec<u8>)>,
+    /// The shard's endpoint, closed when the shard cannot go on.
+    endpoint: Endpoint,
+    /// Why the shard stopped itself (a state it could not save), which [`Server::run`]
+    /// returns.
+    fatal: Mutex<Option<String>>,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -157,13 +162,15 @@ impl Server {
             state.fix_world(job.world);
         }
         Ok(Server {
-            endpoint,
+            endpoint: endpoint.clone(),
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 conns: Mutex::default(),
                 options,
                 next_id: AtomicUsize::new(0),
                 durable,
+                endpoint,
+                fatal: Mutex::new(None),
             }),
         })
     }
@@ -196,7 +203,10 @@ impl Server {
         // Stopped: let the close frames reach the peers (briefly), so that they learn at
         // once instead of after their idle time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-        Ok(())
+        match self.shared.fatal.lock().expect("fatal lock").take() {
+            Some(why) => Err(NetError::State(why)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -276,11 +286,13 @@ fn departure(conn: &Connection) -> Departure {
 }
 
 /// Saves the shard to its state folder, if it has one: `round`'s replies first, then the
-/// state that names them. A failure is logged and the shard serves on (a restart would then
-/// resume from an older round, which the workers ahead of it cannot rejoin).
-fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) {
+/// state that names them. Returns whether the shard may go on: one that cannot save stops
+/// (closing every connection, [`Server::run`] returning why) rather than reply past what it
+/// saved, so that started again it resumes from its last good save and no worker is ahead
+/// of it.
+fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) -> bool {
     let Some((dir, job)) = &shared.durable else {
-        return;
+        return true;
     };
     let started = std::time::Instant::now();
     let saved = round
@@ -299,13 +311,45 @@ fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) {
                 state.open_step(),
                 started.elapsed()
             );
+            true
         }
-        Err(e) => tracing::error!(
-            "shard {}: the state of round {} was not saved: {e}",
-            shared.options.shard,
-            state.open_step()
-        ),
+        Err(e) => {
+            let why = format!(
+                "the state of round {} could not be saved, so the shard stopped before \
+                 replying: {e}",
+                state.open_step()
+            );
+            tracing::error!("shard {}: {why}", shared.options.shard);
+            shared.fatal.lock().expect("fatal lock").get_or_insert(why);
+            shared
+                .endpoint
+                .close(quinn::VarInt::from_u32(close::DONE), b"the shard stopped");
+            false
+        }
     }
+}
+
+/// Takes a snapshot (or, on shards other than 0, its notice): a durable shard writes the
+/// snapshot before it adopts it, so its state never names a snapshot its folder lacks; one it
+/// cannot write is not adopted (the log keeps the rounds it would have covered).
+fn keep_snapshot(shared: &Shared, id: PeerId, frame: Frame) -> Result<Option<(u64, Bytes)>> {
+    let mut state = lock(shared);
+    state.check_snapshot(id, frame.step)?;
+    if let (false, Some((dir, _))) = (frame.payload.is_empty(), &shared.durable) {
+        if let Err(e) = dir.write_snapshot(frame.step, &frame.payload) {
+            tracing::error!(
+                "shard {}: the snapshot of round {} was not saved, nor kept: {e}",
+                shared.options.shard,
+                frame.step
+            );
+            return Ok(None);
+        }
+    }
+    let kept = state.snapshot(id, frame.step, frame.payload)?;
+    // The log got shorter (on every shard): the state says so (a shard that cannot save
+    // stops).
+    persist(shared, &state, None);
+    Ok(kept)
 }
 
 async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
@@ -350,21 +394,11 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         }
         Kind::Push => on_push(shared, id, frame).await?,
         Kind::Snapshot => {
-            let kept = {
-                let mut state = lock(shared);
-                let kept = state.snapshot(id, frame.step, frame.payload)?;
-                if let (Some((step, bytes)), Some((dir, _))) = (&kept, &shared.durable) {
-                    if let Err(e) = dir.write_snapshot(*step, bytes) {
-                        tracing::error!(
-                            "shard {}: the snapshot of round {step} was not saved: {e}",
-                            shared.options.shard
-                        );
-                    }
-                }
-                // The log got shorter (on every shard): the state says so.
-                persist(shared, &state, None);
-                kept
-            };
+            // Files are written off the runtime's threads.
+            let worker = shared.clone();
+            let kept = tokio::task::spawn_blocking(move || keep_snapshot(&worker, id, frame))
+                .await
+                .map_err(|e| NetError::Connection(format!("snapshot task: {e}")))??;
             if let (Some(kept), Some(sink)) = (kept, &shared.options.snapshots) {
                 // The receiver writes it to disk; if it has gone, nobody asked.
                 let _ = sink.send(kept);
@@ -396,8 +430,9 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
             let rank = {
                 let mut state = lock(shared);
                 let (rank, new) = state.assign_rank(&identity)?;
-                if new {
-                    persist(shared, &state, None);
+                // A rank the shard could not save is not handed out (the shard stops).
+                if new && !persist(shared, &state, None) {
+                    return Err(NetError::State("the shard could not save its state".into()));
                 }
                 rank
             };
@@ -489,14 +524,15 @@ async fn decode_and_insert(
         .await
         .map_err(|e| NetError::Connection(format!("decoding task: {e}")))?
         .map_err(|e| NetError::Protocol(format!("key {key:#x}: {e}")))?;
-    let (begins_round, complete) = {
+    let (attempt, complete) = {
         let mut state = lock(shared);
-        let begins = !state.round_begun();
+        let before = state.attempt();
         let counted = state.insert_push(id, key, step, values)?;
-        (begins && counted, counted && state.round_complete())
+        let began = (state.attempt() != before).then(|| state.attempt());
+        (began, counted && state.round_complete())
     };
-    if begins_round {
-        start_deadline(shared.clone(), step);
+    if let Some(attempt) = attempt {
+        start_deadline(shared.clone(), step, attempt);
     }
     if complete {
         close_round_if_complete(shared).await;
@@ -505,10 +541,10 @@ async fn decode_and_insert(
 }
 
 /// Evicts whoever has not finished round `step` when its deadline passes.
-fn start_deadline(shared: Arc<Shared>, step: u64) {
+fn start_deadline(shared: Arc<Shared>, step: u64, attempt: u64) {
     tokio::spawn(async move {
         tokio::time::sleep(shared.options.deadline).await;
-        let late = lock(&shared).evict_stragglers(step);
+        let late = lock(&shared).evict_stragglers(step, attempt);
         for id in late {
             if let Some(conn) = conn_of(&shared, id) {
                 tracing::warn!(
@@ -525,6 +561,11 @@ fn start_deadline(shared: Arc<Shared>, step: u64) {
             }
         }
         close_round_if_complete(&shared).await;
+        // Still open with pushes in it: the next deadline, so a begun round always has one.
+        let again = lock(&shared).rearm(step);
+        if let Some(next) = again {
+            start_deadline(shared, step, next);
+        }
     });
 }
 
@@ -535,10 +576,9 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     let closed = tokio::task::spawn_blocking(move || {
         let mut state = lock(&worker);
         let round = state.close_round();
-        if let Some(round) = &round {
-            // Before any worker sees the reply: no worker gets ahead of the saved state.
-            persist(&worker, &state, Some(round));
-        }
+        // Saved before any worker sees the reply: no worker gets ahead of the saved state.
+        // A shard that cannot save replies to nobody.
+        let round = round.filter(|r| persist(&worker, &state, Some(r)));
         (round, state.listeners())
     })
     .await;

@@ -109,6 +109,9 @@ pub struct ShardState {
     expected: BTreeSet<u16>,
     /// Pushes for rounds that had closed, ignored.
     late_pushes: u64,
+    /// Counts deadlines: each first push of a round that had none (again, after leavers
+    /// took theirs away) begins an attempt, whose deadline is the only one that counts.
+    attempt: u64,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -135,6 +138,7 @@ impl ShardState {
             assigned: BTreeMap::new(),
             expected: BTreeSet::new(),
             late_pushes: 0,
+            attempt: 0,
         }
     }
 
@@ -457,13 +461,34 @@ impl ShardState {
             peer.active = true;
             self.expected.remove(&peer.rank);
         }
-        *self.pushed.entry(peer.rank).or_default() += 1;
+        let rank = peer.rank;
+        if self.pushed.is_empty() {
+            self.attempt += 1;
+        }
+        *self.pushed.entry(rank).or_default() += 1;
         Ok(true)
     }
 
     /// Whether the open round has its first push (the server starts its deadline then).
     pub fn round_begun(&self) -> bool {
         !self.pushed.is_empty()
+    }
+
+    /// The open round's current attempt: the server arms a deadline for each, and only the
+    /// current one's deadline evicts ([`ShardState::evict_stragglers`]).
+    pub fn attempt(&self) -> u64 {
+        self.attempt
+    }
+
+    /// After a deadline, if round `step` is still open and has pushes (someone pushed
+    /// between the eviction and the close, or a rank became expected again), begins a new
+    /// attempt and returns it, for the server to arm the next deadline: a begun round always
+    /// has one pending.
+    pub fn rearm(&mut self, step: u64) -> Option<u64> {
+        (step == self.open_step && self.round_begun()).then(|| {
+            self.attempt += 1;
+            self.attempt
+        })
     }
 
     fn active_ranks(&self) -> impl Iterator<Item = u16> + '_ {
@@ -487,10 +512,11 @@ impl ShardState {
         &self.expected
     }
 
-    /// At the deadline of round `step`: gives up on the expected ranks, evicts the active
-    /// ranks that have not finished and returns their peers, for the server to close.
-    pub fn evict_stragglers(&mut self, step: u64) -> Vec<PeerId> {
-        if step != self.open_step {
+    /// At the deadline of attempt `attempt` of round `step`: gives up on the expected ranks,
+    /// evicts the active ranks that have not finished and returns their peers, for the server
+    /// to close. The deadline of a closed round, or of an earlier attempt, does nothing.
+    pub fn evict_stragglers(&mut self, step: u64, attempt: u64) -> Vec<PeerId> {
+        if step != self.open_step || attempt != self.attempt || !self.round_begun() {
             return Vec::new();
         }
         if !self.expected.is_empty() {
@@ -562,13 +588,7 @@ impl ShardState {
         step: u64,
         payload: Vec<u8>,
     ) -> Result<Option<(u64, Bytes)>> {
-        self.peer(id)?;
-        if step > self.open_step {
-            return protocol(format!(
-                "snapshot of step {step}, ahead of the open round {}",
-                self.open_step
-            ));
-        }
+        self.check_snapshot(id, step)?;
         let kept = (!payload.is_empty()).then(|| (step, Bytes::from(payload)));
         if kept.is_some() {
             self.snapshot = kept.clone();
@@ -577,6 +597,19 @@ impl ShardState {
             self.log.pop_front();
         }
         Ok(kept)
+    }
+
+    /// Checks that peer `id` may send a snapshot of round `step` (before a durable shard
+    /// writes it to disk).
+    pub fn check_snapshot(&self, id: PeerId, step: u64) -> Result<()> {
+        self.peer(id)?;
+        if step > self.open_step {
+            return protocol(format!(
+                "snapshot of step {step}, ahead of the open round {}",
+                self.open_step
+            ));
+        }
+        Ok(())
     }
 
     /// What a rejoining peer is sent.
@@ -767,7 +800,10 @@ mod tests {
         state.register(4, &one_key()).unwrap();
         assert!(push(&mut state, 4, 4, 3.0));
         assert!(!state.round_complete());
-        assert!(state.evict_stragglers(4).is_empty());
+        // Only the current attempt's deadline counts.
+        assert!(state.evict_stragglers(4, state.attempt() - 1).is_empty());
+        assert!(!state.round_complete());
+        assert!(state.evict_stragglers(4, state.attempt()).is_empty());
         assert_eq!(state.close_round().unwrap().step, 4);
     }
 

@@ -62,7 +62,8 @@ pub struct LaunchArgs {
     respawn: bool,
 }
 
-/// Most times --respawn starts one worker again (a worker that keeps dying is let go).
+/// Most times --respawn starts one node again (a worker that keeps dying is let go; a shard
+/// that keeps dying ends the run).
 const MAX_RESPAWNS: usize = 10;
 
 /// How long nodes get to stop gracefully before they are killed.
@@ -124,6 +125,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let mut dashboard = Dashboard::new(workers, a.quiet);
     let mut ended = 0;
     let mut respawns = vec![0; workers];
+    let mut server_restarts = 0;
     // Workers that died and were let go, with why.
     let mut gone: Vec<(usize, String)> = Vec::new();
     let mut last_word = Instant::now();
@@ -143,10 +145,16 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             return Err(Interrupted { signal }.into());
         }
         for (shard, how) in swarm.ended_servers() {
-            if !a.respawn {
+            if !a.respawn || server_restarts >= MAX_RESPAWNS {
                 dashboard.clear();
-                bail!("server {shard} ended ({how}); --respawn starts a server or worker that dies again");
+                let hint = if a.respawn {
+                    format!("it was started again {MAX_RESPAWNS} times")
+                } else {
+                    "--respawn starts a server or worker that dies again".into()
+                };
+                bail!("server {shard} ended ({how}); {hint}");
             }
+            server_restarts += 1;
             dashboard.server_restarted(shard);
             swarm.restart_server(shard)?;
         }
@@ -193,11 +201,6 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     if gone.len() == workers {
         bail!("every worker left before the end");
     }
-    if gone.iter().any(|(index, _)| *index == 0) {
-        bail!(
-            "worker 0, which evaluates and saves the model, left before the end (the others finished; --respawn starts a worker that dies again)"
-        );
-    }
 
     let outcome = dashboard.outcome();
     eprintln!(
@@ -214,6 +217,20 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         outcome.total_f32_bytes as f64 / 1e6,
     );
     println!("{}", serde_json::to_string(&outcome)?);
+    // The others finished, but a worker that died is a failure a script must see (the logs
+    // stay, for it).
+    if !gone.is_empty() {
+        let saved = if gone.iter().any(|(index, _)| *index == 0) && save.is_some() {
+            "; worker 0, which writes --save, was one of them, so no model was saved"
+        } else {
+            ""
+        };
+        bail!(
+            "{} of {workers} workers died before the end and the others finished without them{saved} (--respawn starts a worker that dies again); logs in {}",
+            gone.len(),
+            dir.join("logs").display()
+        );
+    }
     // A folder of our own making (fresh CA key, logs) goes once the run has succeeded; after
     // a failure it stays, for its logs.
     if a.dir.is_none() {
