@@ -15,20 +15,16 @@ use murmur_net::ps::{Server, ServerOptions};
 const KEY: Key = 0x20001;
 
 fn keys() -> Vec<KeySpec> {
-    vec![KeySpec {
-        key: KEY,
-        numel: 4,
-        push: "f32".into(),
-        pull: "f32".into(),
-        server_memory: "none".into(),
-        seed: 1,
-        sync_every: 0,
-        owner: String::new(),
-    }]
+    vec![f32_key(KEY)]
 }
 
 fn push(value: f32) -> Vec<(Key, Vec<u8>)> {
-    vec![(KEY, parse("f32").unwrap().encode(&[value; 4], &Default::default()))]
+    vec![(
+        KEY,
+        parse("f32")
+            .unwrap()
+            .encode(&[value; 4], &Default::default()),
+    )]
 }
 
 #[test]
@@ -67,7 +63,9 @@ fn a_shard_that_cannot_save_stops_before_replying_and_resumes_there() {
         .block_on(async { tokio::time::timeout(Duration::from_secs(20), serving).await })
         .expect("the shard stopped")
         .unwrap();
-    let why = ended.expect_err("the shard's run ends with the reason").to_string();
+    let why = ended
+        .expect_err("the shard's run ends with the reason")
+        .to_string();
     assert!(why.contains("could not be saved"), "{why}");
     drop(worker_0);
 

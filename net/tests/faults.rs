@@ -20,16 +20,7 @@ const KEY: Key = 0x10001;
 const MAX_PAYLOAD: usize = 4096;
 
 fn keys() -> Vec<KeySpec> {
-    vec![KeySpec {
-        key: KEY,
-        numel: 4,
-        push: "f32".into(),
-        pull: "f32".into(),
-        server_memory: "none".into(),
-        seed: 1,
-        sync_every: 0,
-        owner: String::new(),
-    }]
+    vec![f32_key(KEY)]
 }
 
 fn f32_payload(values: &[f32]) -> Vec<u8> {

@@ -150,3 +150,17 @@ pub fn train<C: Collective>(dp: &mut DataParallel<C>, steps: u64) {
         dp.step(&x, &y, rank * BATCH).unwrap();
     }
 }
+
+/// One key of four f32 elements, plain both ways, with no server memory.
+pub fn f32_key(key: murmur_engine::comm::Key) -> murmur_engine::comm::KeySpec {
+    murmur_engine::comm::KeySpec {
+        key,
+        numel: 4,
+        push: "f32".into(),
+        pull: "f32".into(),
+        server_memory: "none".into(),
+        seed: 1,
+        sync_every: 0,
+        owner: String::new(),
+    }
+}
