@@ -25,7 +25,9 @@ pub struct Dashboard {
     bars: Vec<ProgressBar>,
     totals: Vec<WorkerTotals>,
     accuracy: BTreeMap<u32, f64>,
-    final_accuracy: Option<f64>,
+    /// The accuracy of the latest round evaluated, with that round: a worker that lagged
+    /// (frozen, catching up) may report an earlier epoch after the others' last one.
+    final_accuracy: Option<(u64, f64)>,
     total_steps: u64,
     rejoins: usize,
     /// Workers that died and were started again, and those let go.
@@ -180,12 +182,15 @@ impl Dashboard {
                 }
             }
             Event::Evaluated {
+                step,
                 epoch,
                 accuracy,
                 seconds,
                 ..
             } => {
-                self.final_accuracy = Some(accuracy);
+                if self.final_accuracy.is_none_or(|(at, _)| step >= at) {
+                    self.final_accuracy = Some((step, accuracy));
+                }
                 // Every worker evaluates the last round: say it once.
                 if self.accuracy.insert(epoch, accuracy).is_none() {
                     self.say(format!(
@@ -219,7 +224,6 @@ impl Dashboard {
             }
             Event::Done {
                 steps,
-                final_accuracy,
                 bytes_pushed,
                 bytes_pulled,
                 f32_bytes_each_way,
@@ -232,9 +236,6 @@ impl Dashboard {
                 t.bytes_pulled = bytes_pulled;
                 t.f32_bytes_each_way = f32_bytes_each_way;
                 t.done = true;
-                if final_accuracy.is_some() {
-                    self.final_accuracy = final_accuracy;
-                }
                 self.bars[index].finish_with_message(format!("done in {seconds:.0} s"));
             }
         }
@@ -278,7 +279,7 @@ impl Dashboard {
             workers: self.totals.len(),
             steps: done.iter().map(|t| t.steps).max().unwrap_or(0),
             test_accuracy: self.accuracy.values().copied().collect(),
-            final_test_accuracy: self.final_accuracy,
+            final_test_accuracy: self.final_accuracy.map(|(_, a)| a),
             pushed_per_step: per_step(|t| t.bytes_pushed),
             pulled_per_step: per_step(|t| t.bytes_pulled),
             f32_per_step: per_step(|t| t.f32_bytes_each_way),
