@@ -299,3 +299,30 @@ impl Dashboard {
         let _ = self.multi.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evaluated(rank: u16, step: u64, epoch: u32, accuracy: f64) -> Event {
+        Event::Evaluated {
+            rank,
+            step,
+            epoch,
+            accuracy,
+            seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_final_accuracy_is_the_latest_rounds_whatever_arrives_last() {
+        let mut dashboard = Dashboard::new(2, true);
+        dashboard.handle(0, evaluated(0, 100, 2, 0.97));
+        dashboard.handle(1, evaluated(1, 100, 2, 0.97));
+        // A worker that was frozen reports its earlier epoch late.
+        dashboard.handle(1, evaluated(1, 50, 1, 0.93));
+        let outcome = dashboard.outcome();
+        assert_eq!(outcome.final_test_accuracy, Some(0.97));
+        assert_eq!(outcome.test_accuracy, [0.93, 0.97]);
+    }
+}
