@@ -6,6 +6,7 @@
 //! save). Writes go through a temporary file, synced and renamed over the old one, so a kill
 //! leaves the old file or the new, never half of one.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
@@ -19,18 +20,29 @@ fn io_error(path: &Path, doing: &str, e: std::io::Error) -> NetError {
     NetError::State(format!("{doing} {}: {e}", path.display()))
 }
 
-/// Writes `magic`, the body's length and CRC and the body through `path.partial`, synced,
-/// then renamed over `path`.
+/// Writes `magic`, the body's length and CRC and the body to `path` whole
+/// ([`write_atomically`]).
 pub fn write(path: &Path, magic: &[u8; 8], value: &impl Serialize) -> Result<()> {
     let body = postcard::to_allocvec(value)
         .map_err(|e| NetError::State(format!("encoding {}: {e}", path.display())))?;
-    let partial = path.with_extension("partial");
+    let len = (body.len() as u64).to_le_bytes();
+    let crc = crc32fast::hash(&body).to_le_bytes();
+    write_atomically(path, &[magic, &len, &crc, &body])
+}
+
+/// Writes `parts` one after the other to `path` through a temporary file beside it
+/// (`path` with `.partial` added to its name, never replacing an extension), synced and then
+/// renamed over `path`, and syncs the folder: a kill or a power cut leaves the old file or
+/// the new, never half of one. Every file a node leaves goes through here.
+pub fn write_atomically(path: &Path, parts: &[&[u8]]) -> Result<()> {
+    let mut name = path.file_name().map(OsString::from).unwrap_or_default();
+    name.push(".partial");
+    let partial = path.with_file_name(name);
     let write = || -> std::io::Result<()> {
         let mut file = fs::File::create(&partial)?;
-        file.write_all(magic)?;
-        file.write_all(&(body.len() as u64).to_le_bytes())?;
-        file.write_all(&crc32fast::hash(&body).to_le_bytes())?;
-        file.write_all(&body)?;
+        for part in parts {
+            file.write_all(part)?;
+        }
         file.sync_data()?;
         fs::rename(&partial, path)?;
         // The rename itself is durable once the folder is synced (where folders open).

@@ -1,27 +1,15 @@
 //! Files a node leaves behind (checkpoints, models), written so that a crash or a kill
 //! mid-write never leaves a truncated file where a good one was.
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::error::{NodeError, Result};
+use crate::error::Result;
 
-/// Writes `bytes` to `path` through a temporary file beside it, renamed over `path` once
-/// complete (a rename within a folder is atomic).
+/// Writes `bytes` to `path` whole: through a temporary file beside it, synced and renamed
+/// over `path` ([`murmur_net::state_file::write_atomically`], what the nodes' state files
+/// use too).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let partial = partial_path(path);
-    std::fs::write(&partial, bytes)
-        .map_err(|e| NodeError::io(format!("writing {}", partial.display()), e))?;
-    std::fs::rename(&partial, path)
-        .map_err(|e| NodeError::io(format!("writing {}", path.display()), e))
-}
-
-/// `path` with `.partial` added to its name (never replacing an extension, so that
-/// `model.tmp` and `model.safetensors` do not share a temporary file).
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(OsString::from).unwrap_or_default();
-    name.push(".partial");
-    path.with_file_name(name)
+    Ok(murmur_net::state_file::write_atomically(path, &[bytes])?)
 }
 
 #[cfg(test)]

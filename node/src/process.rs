@@ -32,6 +32,12 @@ impl Children {
 }
 
 impl Children {
+    /// How the child named `name` ended, if it has (it is reaped, not forgotten).
+    pub fn exited(&mut self, name: &str) -> Option<std::process::ExitStatus> {
+        let (_, child) = self.0.iter_mut().find(|(n, _)| n == name)?;
+        child.try_wait().ok().flatten()
+    }
+
     /// Kills the child named `name` with SIGKILL (if it still runs), reaps it and forgets it.
     pub fn kill(&mut self, name: &str) {
         self.0.retain_mut(|(n, child)| {

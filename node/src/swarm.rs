@@ -231,13 +231,7 @@ impl LocalSwarm {
         let mut ended = Vec::new();
         for shard in 0..p.servers.len() as u16 {
             let name = format!("server {shard}");
-            let status = p
-                .children
-                .0
-                .iter_mut()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, child)| child.try_wait().ok().flatten());
-            if let Some(status) = status {
+            if let Some(status) = p.children.exited(&name) {
                 p.children.kill(&name);
                 let log = p.logs.join(format!("server-{shard}.log"));
                 ended.push((

@@ -460,7 +460,13 @@ impl Run {
                 .unwrap_or_else(|_| job.codec.clone()),
         });
         let started = Instant::now();
-        let (totals, final_accuracy, stopped) = self.train_rounds(&joined, &mut dp)?;
+        // The same job identity takes the state back and writes it.
+        let state_writer = match &self.config.state {
+            Some(path) => Some(worker_state::StateWriter::start(path, &job_text, rank)?),
+            None => None,
+        };
+        let (totals, final_accuracy, stopped) =
+            self.train_rounds(&joined, &mut dp, state_writer.as_ref())?;
         if let Some(path) = &self.config.save {
             write_atomically(path, &dp.clf.save_state()?)?;
         }
@@ -495,16 +501,9 @@ impl Run {
         &self,
         joined: &Joined,
         dp: &mut DataParallel<QuicCollective>,
+        state_writer: Option<&worker_state::StateWriter>,
     ) -> Result<(Totals, Option<f64>, bool)> {
         let (job, rank, world) = (&joined.job, joined.rank, joined.world as usize);
-        let state_writer = match &self.config.state {
-            Some(path) => Some(worker_state::StateWriter::start(
-                path,
-                &job.to_wire(),
-                rank,
-            )?),
-            None => None,
-        };
         let mut totals = Totals::default();
         let mut final_accuracy = None;
         let started = Instant::now();
@@ -579,7 +578,7 @@ impl Run {
                 lr: dp.clf.optimizer.lr(),
             };
             self.report_step(rank, round, &totals, started);
-            if let Some(writer) = &state_writer {
+            if let Some(writer) = state_writer {
                 writer.save(dp)?;
             }
             if let (Some(path), Some(every)) = (&self.config.save, self.config.save_every) {
