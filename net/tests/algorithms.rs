@@ -10,7 +10,6 @@ use murmur_engine::algo::{Blocking, ClassifierReplica, MethodSpec, OptimizerSpec
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::comm::Collective;
 use murmur_net::identity::Swarm;
-use murmur_net::ps::ServerOptions;
 
 const STEPS: u64 = 9;
 
@@ -92,7 +91,7 @@ fn the_papers_algorithms_over_quic_give_the_bits_of_the_same_runs_in_process() {
                 .collect();
             joins.into_iter().map(|j| j.join().unwrap()).collect()
         });
-        let servers = start_servers(&swarm, 2, ServerOptions::default());
+        let servers = start_servers(&swarm, 2, every_member());
         let over_quic: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
             let joins: Vec<_> = (0..world)
                 .map(|rank| {

@@ -98,7 +98,7 @@ fn honest_ranks_are_served_while(misdeed: Misdeed, expected_reason: &str) {
             max_payload: MAX_PAYLOAD,
             ..Limits::default()
         },
-        ..ServerOptions::default()
+        ..every_member()
     };
     let servers = start_servers(&swarm, 1, options);
     let started = Instant::now();
@@ -189,7 +189,7 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
         2,
         ServerOptions {
             deadline,
-            ..ServerOptions::default()
+            ..every_member()
         },
     );
     let (world, steps, stall_at) = (3u16, 40u64, 5u64);
@@ -291,7 +291,7 @@ fn a_silent_worker_is_out_of_the_round_within_the_peer_timeout() {
         1,
         ServerOptions {
             deadline: Duration::from_secs(60),
-            ..ServerOptions::default()
+            ..every_member()
         },
     );
     let addr = servers.addrs[0];

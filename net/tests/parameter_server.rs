@@ -30,7 +30,7 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
         joins.into_iter().map(|j| j.join().unwrap()).collect()
     });
     let swarm = Swarm::generate("bits").unwrap();
-    let servers = start_servers(&swarm, 2, ServerOptions::default());
+    let servers = start_servers(&swarm, 2, every_member());
     let over_quic: Vec<Vec<u32>> = std::thread::scope(|s| {
         let joins: Vec<_> = (0..world)
             .map(|rank| {

@@ -18,6 +18,7 @@ use std::path::Path;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
 use murmur_engine::train::{ClassifierConfig, OptimizerKind, WarmupCosine};
+use murmur_net::ps::quorum::QuorumRule;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{NodeError, Result};
@@ -102,6 +103,17 @@ pub struct Job {
     /// Needs a `loco` codec both ways (leave pull_codec out, or name a loco codec).
     #[cfg_attr(feature = "cli", arg(long))]
     pub loco_recalibrate_every: Option<u32>,
+    /// The share of the workers whose pushes let a round close without the others, in
+    /// (0, 1]: once that many have pushed, the servers wait `quorum_wait` times the recent
+    /// median push time (at least half a second, at most the servers' deadline) and close
+    /// the round over those who pushed. 1 waits for every worker, every round, as runs that
+    /// must be bit-identical from one run to the next need.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().quorum))]
+    pub quorum: f32,
+    /// How long a round waits for its other workers after its quorum, as a multiple of the
+    /// recent median push time.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().quorum_wait))]
+    pub quorum_wait: f32,
 }
 
 impl Default for Job {
@@ -129,6 +141,8 @@ impl Default for Job {
             min_compress_bytes: 1_024_000,
             snapshot_every: 50,
             loco_recalibrate_every: None,
+            quorum: QuorumRule::default().fraction,
+            quorum_wait: QuorumRule::default().wait,
         }
     }
 }
@@ -179,6 +193,14 @@ impl Job {
         Ok(job)
     }
 
+    /// When the servers close a round without every worker.
+    pub fn quorum_rule(&self) -> QuorumRule {
+        QuorumRule {
+            fraction: self.quorum,
+            wait: self.quorum_wait,
+        }
+    }
+
     /// The job as it travels to joining workers (JSON).
     pub fn to_wire(&self) -> String {
         serde_json::to_string(self).expect("a job serialises")
@@ -225,6 +247,7 @@ impl Job {
         if self.max_steps == Some(0) || self.train_limit == Some(0) {
             return bad("max_steps and train_limit must be at least 1 when given".into());
         }
+        self.quorum_rule().validate().map_err(NodeError::Job)?;
         if self.partition_bytes < 4 {
             return bad("partition_bytes must be at least 4".into());
         }

@@ -100,6 +100,7 @@ impl ServerNode {
             shards: config.shards,
             link: config.link.link(),
             deadline: Duration::from_secs_f64(config.deadline_s.max(0.01)),
+            quorum: config.job.quorum_rule(),
             job: Some(JobOffer {
                 world: config.job.workers,
                 description: config.job.to_wire(),

@@ -2,13 +2,15 @@
 //! that decode, average, compensate and re-encode each key once per round, and the workers'
 //! [`Collective`](murmur_engine::comm::Collective) that talks to them.
 //!
-//! Membership: a swarm starts when `world` workers have registered; a worker that dies is
-//! evicted at the round's deadline and the others go on; a worker that comes back registers as
-//! a listener, loads the newest snapshot, replays the rounds logged since, and takes part again
-//! from the open round ([`catch_up`]).
+//! Membership: a swarm starts when `world` workers have registered; rounds close on a quorum
+//! of them ([`quorum`]), so a late worker holds nobody; a worker that dies is out of the
+//! rounds once its connection times out, or evicted at a round's hard deadline; a worker that
+//! comes back registers as a listener, loads the newest snapshot, replays the rounds logged
+//! since, and takes part again from the open round ([`catch_up`]).
 
 pub mod client;
 pub mod durable;
+pub mod quorum;
 pub mod server;
 pub mod state;
 

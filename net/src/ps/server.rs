@@ -19,6 +19,7 @@ use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
 use super::durable::{job_digest, StateDir};
+use super::quorum::QuorumRule;
 use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
@@ -39,8 +40,11 @@ pub struct ServerOptions {
     pub link: Link,
     /// Hard limits on the frames and keys a worker may send this shard.
     pub limits: Limits,
-    /// How long a round waits for stragglers after its first push before it evicts them.
+    /// How long a round waits for stragglers after its first push before it evicts them
+    /// (the hard deadline; rounds that reach their quorum close sooner).
     pub deadline: Duration,
+    /// When a round closes without every member ([`super::quorum`]).
+    pub quorum: QuorumRule,
     /// Closed rounds kept for rejoining workers (since the latest snapshot).
     pub max_log_rounds: usize,
     /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
@@ -74,6 +78,7 @@ impl Default for ServerOptions {
             link: Link::default(),
             limits: Limits::default(),
             deadline: Duration::from_secs(30),
+            quorum: QuorumRule::default(),
             max_log_rounds: 10_000,
             job: None,
             snapshots: None,
@@ -94,6 +99,8 @@ struct Shared {
     /// Why the shard stopped itself (a state it could not save), which [`Server::run`]
     /// returns.
     fatal: Mutex<Option<String>>,
+    /// The members the last round closed without.
+    last_late: Mutex<Vec<u16>>,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -147,6 +154,8 @@ impl Server {
             }
             None => ShardState::new(options.shard, options.limits, options.max_log_rounds),
         };
+        options.quorum.validate().map_err(NetError::Protocol)?;
+        state.set_quorum(options.quorum);
         let endpoint = server_endpoint(addr, creds, &options.link)?;
         if let Some(job) = &options.job {
             if job.world == 0 {
@@ -171,6 +180,7 @@ impl Server {
                 durable,
                 endpoint,
                 fatal: Mutex::new(None),
+                last_late: Mutex::default(),
             }),
         })
     }
@@ -203,6 +213,16 @@ impl Server {
         // Stopped: let the close frames reach the peers (briefly), so that they learn at
         // once instead of after their idle time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        {
+            let state = lock(&self.shared);
+            tracing::info!(
+                "shard {shard}: stopped at round {}; {} rounds closed on a quorum without every \
+                 member; {} pushes came after their round closed",
+                state.open_step(),
+                state.quorum_rounds(),
+                state.late_pushes()
+            );
+        }
         match self.shared.fatal.lock().expect("fatal lock").take() {
             Some(why) => Err(NetError::State(why)),
             None => Ok(()),
@@ -269,7 +289,9 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
     }
     shared.conns.lock().expect("conns lock").remove(&id);
     lock(&shared).disconnect(id, departure(&conn));
-    // Its leaving may complete the round the others were waiting on.
+    // Its leaving may complete the round the others were waiting on, or make a quorum of
+    // those who pushed.
+    arm_quorum(&shared);
     close_round_if_complete(&shared).await;
 }
 
@@ -536,8 +558,27 @@ async fn decode_and_insert(
     }
     if complete {
         close_round_if_complete(shared).await;
+    } else {
+        arm_quorum(shared);
     }
     Ok(())
+}
+
+/// Arms the open round's quorum deadline if it has just reached its quorum: when it passes,
+/// the round closes over the members that pushed.
+fn arm_quorum(shared: &Arc<Shared>) {
+    let (step, armed) = {
+        let mut state = lock(shared);
+        (state.open_step(), state.arm_quorum(shared.options.deadline))
+    };
+    let Some((ticket, wait)) = armed else {
+        return;
+    };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        close_round_by(&shared, move |state| state.close_on_quorum(step, ticket)).await;
+    });
 }
 
 /// Evicts whoever has not finished round `step` when its deadline passes.
@@ -572,10 +613,19 @@ fn start_deadline(shared: Arc<Shared>, step: u64, attempt: u64) {
 /// Closes the open round if every active rank has pushed, on the blocking pool, and sends the
 /// replies to every registered peer.
 async fn close_round_if_complete(shared: &Arc<Shared>) {
+    close_round_by(shared, ShardState::close_round).await
+}
+
+/// Closes the open round if `close` does (under the state's lock, on the blocking pool),
+/// saves it, and sends the replies to every registered peer.
+async fn close_round_by(
+    shared: &Arc<Shared>,
+    close: impl FnOnce(&mut ShardState) -> Option<ClosedRound> + Send + 'static,
+) {
     let worker = shared.clone();
     let closed = tokio::task::spawn_blocking(move || {
         let mut state = lock(&worker);
-        let round = state.close_round();
+        let round = close(&mut state);
         // Saved before any worker sees the reply: no worker gets ahead of the saved state.
         // A shard that cannot save replies to nobody.
         let round = round.filter(|r| persist(&worker, &state, Some(r)));
@@ -584,6 +634,7 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
     .await;
     match closed {
         Ok((Some(round), listeners)) => {
+            report_late(shared, &round);
             for fault in &round.faults {
                 tracing::error!(
                     "shard {}: round {} of {fault}; the key closed with no update",
@@ -598,6 +649,31 @@ async fn close_round_if_complete(shared: &Arc<Shared>) {
         Err(e) if e.is_cancelled() => {}
         Err(e) => tracing::error!("shard {}: closing task failed: {e}", shared.options.shard),
     }
+}
+
+/// Says which members the rounds close without, when that changes (not every round: a slow
+/// worker would fill the log).
+fn report_late(shared: &Shared, round: &ClosedRound) {
+    let shard = shared.options.shard;
+    let mut last = shared.last_late.lock().expect("last_late lock");
+    if *last == round.late {
+        return;
+    }
+    if round.late.is_empty() {
+        tracing::info!(
+            "shard {shard}: round {} closed with every member again",
+            round.step
+        );
+    } else {
+        tracing::info!(
+            "shard {shard}: round {} closed on a quorum of {} without ranks {:?}, whose pushes \
+             came too late (so do the next rounds until this changes)",
+            round.step,
+            round.participants.len(),
+            round.late
+        );
+    }
+    last.clone_from(&round.late);
 }
 
 /// The header of each of a round's replies; the payloads are shared, never copied.

@@ -9,8 +9,10 @@
 //! - Before the first round the shard waits for `world` ranks to register (start barrier). A
 //!   rank that registers later is a *listener*: it receives every reply from then on and may
 //!   ask for a catch-up; it becomes *active* with its first push for the open round.
-//! - A round closes when every active rank has pushed every key and no *expected* rank is
-//!   missing, or at its deadline, when the active ranks that have not finished are evicted
+//! - A round closes when every member (active or expected rank) has pushed every key; or
+//!   once a quorum of members has, after the quorum's adaptive wait ([`super::quorum`]), over
+//!   the ranks that did (the others' pushes of the round are discarded; they stay members);
+//!   or at its hard deadline, when the active ranks that have not finished are evicted
 //!   (their pushes discarded, their connection closed), the expected ones are given up on, and
 //!   the round closes over the ranks that did.
 //! - Expected ranks are those the round waits for without a connection: an active rank that
@@ -23,8 +25,10 @@
 //!   before replying, and [`ShardState::restore`] takes it back.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
 
 use super::durable::{Loaded, SavedShard};
+use super::quorum::{PushTimes, QuorumRule};
 use bytes::Bytes;
 use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
@@ -53,6 +57,11 @@ pub struct ClosedRound {
     /// Keys whose arithmetic failed this round, with why: they closed with an update that
     /// changes nothing ([`KeyState::close_or_skip`]), and the server reports them.
     pub faults: Vec<String>,
+    /// The ranks whose pushes the round summed, ascending (empty for a round read back
+    /// from a state folder, which keeps only the replies).
+    pub participants: Vec<u16>,
+    /// Members the round closed without, on its quorum: their pushes were discarded.
+    pub late: Vec<u16>,
 }
 
 /// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
@@ -112,6 +121,19 @@ pub struct ShardState {
     /// Counts deadlines: each first push of a round that had none (again, after leavers
     /// took theirs away) begins an attempt, whose deadline is the only one that counts.
     attempt: u64,
+    /// When a round may close without every member.
+    quorum: QuorumRule,
+    /// Counts quorum deadlines: only the latest one armed may close the round.
+    quorum_ticket: u64,
+    /// Whether the open round has a quorum deadline pending.
+    quorum_armed: bool,
+    /// How long ranks took to push in recent rounds.
+    push_times: PushTimes,
+    /// When the open round opened, if its push times count (not the first round after a
+    /// restart, whose pushes wait on reconnections).
+    opened: Option<Instant>,
+    /// Rounds closed on a quorum, without every member.
+    quorum_rounds: u64,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -139,7 +161,19 @@ impl ShardState {
             expected: BTreeSet::new(),
             late_pushes: 0,
             attempt: 0,
+            quorum: QuorumRule::default(),
+            quorum_ticket: 0,
+            quorum_armed: false,
+            push_times: PushTimes::default(),
+            opened: None,
+            quorum_rounds: 0,
         }
+    }
+
+    /// Sets when rounds may close without every member (the default is
+    /// [`QuorumRule::default`]).
+    pub fn set_quorum(&mut self, rule: QuorumRule) {
+        self.quorum = rule;
     }
 
     /// The shard as a state folder keeps it ([`super::durable`]), for the job whose
@@ -215,6 +249,8 @@ impl ShardState {
                 step,
                 replies,
                 faults: Vec::new(),
+                participants: Vec::new(),
+                late: Vec::new(),
             })
             .collect();
         state.snapshot = snapshot;
@@ -226,6 +262,11 @@ impl ShardState {
     /// Pushes for rounds that had already closed, ignored since the shard started.
     pub fn late_pushes(&self) -> u64 {
         self.late_pushes
+    }
+
+    /// Rounds closed on a quorum, without every member, since the shard started.
+    pub fn quorum_rounds(&self) -> u64 {
+        self.quorum_rounds
     }
 
     /// Fixes the world size from the job this shard serves, so that no peer sets it by
@@ -390,6 +431,7 @@ impl ShardState {
             return Ok(Vec::new());
         }
         self.started = true;
+        self.opened = Some(Instant::now());
         for id in &waiting {
             self.peers.get_mut(id).expect("listed").active = true;
         }
@@ -466,6 +508,9 @@ impl ShardState {
             self.attempt += 1;
         }
         *self.pushed.entry(rank).or_default() += 1;
+        if let (true, Some(opened)) = (self.finished(rank), self.opened) {
+            self.push_times.record(opened.elapsed());
+        }
         Ok(true)
     }
 
@@ -497,6 +542,65 @@ impl ShardState {
 
     fn finished(&self, rank: u16) -> bool {
         self.pushed.get(&rank).copied().unwrap_or(0) == self.keys.len()
+    }
+
+    /// The members of the open round: its active ranks and those it expects back.
+    fn members(&self) -> BTreeSet<u16> {
+        self.active_ranks()
+            .chain(self.expected.iter().copied())
+            .collect()
+    }
+
+    /// Whether a quorum of the members has pushed every key of the open round.
+    fn has_quorum(&self) -> bool {
+        let members = self.members();
+        let finished = members.iter().filter(|r| self.finished(**r)).count();
+        !self.keys.is_empty() && finished >= self.quorum.size(members.len())
+    }
+
+    /// If the open round has just reached its quorum without being complete, arms its
+    /// quorum deadline: returns the ticket [`ShardState::close_on_quorum`] takes and how long
+    /// to wait, at most `ceiling` (the hard deadline).
+    pub fn arm_quorum(&mut self, ceiling: Duration) -> Option<(u64, Duration)> {
+        if self.quorum_armed || self.round_complete() || !self.has_quorum() {
+            return None;
+        }
+        self.quorum_armed = true;
+        self.quorum_ticket += 1;
+        let wait = self
+            .quorum
+            .wait_after_quorum(self.push_times.median(), ceiling);
+        Some((self.quorum_ticket, wait))
+    }
+
+    /// At the quorum deadline `ticket` of round `step`: closes the round over the members
+    /// that finished, if they still make a quorum, discarding the pushes of those that did
+    /// not (they stay members) and giving up on the expected ones. A stale ticket does
+    /// nothing; a lost quorum lets the next push arm a new deadline.
+    pub fn close_on_quorum(&mut self, step: u64, ticket: u64) -> Option<ClosedRound> {
+        if step != self.open_step || ticket != self.quorum_ticket || !self.quorum_armed {
+            return None;
+        }
+        self.quorum_armed = false;
+        if !self.has_quorum() {
+            return None;
+        }
+        let late: Vec<u16> = self
+            .members()
+            .into_iter()
+            .filter(|r| !self.finished(*r))
+            .collect();
+        for rank in &late {
+            for entry in self.keys.values_mut() {
+                entry.discard(*rank as usize);
+            }
+            self.pushed.remove(rank);
+        }
+        self.expected.clear();
+        let mut round = self.close_now();
+        round.late = late;
+        self.quorum_rounds += u64::from(!round.late.is_empty());
+        Some(round)
     }
 
     /// Whether every active rank has pushed every key and no expected rank is missing.
@@ -543,10 +647,15 @@ impl ShardState {
     /// (keys in parallel) and logs the replies. Returns the closed round, with the keys that
     /// failed in it (each closed all the same).
     pub fn close_round(&mut self) -> Option<ClosedRound> {
-        use rayon::prelude::*;
         if !self.round_complete() {
             return None;
         }
+        Some(self.close_now())
+    }
+
+    /// Closes the open round over the pushes it holds.
+    fn close_now(&mut self) -> ClosedRound {
+        use rayon::prelude::*;
         let step = self.open_step;
         // Every key closes, even when another fails: one bad key must not leave the others
         // open (a key left behind would refuse every later push as the wrong step).
@@ -570,6 +679,8 @@ impl ShardState {
                 .iter()
                 .map(|(k, e)| format!("key {k:#x}: {e}"))
                 .collect(),
+            participants: self.pushed.keys().copied().collect(),
+            late: Vec::new(),
         };
         self.log.push_back(round.clone());
         while self.log.len() > self.max_log_rounds {
@@ -577,7 +688,9 @@ impl ShardState {
         }
         self.pushed.clear();
         self.open_step += 1;
-        Some(round)
+        self.quorum_armed = false;
+        self.opened = Some(Instant::now());
+        round
     }
 
     /// A snapshot of the model after `step` rounds: shard 0 keeps the bytes, every shard drops
@@ -763,6 +876,69 @@ mod tests {
         assert_eq!(state.close_round().unwrap().step, 1);
         // A push from the future still breaks the protocol.
         assert!(state.check_push(0, 1, 5, 2).is_err());
+    }
+
+    #[test]
+    fn a_quorum_closes_the_round_over_those_who_pushed_and_the_late_stay_members() {
+        use super::super::quorum::WAIT_FLOOR;
+        let ceiling = Duration::from_secs(30);
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(3);
+        for rank in 0..3u16 {
+            let hello = Hello {
+                world: 3,
+                ..hello(rank)
+            };
+            state.hello(rank as PeerId, &hello).unwrap();
+            state.register(rank as PeerId, &one_key()).unwrap();
+        }
+        // Round 0: everyone, so that the shard has push times.
+        for rank in 0..3 {
+            assert!(push(&mut state, rank, 0, 1.0));
+        }
+        assert_eq!(
+            state.arm_quorum(ceiling),
+            None,
+            "a complete round needs none"
+        );
+        assert_eq!(state.close_round().unwrap().participants, [0, 1, 2]);
+        // Round 1: one of three is no quorum; two are, and the wait is the floor (these
+        // pushes took microseconds).
+        assert!(push(&mut state, 0, 1, 1.0));
+        assert_eq!(state.arm_quorum(ceiling), None);
+        assert!(push(&mut state, 1, 1, 3.0));
+        let (ticket, wait) = state.arm_quorum(ceiling).expect("two of three pushed");
+        assert_eq!(wait, WAIT_FLOOR);
+        assert_eq!(state.arm_quorum(ceiling), None, "armed once per round");
+        assert!(state.close_round().is_none(), "rank 2 has not pushed");
+        assert!(
+            state.close_on_quorum(1, ticket + 1).is_none(),
+            "a stale ticket"
+        );
+        let round = state.close_on_quorum(1, ticket).expect("the quorum holds");
+        assert_eq!(
+            (round.step, round.participants, round.late),
+            (1, vec![0, 1], vec![2])
+        );
+        let reply: Vec<f32> = round.replies[0]
+            .2
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(reply, [2.0, 2.0], "the mean of the two who pushed");
+        assert_eq!(state.quorum_rounds(), 1);
+        // Rank 2's push for round 1 comes too late: ignored and counted.
+        assert!(!push(&mut state, 2, 1, 100.0));
+        assert_eq!(state.late_pushes(), 1);
+        // It is still a member: round 2 waits for it, and closes with it.
+        assert!(push(&mut state, 0, 2, 1.0) && push(&mut state, 1, 2, 1.0));
+        assert!(!state.round_complete());
+        assert!(push(&mut state, 2, 2, 1.0));
+        assert_eq!(state.close_round().unwrap().participants, [0, 1, 2]);
+        assert!(
+            state.close_on_quorum(1, ticket).is_none(),
+            "the deadline of a closed round does nothing"
+        );
     }
 
     #[test]

@@ -60,6 +60,15 @@ pub fn start_servers(swarm: &Swarm, shards: u16, options: ServerOptions) -> Serv
     }
 }
 
+/// Options under which every round waits for every member (up to the deadline): what runs
+/// compared bit for bit with in-process runs, and the deadline's own tests, need.
+pub fn every_member() -> ServerOptions {
+    ServerOptions {
+        quorum: murmur_net::ps::quorum::QuorumRule::ALL,
+        ..ServerOptions::default()
+    }
+}
+
 pub fn client_options() -> ClientOptions {
     ClientOptions {
         round_timeout: Duration::from_secs(60),

@@ -1,0 +1,70 @@
+//! Rounds that close on a quorum: a member that falls behind does not hold the others, and
+//! comes back in step, with the same bits, without leaving.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use murmur_engine::train::DataParallel;
+use murmur_net::identity::Swarm;
+use murmur_net::ps::ServerOptions;
+
+/// Ranks 0 and 1 of 3 train on while rank 2 stops for 3 s in the middle of the run with its
+/// connections open (a busy GPU, a slow disk: it is alive, only late). With the default
+/// quorum (half the members, then the recent median push time, at least 0.5 s), no round
+/// of the others waits for it; its pushes of the rounds it missed are ignored, it applies
+/// their replies like everyone, takes part again, and all three replicas end identical.
+/// Before quorum rounds, the round in flight waited the whole 3 s (the deadline is 60 s).
+#[test]
+fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
+    let swarm = Swarm::generate("quorum").unwrap();
+    let servers = start_servers(
+        &swarm,
+        2,
+        ServerOptions {
+            deadline: Duration::from_secs(60),
+            ..ServerOptions::default()
+        },
+    );
+    let (world, steps, stall_at) = (3u16, 40u64, 8u64);
+    let stall = Duration::from_secs(3);
+    let plan = plan("topk:0.25", "f16");
+    let results: Vec<(Vec<u32>, Duration)> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..world)
+            .map(|rank| {
+                let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
+                s.spawn(move || {
+                    let c = worker(swarm, addrs, rank, world);
+                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+                    let mut longest = Duration::ZERO;
+                    while dp.round() < steps {
+                        if rank == 2 && dp.round() == stall_at {
+                            std::thread::sleep(stall);
+                        }
+                        let (x, y) = batch(dp.round(), rank as usize);
+                        let began = Instant::now();
+                        dp.step(&x, &y, rank as usize * BATCH).unwrap();
+                        longest = longest.max(began.elapsed());
+                        // Pace the rounds so that the stall spans several of them.
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    (bits(&dp.clf), longest)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (rank, (_, longest)) in results.iter().enumerate().take(2) {
+        eprintln!("rank {rank}: longest round {longest:?}");
+        assert!(
+            *longest < stall * 2 / 3,
+            "rank {rank} waited {longest:?} in one round for the member that fell behind"
+        );
+    }
+    assert_eq!(results[0].0, results[1].0, "ranks 0 and 1 differ");
+    assert_eq!(
+        results[2].0, results[0].0,
+        "the rank that fell behind ended with another replica"
+    );
+}
