@@ -26,7 +26,7 @@ use crate::error::{NetError, Result};
 /// anything else.
 pub const MAGIC: u16 = 0x4D55;
 /// The protocol version carried in every header; peers refuse frames of any other version.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Size in bytes of a frame header: magic, version, kind, reserved flags, rank, key, step, element
 /// count and payload length.
 pub const HEADER: usize = 32;
@@ -65,6 +65,12 @@ pub enum Kind {
     Join = 11,
     /// Shard 0 → joining worker: [`Welcome`], the job and the worker's rank.
     Welcome = 12,
+    /// Worker → shard 0, before its pushes of round `step`: [`ReplicaDigest`], the digest of
+    /// its replica as it enters the round.
+    Digest = 13,
+    /// Server → every registered worker, after a round's replies: [`Closed`], who took part
+    /// and (shard 0) whether the replicas agreed.
+    Closed = 14,
 }
 
 impl Kind {
@@ -81,6 +87,8 @@ impl Kind {
             10 => Kind::Stage,
             11 => Kind::Join,
             12 => Kind::Welcome,
+            13 => Kind::Digest,
+            14 => Kind::Closed,
             _ => return None,
         })
     }
@@ -351,6 +359,34 @@ pub struct Registered {
 pub struct Join {
     /// The node's name, for the servers' logs (its identity is its certificate).
     pub node: String,
+}
+
+/// The digest of a worker's replica as it enters a round: the 64-bit XXH3 hash of its
+/// parameters' bits, as little-endian f32 in the model's parameter order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaDigest {
+    /// The digest.
+    pub digest: u64,
+}
+
+/// What a server says of a round it closed, after the round's replies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Closed {
+    /// The ranks whose pushes the round summed on this shard, ascending: a worker not among
+    /// them was late, and its push changed nothing here.
+    pub participants: Vec<u16>,
+    /// The replica digests the shard received for the round (shard 0 only): the one held by
+    /// more than half of the workers that sent one, if any, and whether any differed.
+    pub replicas: Option<ReplicaVerdict>,
+}
+
+/// The replica digests of one round, as shard 0 compared them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaVerdict {
+    /// The digest more than half of the round's digests carried, if one did.
+    pub majority: Option<u64>,
+    /// Whether any digest of the round differed from another.
+    pub disagreed: bool,
 }
 
 /// Shard 0's answer to [`Join`].

@@ -31,20 +31,10 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
     });
     let swarm = Swarm::generate("bits").unwrap();
     let servers = start_servers(&swarm, 2, every_member());
-    let over_quic: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let joins: Vec<_> = (0..world)
-            .map(|rank| {
-                let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
-                s.spawn(move || {
-                    let c = worker(swarm, addrs, rank, world);
-                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
-                    assert!(dp.partitions().len() > 4, "several keys over two shards");
-                    train(&mut dp, steps);
-                    bits(&dp.clf)
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    let over_quic = on_every_rank(&swarm, &servers.addrs, world, &plan, |_, mut dp| {
+        assert!(dp.partitions().len() > 4, "several keys over two shards");
+        train(&mut dp, steps);
+        bits(&dp.clf)
     });
     assert!(in_process.iter().all(|b| *b == in_process[0]));
     assert!(

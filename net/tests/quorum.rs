@@ -6,7 +6,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use murmur_engine::train::DataParallel;
 use murmur_net::identity::Swarm;
 use murmur_net::ps::ServerOptions;
 
@@ -30,32 +29,30 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     let (world, steps, stall_at) = (3u16, 40u64, 8u64);
     let stall = Duration::from_secs(3);
     let plan = plan("topk:0.25", "f16");
-    let results: Vec<(Vec<u32>, Duration)> = std::thread::scope(|s| {
-        let joins: Vec<_> = (0..world)
-            .map(|rank| {
-                let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
-                s.spawn(move || {
-                    let c = worker(swarm, addrs, rank, world);
-                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
-                    let mut longest = Duration::ZERO;
-                    while dp.round() < steps {
-                        if rank == 2 && dp.round() == stall_at {
-                            std::thread::sleep(stall);
-                        }
-                        let (x, y) = batch(dp.round(), rank as usize);
-                        let began = Instant::now();
-                        dp.step(&x, &y, rank as usize * BATCH).unwrap();
-                        longest = longest.max(began.elapsed());
-                        // Pace the rounds so that the stall spans several of them.
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    (bits(&dp.clf), longest)
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    let results = on_every_rank(&swarm, &servers.addrs, world, &plan, |rank, mut dp| {
+        let (mut longest, mut late) = (Duration::ZERO, 0);
+        while dp.round() < steps {
+            if rank == 2 && dp.round() == stall_at {
+                std::thread::sleep(stall);
+            }
+            let step = dp.round();
+            let (x, y) = batch(step, rank as usize);
+            let began = Instant::now();
+            dp.step(&x, &y, rank as usize * BATCH).unwrap();
+            longest = longest.max(began.elapsed());
+            // The shards' summaries say whether this rank's push counted.
+            let summaries = dp.collective.closed(step).unwrap();
+            if summaries.iter().any(|c| !c.participants.contains(&rank)) {
+                late += 1;
+            }
+            // Pace the rounds so that the stall spans several of them.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (bits(&dp.clf), longest, late)
     });
-    for (rank, (_, longest)) in results.iter().enumerate().take(2) {
+    eprintln!("rank 2 was late in {} rounds", results[2].2);
+    assert!(results[2].2 >= 1, "rank 2's late pushes counted");
+    for (rank, (_, longest, _)) in results.iter().enumerate().take(2) {
         eprintln!("rank {rank}: longest round {longest:?}");
         assert!(
             *longest < stall * 2 / 3,

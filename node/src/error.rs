@@ -31,6 +31,18 @@ pub enum NodeError {
         /// What happened.
         source: Box<NodeError>,
     },
+    /// This worker's replica differs from the one most of the swarm's workers hold: a fault
+    /// of this machine or of murmur. The worker stops rather than send the swarm a wrong
+    /// model (its snapshots, its evaluations).
+    #[error("this worker's replica differs from the swarm's as it enters round {step} (digest {digest:016x}, {majority}): a fault of this machine (memory, GPU driver) or of murmur, so it stops rather than hand the swarm a wrong model; start it again without its state file to rejoin from a snapshot")]
+    Diverged {
+        /// The round it entered with the differing replica.
+        step: u64,
+        /// Its replica's digest.
+        digest: u64,
+        /// The majority's digest, in words (or that there was none).
+        majority: String,
+    },
     /// A stop came before the worker had joined its job.
     #[error("stopped before joining the job")]
     Stopped,

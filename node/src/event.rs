@@ -73,6 +73,10 @@ pub enum Event {
         /// feedback only): none means the memory does nothing, nearly all that it is pinned.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error_nonzero: Option<f64>,
+        /// A shard closed the round on its quorum before this worker's push arrived: its
+        /// samples changed nothing there (it applied the round's reply all the same).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        late: bool,
     },
     /// The model was evaluated on the test set (rank 0, at the end of every epoch).
     Evaluated {
@@ -205,6 +209,7 @@ mod tests {
             lr: 0.0,
             saturated: None,
             error_nonzero: Some(0.25),
+            late: false,
         };
         let line = serde_json::to_string(&step).unwrap();
         match serde_json::from_str::<Event>(&line).unwrap() {

@@ -449,6 +449,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 22 && names.iter().any(|n| n == "loco_recalibrate_every"));
+        assert!(names.len() == 24 && names.iter().any(|n| n == "quorum_wait"));
     }
 }

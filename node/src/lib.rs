@@ -76,6 +76,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod platform;
 pub mod process;
+mod round;
 pub mod server;
 pub mod swarm;
 pub mod worker;

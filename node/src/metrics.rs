@@ -60,6 +60,10 @@ pub struct Metrics {
     /// The learning rate of the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f32>,
+    /// Present (true) when a shard closed the round without this worker's push, which came
+    /// after the round's quorum deadline: its samples did not count there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late: Option<bool>,
 }
 
 /// A present loss that JSON wrote as null (serde_json writes NaN so) is NaN, not absent.
@@ -81,6 +85,7 @@ impl Metrics {
                 pulled,
                 seconds,
                 lr,
+                late,
                 ..
             } => Some(Metrics {
                 step,
@@ -91,6 +96,7 @@ impl Metrics {
                 bytes_down: Some(pulled as u64),
                 step_seconds: Some(seconds),
                 lr: Some(lr),
+                late: late.then_some(true),
                 ..Metrics::default()
             }),
             Event::Evaluated {
@@ -213,6 +219,7 @@ mod tests {
             lr: 0.5,
             saturated: None,
             error_nonzero: None,
+            late: false,
         };
         let line = Metrics::from_event(&step).unwrap();
         assert_eq!(

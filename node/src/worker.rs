@@ -35,6 +35,7 @@ use crate::event::{Event, Events};
 use crate::files::write_atomically;
 use crate::job::Job;
 use crate::link::LinkConfig;
+use crate::round::{play_round, RoundFailure};
 use crate::worker_state;
 
 /// A worker's own settings: who it is, where the servers are, and what it lends. Everything
@@ -298,6 +299,7 @@ struct Round {
     codes: CodeStats,
     seconds: f64,
     lr: f32,
+    late: bool,
 }
 
 /// The job once joined: the data, and where the rank stands.
@@ -545,16 +547,13 @@ impl Run {
             let share = rank_share(global.len(), rank as usize, world);
             let (first_sample, samples) = (share.start, share.len());
             let (x, y) = joined.sets.train.batch(&global[share]);
-            let (loss, bytes) = match dp.step(&x, &y, first_sample) {
-                Ok(done) => done,
-                // A fault of this node's own arithmetic: rejoining would not mend it.
-                Err(e @ murmur_engine::Error::NonFinite { .. }) => {
-                    return Err(NodeError::Engine(e))
-                }
-                Err(e) => {
+            let played = match play_round(dp, rank, (&x, &y), first_sample) {
+                Ok(played) => played,
+                Err(RoundFailure::Fatal(e)) => return Err(e),
+                Err(RoundFailure::Lost(e)) => {
                     failures += 1;
                     if failures > self.config.rejoin_attempts {
-                        return Err(NodeError::Engine(e));
+                        return Err(NodeError::Net(murmur_net::NetError::Connection(e)));
                     }
                     let reason = format!("lost the swarm ({e})");
                     dp.collective.leave_to_reconnect();
@@ -562,6 +561,7 @@ impl Run {
                     continue;
                 }
             };
+            let (loss, bytes) = (played.loss, played.bytes);
             // Only failures in a row count against the rejoin attempts.
             failures = 0;
             totals.pushed += bytes.pushed as u64;
@@ -576,6 +576,7 @@ impl Run {
                 codes: dp.code_stats(),
                 seconds: step_started.elapsed().as_secs_f64(),
                 lr: dp.clf.optimizer.lr(),
+                late: !played.counted,
             };
             self.report_step(rank, round, &totals, started);
             if let Some(writer) = state_writer {
@@ -666,6 +667,7 @@ impl Run {
             lr: round.lr,
             saturated: round.codes.saturated,
             error_nonzero: round.codes.error_nonzero,
+            late: round.late,
         });
     }
 

@@ -7,8 +7,9 @@ processes of the swarm it started (matched by their swarm folder).
 
 Reports, for both runs: final test accuracy, the longest a round stalled (per round, the
 fastest live worker's round time, so a frozen worker's own freeze does not count), worker
-rounds missed, the resident memory of each shard one minute in and at the end, and the
-samples each epoch trained against the epoch's size. Prints a table, then the JSON.
+rounds missed or late (pushed after a shard's quorum closed the round without them), the
+resident memory of each shard one minute in and at the end, and the samples each epoch
+trained (pushes every shard summed) against the epoch's size. Prints a table, then the JSON.
 """
 
 import argparse
@@ -111,10 +112,15 @@ def run(a, churn):
     per_round = defaultdict(list)
     per_rank = defaultdict(set)
     per_epoch = defaultdict(int)
+    late = 0
     for l in steps:
         per_round[l["step"]].append(l.get("step_seconds", 0.0))
         per_rank[l["rank"]].add(l["step"])
-        per_epoch[l.get("epoch", 0)] += 1
+        # A late push (a shard closed the round on its quorum without it) trained nothing.
+        if l.get("late"):
+            late += 1
+        else:
+            per_epoch[l.get("epoch", 0)] += 1
     total = max(per_round) if per_round else 0
     stalls = {s: min(v) for s, v in per_round.items()}
     longest = max(stalls.items(), key=lambda kv: kv[1]) if stalls else (0, 0.0)
@@ -135,6 +141,7 @@ def run(a, churn):
         "longest_stall_s": round(longest[1], 2),
         "longest_stall_round": longest[0],
         "worker_rounds_missed": missed,
+        "worker_rounds_late": late,
         "server_rss_mb": {
             shard: {
                 "at_1_min": next((kb for t, kb in v if t >= 60), v[0][1]) / 1024,
@@ -174,6 +181,7 @@ def main():
     for key, label in [("final_test_accuracy", "final test accuracy"), ("seconds", "wall seconds"),
                        ("rounds", "rounds"), ("longest_stall_s", "longest round stall (s)"),
                        ("worker_rounds_missed", "worker rounds missed"),
+                       ("worker_rounds_late", "worker rounds late (dropped)"),
                        ("replicas_agree", "replicas agree at the end"),
                        ("respawned", "workers started again"),
                        ("servers_restarted", "shards started again")]:

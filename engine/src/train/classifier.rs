@@ -285,6 +285,11 @@ impl Classifier {
         self.model.parameter_bits()
     }
 
+    /// The digest replicas compare each round ([`Module::parameter_digest`]).
+    pub fn parameter_digest(&self) -> Result<u64> {
+        self.model.parameter_digest()
+    }
+
     /// Parameters and optimizer state as checkpoint bytes (safetensors, f32): what
     /// [`Classifier::load_state`] resumes from.
     pub fn save_state(&self) -> Result<Vec<u8>> {

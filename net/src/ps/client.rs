@@ -18,7 +18,8 @@ use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{client_endpoint, close, connect, hang_up, send, Incoming, Link};
 use crate::wire::{
-    Catchup, CatchupRequest, Frame, Hello, Join, Kind, Limits, Register, Registered, Welcome,
+    Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Limits, Register, Registered,
+    ReplicaDigest, Welcome,
 };
 
 /// How a worker talks to the servers.
@@ -52,6 +53,8 @@ impl Default for ClientOptions {
 #[derive(Default)]
 struct Received {
     replies: HashMap<(u64, Key), Vec<u8>>,
+    /// Each shard's summary of a round it closed, by (step, shard).
+    closed: HashMap<(u64, usize), Closed>,
     registered: HashMap<usize, Registered>,
     catchups: HashMap<usize, Catchup>,
     snapshot: Option<(u64, Vec<u8>)>,
@@ -374,6 +377,32 @@ impl QuicCollective {
         }
     }
 
+    /// Sends shard 0 the digest of the replica with which this worker enters round `step`
+    /// (before the round's pushes), for the shard to compare with the other workers'.
+    pub fn send_digest(&mut self, step: u64, digest: u64) -> Result<()> {
+        let frame = Frame::control(Kind::Digest, self.rank, step, &ReplicaDigest { digest });
+        let conn = self.shards[0].clone();
+        self.in_flight
+            .push(self.runtime.spawn(async move { send(&conn, frame).await }));
+        Ok(())
+    }
+
+    /// Every shard's summary of round `step`, in shard order, once all have arrived (they
+    /// follow the round's replies).
+    pub fn closed(&mut self, step: u64) -> Result<Vec<Closed>> {
+        let shards = self.shards.len();
+        let what = format!("waiting for the summaries of step {step}");
+        self.inbox.wait(self.options.round_timeout, &what, |r| {
+            (0..shards)
+                .all(|shard| r.closed.contains_key(&(step, shard)))
+                .then(|| {
+                    (0..shards)
+                        .map(|shard| r.closed.remove(&(step, shard)).expect("checked"))
+                        .collect()
+                })
+        })
+    }
+
     /// Waits for the pushes handed to the runtime; the first send error fails the round.
     fn flush(&mut self) -> Result<()> {
         let handles = std::mem::take(&mut self.in_flight);
@@ -414,6 +443,11 @@ async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc
                         inbox.update(|r| r.snapshot = Some((frame.step, frame.payload)));
                         Ok(())
                     }
+                    Kind::Closed => frame.message::<Closed>().map(|m| {
+                        inbox.update(|r| {
+                            r.closed.insert((frame.step, shard), m);
+                        })
+                    }),
                     other => Err(NetError::Protocol(format!(
                         "a server sent a {other:?} frame"
                     ))),
@@ -487,8 +521,9 @@ impl Collective for QuicCollective {
             if !keys.iter().all(|k| r.replies.contains_key(&(step, *k))) {
                 return None;
             }
-            // Replies of rounds before this one are no longer needed.
+            // Replies and summaries of rounds before this one are no longer needed.
             r.replies.retain(|(s, _), _| *s >= step);
+            r.closed.retain(|(s, _), _| *s >= step);
             Some(
                 keys.iter()
                     .map(|k| (*k, r.replies.remove(&(step, *k)).expect("checked")))

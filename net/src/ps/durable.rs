@@ -7,7 +7,7 @@
 //!   the open round, the job's world and digest, who took part in the last round and which
 //!   certificates hold which rank. Written after every round closes, before any worker sees
 //!   the reply, so no worker is ever ahead of what a restarted shard knows.
-//! - `round-<step>`: one closed round's replies, written once before `state` names it; a
+//! - `round-<step>`: one closed round's replies and summary (who took part), written once before `state` names it; a
 //!   rejoining worker replays them. Removed once a snapshot covers them.
 //! - `snapshot`: shard 0's newest model snapshot (the ranks send one in turn every few rounds).
 //!
@@ -26,9 +26,10 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{NetError, Result};
 use crate::state_file;
+use crate::wire::Closed;
 
 /// The first bytes of every file in a shard's state folder, with the format's version.
-pub const MAGIC: &[u8; 8] = b"MMSHARD1";
+pub const MAGIC: &[u8; 8] = b"MMSHARD2";
 
 /// What `state` holds: a shard between rounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +62,7 @@ pub struct SavedShard {
 struct SavedRound {
     step: u64,
     replies: Vec<SavedReply>,
+    summary: Closed,
 }
 
 /// One key's reply in a round file.
@@ -93,8 +95,8 @@ pub type Reply = (Key, u32, Bytes);
 pub struct Loaded {
     /// The shard.
     pub shard: SavedShard,
-    /// Its logged rounds as (step, replies), oldest first.
-    pub rounds: Vec<(u64, Vec<Reply>)>,
+    /// Its logged rounds as (step, replies, summary), oldest first.
+    pub rounds: Vec<(u64, Vec<Reply>, Closed)>,
     /// Its snapshot, if it keeps one.
     pub snapshot: Option<(u64, Bytes)>,
 }
@@ -131,10 +133,11 @@ impl StateDir {
         state_file::write(&self.state_path(), MAGIC, shard)
     }
 
-    /// Writes one closed round's replies.
-    pub fn write_round(&self, step: u64, replies: &[Reply]) -> Result<()> {
+    /// Writes one closed round's replies and summary.
+    pub fn write_round(&self, step: u64, replies: &[Reply], summary: &Closed) -> Result<()> {
         let saved = SavedRound {
             step,
+            summary: summary.clone(),
             replies: replies
                 .iter()
                 .map(|(key, numel, payload)| SavedReply {
@@ -212,6 +215,7 @@ impl StateDir {
                     .into_iter()
                     .map(|r| (r.key, r.numel, Bytes::from(r.payload)))
                     .collect(),
+                saved.summary,
             ));
         }
         let snapshot = match shard.snapshot_step {
@@ -266,7 +270,14 @@ mod tests {
         let state = StateDir::create(&dir).unwrap();
         assert!(state.load(1 << 20).unwrap().is_none(), "an empty folder");
         state
-            .write_round(0, &[(1, 2, Bytes::from_static(&[1, 2, 3]))])
+            .write_round(
+                0,
+                &[(1, 2, Bytes::from_static(&[1, 2, 3]))],
+                &Closed {
+                    participants: vec![0],
+                    replicas: None,
+                },
+            )
             .unwrap();
         let good = fs::read(state.round_path(0)).unwrap();
         assert!(state_file::decode::<SavedRound>(MAGIC, &good).is_ok());

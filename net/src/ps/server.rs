@@ -26,7 +26,9 @@ use crate::identity::Credentials;
 use crate::transport::{
     close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
 };
-use crate::wire::{CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, Welcome};
+use crate::wire::{
+    CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, ReplicaDigest, Welcome,
+};
 
 /// How a shard runs.
 #[derive(Debug, Clone)]
@@ -318,7 +320,9 @@ fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) -> 
     };
     let started = std::time::Instant::now();
     let saved = round
-        .map_or(Ok(()), |r| dir.write_round(r.step, &r.replies))
+        .map_or(Ok(()), |r| {
+            dir.write_round(r.step, &r.replies, &r.summary())
+        })
         .and_then(|()| state.saved(job))
         .and_then(|s| {
             dir.write_state(&s)?;
@@ -415,6 +419,10 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
             }
         }
         Kind::Push => on_push(shared, id, frame).await?,
+        Kind::Digest => {
+            let digest: ReplicaDigest = frame.message()?;
+            lock(shared).record_digest(id, frame.step, digest.digest)?;
+        }
         Kind::Snapshot => {
             // Files are written off the runtime's threads.
             let worker = shared.clone();
@@ -473,7 +481,7 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 tokio::spawn(async move { send(&conn, frame).await });
             }
         }
-        Kind::Registered | Kind::Reply | Kind::Catchup | Kind::Welcome => {
+        Kind::Registered | Kind::Reply | Kind::Catchup | Kind::Welcome | Kind::Closed => {
             return Err(NetError::Protocol(format!(
                 "a worker sent a {:?} frame, which only servers send",
                 frame.kind
@@ -635,6 +643,17 @@ async fn close_round_by(
     match closed {
         Ok((Some(round), listeners)) => {
             report_late(shared, &round);
+            if !round.diverged.is_empty() {
+                let majority = round.replicas.and_then(|v| v.majority);
+                tracing::error!(
+                    "shard {}: replicas differ entering round {}: ranks and digests {:x?} against \
+                     {}; those workers stop",
+                    shared.options.shard,
+                    round.step,
+                    round.diverged,
+                    majority.map_or("no majority".into(), |d| format!("the majority's {d:x}"))
+                );
+            }
             for fault in &round.faults {
                 tracing::error!(
                     "shard {}: round {} of {fault}; the key closed with no update",
@@ -695,9 +714,17 @@ fn reply_headers(shard: u16, round: &ClosedRound) -> Vec<(Header, Bytes)> {
         .collect()
 }
 
-/// Sends one round's replies to every listener, the same bytes to each: one stream per reply.
+/// The round's [`crate::wire::Closed`] summary as a frame to send after its replies.
+fn summary_frame(shard: u16, round: &ClosedRound) -> (Header, Bytes) {
+    let frame = Frame::control(Kind::Closed, shard, round.step, &round.summary());
+    (frame.header(), Bytes::from(frame.payload))
+}
+
+/// Sends one round's replies to every listener, the same bytes to each: one stream per reply,
+/// then the round's [`crate::wire::Closed`] summary.
 fn deliver(shared: &Shared, round: &ClosedRound, listeners: &[PeerId]) {
-    let replies = reply_headers(shared.options.shard, round);
+    let mut replies = reply_headers(shared.options.shard, round);
+    replies.push(summary_frame(shared.options.shard, round));
     for id in listeners {
         let Some(conn) = conn_of(shared, *id) else {
             continue;
@@ -727,7 +754,8 @@ async fn send_catchup(shard: u16, conn: Connection, reply: CatchupReply) -> Resu
         send_parts(&conn, &header, bytes).await?;
     }
     for round in &rounds {
-        for (header, payload) in reply_headers(shard, round) {
+        let summary = summary_frame(shard, round);
+        for (header, payload) in reply_headers(shard, round).into_iter().chain([summary]) {
             send_parts(&conn, &header, payload).await?;
         }
     }

@@ -34,7 +34,7 @@ use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
 
 use crate::error::{NetError, Result};
-use crate::wire::{Catchup, Hello, Limits, Register, Registered};
+use crate::wire::{Catchup, Closed, Hello, Limits, Register, Registered, ReplicaVerdict};
 
 /// A connection's identity inside the server.
 pub type PeerId = usize;
@@ -57,11 +57,25 @@ pub struct ClosedRound {
     /// Keys whose arithmetic failed this round, with why: they closed with an update that
     /// changes nothing ([`KeyState::close_or_skip`]), and the server reports them.
     pub faults: Vec<String>,
-    /// The ranks whose pushes the round summed, ascending (empty for a round read back
-    /// from a state folder, which keeps only the replies).
+    /// The ranks whose pushes the round summed, ascending.
     pub participants: Vec<u16>,
     /// Members the round closed without, on its quorum: their pushes were discarded.
     pub late: Vec<u16>,
+    /// How the replica digests of the round compared, if any arrived (shard 0).
+    pub replicas: Option<ReplicaVerdict>,
+    /// The ranks whose replica digest was not the majority's (all that sent one when no
+    /// digest had a majority): their replicas went astray.
+    pub diverged: Vec<(u16, u64)>,
+}
+
+impl ClosedRound {
+    /// What the workers are told of the round after its replies.
+    pub fn summary(&self) -> Closed {
+        Closed {
+            participants: self.participants.clone(),
+            replicas: self.replicas,
+        }
+    }
 }
 
 /// What a rejoining peer is sent: the snapshot this shard holds, every logged round since,
@@ -134,6 +148,8 @@ pub struct ShardState {
     opened: Option<Instant>,
     /// Rounds closed on a quorum, without every member.
     quorum_rounds: u64,
+    /// The replica digests of the open round, by rank (workers send them to shard 0).
+    digests: BTreeMap<u16, u64>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -167,6 +183,7 @@ impl ShardState {
             push_times: PushTimes::default(),
             opened: None,
             quorum_rounds: 0,
+            digests: BTreeMap::new(),
         }
     }
 
@@ -245,12 +262,14 @@ impl ShardState {
         state.open_step = saved.open_step;
         state.log = rounds
             .into_iter()
-            .map(|(step, replies)| ClosedRound {
+            .map(|(step, replies, summary)| ClosedRound {
                 step,
                 replies,
                 faults: Vec::new(),
-                participants: Vec::new(),
+                participants: summary.participants,
                 late: Vec::new(),
+                replicas: summary.replicas,
+                diverged: Vec::new(),
             })
             .collect();
         state.snapshot = snapshot;
@@ -514,6 +533,25 @@ impl ShardState {
         Ok(true)
     }
 
+    /// Keeps the digest of the replica with which peer `id` enters round `step`, to compare
+    /// with the others' when the round closes. A digest for a closed round is ignored.
+    pub fn record_digest(&mut self, id: PeerId, step: u64, digest: u64) -> Result<()> {
+        let peer = self.peer(id)?;
+        if !peer.registered || !self.started {
+            return protocol("a replica digest before registration completed".into());
+        }
+        if step > self.open_step {
+            return protocol(format!(
+                "replica digest for step {step}, ahead of the open round {}",
+                self.open_step
+            ));
+        }
+        if step == self.open_step {
+            self.digests.insert(peer.rank, digest);
+        }
+        Ok(())
+    }
+
     /// Whether the open round has its first push (the server starts its deadline then).
     pub fn round_begun(&self) -> bool {
         !self.pushed.is_empty()
@@ -672,7 +710,7 @@ impl ShardState {
             .collect();
         let (replies, faults): (Vec<_>, Vec<_>) = closed.into_iter().unzip();
         let faults: Vec<(Key, murmur_engine::Error)> = faults.into_iter().flatten().collect();
-        let round = ClosedRound {
+        let mut round = ClosedRound {
             step,
             replies,
             faults: faults
@@ -681,7 +719,10 @@ impl ShardState {
                 .collect(),
             participants: self.pushed.keys().copied().collect(),
             late: Vec::new(),
+            replicas: None,
+            diverged: Vec::new(),
         };
+        (round.replicas, round.diverged) = compare_digests(&std::mem::take(&mut self.digests));
         self.log.push_back(round.clone());
         while self.log.len() > self.max_log_rounds {
             self.log.pop_front();
@@ -756,6 +797,32 @@ impl ShardState {
             self.expected.insert(peer.rank);
         }
     }
+}
+
+/// Compares a round's replica digests: the verdict the workers are sent, and the ranks whose
+/// replicas went astray with their digests (every rank, when no digest has a majority).
+fn compare_digests(digests: &BTreeMap<u16, u64>) -> (Option<ReplicaVerdict>, Vec<(u16, u64)>) {
+    if digests.is_empty() {
+        return (None, Vec::new());
+    }
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for digest in digests.values() {
+        *counts.entry(*digest).or_default() += 1;
+    }
+    let majority = counts
+        .iter()
+        .find(|(_, n)| **n * 2 > digests.len())
+        .map(|(d, _)| *d);
+    let diverged = digests
+        .iter()
+        .filter(|(_, d)| counts.len() > 1 && majority != Some(**d))
+        .map(|(r, d)| (*r, *d))
+        .collect();
+    let verdict = ReplicaVerdict {
+        majority,
+        disagreed: counts.len() > 1,
+    };
+    (Some(verdict), diverged)
 }
 
 #[cfg(test)]
@@ -942,6 +1009,58 @@ mod tests {
     }
 
     #[test]
+    fn the_majority_digest_names_the_replicas_that_went_astray() {
+        let digests = |pairs: &[(u16, u64)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
+        assert_eq!(compare_digests(&digests(&[])), (None, vec![]));
+        let agreed = compare_digests(&digests(&[(0, 5), (1, 5), (2, 5)]));
+        assert_eq!(
+            agreed,
+            (
+                Some(ReplicaVerdict {
+                    majority: Some(5),
+                    disagreed: false
+                }),
+                vec![]
+            )
+        );
+        let one_astray = compare_digests(&digests(&[(0, 5), (1, 9), (2, 5)]));
+        assert_eq!(
+            one_astray,
+            (
+                Some(ReplicaVerdict {
+                    majority: Some(5),
+                    disagreed: true
+                }),
+                vec![(1, 9)]
+            )
+        );
+        // Two against two: no majority, and nobody can say which replica is right.
+        let split = compare_digests(&digests(&[(0, 5), (1, 9), (2, 5), (3, 9)]));
+        assert_eq!(split.0.unwrap().majority, None);
+        assert_eq!(split.1.len(), 4);
+    }
+
+    #[test]
+    fn digests_count_for_the_open_round_only() {
+        let mut state = two_ranks();
+        state.record_digest(0, 0, 5).unwrap();
+        state.record_digest(1, 0, 6).unwrap();
+        assert!(
+            state.record_digest(1, 1, 6).is_err(),
+            "a digest from the future"
+        );
+        assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
+        let round = state.close_round().unwrap();
+        assert_eq!(round.diverged, [(0, 5), (1, 6)]);
+        assert_eq!(round.summary().replicas.unwrap().majority, None);
+        // A digest for the closed round is ignored; round 1 starts with none.
+        state.record_digest(0, 0, 5).unwrap();
+        assert!(push(&mut state, 0, 1, 1.0) && push(&mut state, 1, 1, 3.0));
+        let round = state.close_round().unwrap();
+        assert_eq!((round.replicas, round.participants), (None, vec![0, 1]));
+    }
+
+    #[test]
     fn a_rank_that_reconnects_is_waited_for_and_one_that_left_is_not() {
         let mut state = two_ranks();
         assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
@@ -1001,7 +1120,7 @@ mod tests {
             rounds: state
                 .log
                 .iter()
-                .map(|r| (r.step, r.replies.clone()))
+                .map(|r| (r.step, r.replies.clone(), r.summary()))
                 .collect(),
             snapshot: None,
         };

@@ -90,6 +90,30 @@ pub fn worker(swarm: &Swarm, servers: &[SocketAddr], rank: u16, world: u16) -> Q
     .unwrap()
 }
 
+/// Runs `rank` for every rank of a `world` of workers on threads of their own, each with a
+/// classifier trained through the servers at `servers` with `plan` and error feedback;
+/// returns what each gave back, in rank order.
+pub fn on_every_rank<T: Send>(
+    swarm: &Swarm,
+    servers: &[SocketAddr],
+    world: u16,
+    plan: &PartitionPlan,
+    rank: impl Fn(u16, DataParallel<QuicCollective>) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (0..world)
+            .map(|r| {
+                let rank = &rank;
+                s.spawn(move || {
+                    let c = worker(swarm, servers, r, world);
+                    rank(r, DataParallel::new(classifier(), c, plan, "ef").unwrap())
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
 pub fn classifier() -> Classifier {
     let config = ClassifierConfig {
         hidden: vec![16],

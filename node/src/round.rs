@@ -1,0 +1,112 @@
+//! One round of a worker, from the servers' side of it: the replica's digest sent before the
+//! pushes, the step itself, and the shards' summaries after the replies, which say whether
+//! this worker's push counted and whether its replica is the swarm's.
+
+use murmur_engine::train::{DataParallel, RoundBytes};
+use murmur_net::ps::QuicCollective;
+use murmur_net::wire::Closed;
+
+use crate::error::NodeError;
+
+/// What a round that went through tells the worker.
+pub(crate) struct Played {
+    /// Its loss on its share of the batch.
+    pub loss: f32,
+    /// Bytes it moved.
+    pub bytes: RoundBytes,
+    /// Whether every shard summed its push: false when a shard closed the round on its
+    /// quorum without it (its samples then changed nothing there).
+    pub counted: bool,
+}
+
+/// Why a round did not go through.
+pub(crate) enum RoundFailure {
+    /// The worker cannot go on: its own arithmetic failed, or its replica went astray.
+    Fatal(NodeError),
+    /// The link to the servers failed: reconnect and catch up.
+    Lost(String),
+}
+
+/// Plays round `dp.round()` on the batch `(x, y)`, whose first sample is `first_sample` of
+/// the global batch.
+pub(crate) fn play_round(
+    dp: &mut DataParallel<QuicCollective>,
+    rank: u16,
+    (x, y): (&[f32], &[u32]),
+    first_sample: usize,
+) -> Result<Played, RoundFailure> {
+    let step = dp.round();
+    let digest = dp
+        .clf
+        .parameter_digest()
+        .map_err(|e| RoundFailure::Fatal(e.into()))?;
+    dp.collective
+        .send_digest(step, digest)
+        .map_err(|e| RoundFailure::Lost(e.to_string()))?;
+    let (loss, bytes) = match dp.step(x, y, first_sample) {
+        Ok(done) => done,
+        // A fault of this node's own arithmetic: rejoining would not mend it.
+        Err(e @ murmur_engine::Error::NonFinite { .. }) => {
+            return Err(RoundFailure::Fatal(e.into()))
+        }
+        Err(e) => return Err(RoundFailure::Lost(e.to_string())),
+    };
+    let summaries = dp
+        .collective
+        .closed(step)
+        .map_err(|e| RoundFailure::Lost(e.to_string()))?;
+    check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
+    Ok(Played {
+        loss,
+        bytes,
+        counted: summaries.iter().all(|c| c.participants.contains(&rank)),
+    })
+}
+
+/// Fails where shard 0 found the round's replicas differing and this one's digest is not
+/// the majority's (or there was none).
+fn check_replica(summaries: &[Closed], step: u64, digest: u64) -> Result<(), NodeError> {
+    let Some(verdict) = summaries.first().and_then(|c| c.replicas) else {
+        return Ok(());
+    };
+    if !verdict.disagreed || verdict.majority == Some(digest) {
+        return Ok(());
+    }
+    Err(NodeError::Diverged {
+        step,
+        digest,
+        majority: verdict.majority.map_or_else(
+            || "and no digest had a majority".to_string(),
+            |d| format!("most workers hold {d:016x}"),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use murmur_net::wire::ReplicaVerdict;
+
+    fn summary(majority: Option<u64>, disagreed: bool) -> Vec<Closed> {
+        vec![Closed {
+            participants: vec![0, 1, 2],
+            replicas: Some(ReplicaVerdict {
+                majority,
+                disagreed,
+            }),
+        }]
+    }
+
+    #[test]
+    fn only_a_replica_outside_the_majority_fails() {
+        assert!(check_replica(&summary(Some(7), false), 3, 7).is_ok());
+        // Another worker went astray: this one holds the majority's replica.
+        assert!(check_replica(&summary(Some(7), true), 3, 7).is_ok());
+        let astray = check_replica(&summary(Some(7), true), 3, 8).unwrap_err();
+        assert!(astray.to_string().contains("round 3"), "{astray}");
+        // No majority: nobody can say which replica is right.
+        assert!(check_replica(&summary(None, true), 3, 7).is_err());
+        // No digests compared (another shard, or none arrived in time).
+        assert!(check_replica(&[], 3, 7).is_ok());
+    }
+}
