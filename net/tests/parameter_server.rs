@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use common::*;
 use murmur_engine::comm::local::local_collectives;
-use murmur_engine::train::DataParallel;
 use murmur_net::identity::Swarm;
 use murmur_net::ps::{QuicCollective, ServerOptions};
 
@@ -15,20 +14,7 @@ use murmur_net::ps::{QuicCollective, ServerOptions};
 fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
     let (world, steps) = (3u16, 12u64);
     let plan = plan("topk:0.2", "dither:linear:s=7");
-    let in_process: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let joins: Vec<_> = local_collectives(world as usize)
-            .into_iter()
-            .map(|c| {
-                let plan = plan.clone();
-                s.spawn(move || {
-                    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
-                    train(&mut dp, steps);
-                    bits(&dp.clf)
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
-    });
+    let in_process = train_in_process(local_collectives(world as usize), &plan, steps);
     let swarm = Swarm::generate("bits").unwrap();
     let servers = start_servers(&swarm, 2, every_member());
     let over_quic = on_every_rank(&swarm, &servers.addrs, world, &plan, |_, mut dp| {

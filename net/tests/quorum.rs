@@ -1,11 +1,14 @@
 //! Rounds that close on a quorum: a member that falls behind does not hold the others, and
-//! comes back in step, with the same bits, without leaving.
+//! comes back in step, with the same bits, without leaving; and the servers' participant sets
+//! replayed in-process give the run's bits.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
+use murmur_engine::comm::local::{local_collectives, replay_collectives, Participants};
+use murmur_engine::comm::partition::shard_of;
 use murmur_net::identity::Swarm;
 use murmur_net::ps::ServerOptions;
 
@@ -30,7 +33,7 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     let stall = Duration::from_secs(3);
     let plan = plan("topk:0.25", "f16");
     let results = on_every_rank(&swarm, &servers.addrs, world, &plan, |rank, mut dp| {
-        let (mut longest, mut late) = (Duration::ZERO, 0);
+        let (mut longest, mut late, mut logged) = (Duration::ZERO, 0, Vec::new());
         while dp.round() < steps {
             if rank == 2 && dp.round() == stall_at {
                 std::thread::sleep(stall);
@@ -45,14 +48,20 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
             if summaries.iter().any(|c| !c.participants.contains(&rank)) {
                 late += 1;
             }
+            logged.push(
+                summaries
+                    .into_iter()
+                    .map(|c| c.participants)
+                    .collect::<Vec<_>>(),
+            );
             // Pace the rounds so that the stall spans several of them.
             std::thread::sleep(Duration::from_millis(20));
         }
-        (bits(&dp.clf), longest, late)
+        (bits(&dp.clf), longest, late, logged)
     });
     eprintln!("rank 2 was late in {} rounds", results[2].2);
     assert!(results[2].2 >= 1, "rank 2's late pushes counted");
-    for (rank, (_, longest, _)) in results.iter().enumerate().take(2) {
+    for (rank, (_, longest, _, _)) in results.iter().enumerate().take(2) {
         eprintln!("rank {rank}: longest round {longest:?}");
         assert!(
             *longest < stall * 2 / 3,
@@ -64,4 +73,22 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
         results[2].0, results[0].0,
         "the rank that fell behind ended with another replica"
     );
+    // Every rank was told the same participants; replayed in-process, they give the bits of
+    // the run, which differ from those of the run with every rank in every round.
+    assert_eq!(results[0].3, results[2].3, "one participant log");
+    let logged = results[0].3.clone();
+    let participants: Participants = Box::new(move |step, key| {
+        logged[step as usize][shard_of(key, 2)]
+            .iter()
+            .map(|r| *r as usize)
+            .collect()
+    });
+    let replayed = train_in_process(
+        replay_collectives(world as usize, participants),
+        &plan,
+        steps,
+    );
+    assert_eq!(replayed[0], results[0].0, "the replay differs from the run");
+    let everyone = train_in_process(local_collectives(world as usize), &plan, steps);
+    assert_ne!(everyone[0], results[0].0, "no round closed without rank 2");
 }

@@ -1,5 +1,6 @@
 //! The in-process collective: ranks are threads of one process, the servers a shared state
-//! the last rank to arrive at a round closes. Simulations and most tests use it.
+//! the last rank to arrive at a round closes. Simulations and most tests use it, and it
+//! replays a run whose rounds closed without some ranks ([`replay_collectives`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -26,10 +27,15 @@ struct Hub {
     faults: Vec<String>,
 }
 
+/// The ranks whose pushes a round summed, by round and key.
+pub type Participants = Box<dyn Fn(u64, Key) -> Vec<usize> + Send + Sync>;
+
 struct Shared {
     hub: Mutex<Hub>,
     changed: Condvar,
     world: usize,
+    /// Where a replay takes each round's participants from; every rank otherwise.
+    participants: Option<Participants>,
 }
 
 /// One rank's handle on an in-process collective.
@@ -42,10 +48,24 @@ pub struct LocalCollective {
 
 /// Handles for `world` ranks, to be moved one to each thread.
 pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
+    collectives(world, None)
+}
+
+/// Handles for `world` ranks that replay a run whose rounds closed without some ranks (on a
+/// quorum, as the QUIC servers log them): every rank computes and pushes every round, as the
+/// late ones did there, but round `step` of `key` sums only the pushes of
+/// `participants(step, key)`. Given the servers' participant sets, the replay has the bits of
+/// the run it replays.
+pub fn replay_collectives(world: usize, participants: Participants) -> Vec<LocalCollective> {
+    collectives(world, Some(participants))
+}
+
+fn collectives(world: usize, participants: Option<Participants>) -> Vec<LocalCollective> {
     let shared = Arc::new(Shared {
         hub: Mutex::default(),
         changed: Condvar::new(),
         world,
+        participants,
     });
     (0..world)
         .map(|rank| LocalCollective {
@@ -192,6 +212,14 @@ impl Collective for LocalCollective {
         self.fail_on_error(&mut hub, inserted)?;
         hub.arrived += 1;
         if hub.arrived == world {
+            if let Some(participants) = &self.shared.participants {
+                for (key, state) in hub.keys.iter_mut() {
+                    let summed = participants(step, *key);
+                    (0..world)
+                        .filter(|r| !summed.contains(r))
+                        .for_each(|r| state.discard(r));
+                }
+            }
             // Last to arrive: close every key's round; keys are independent. A key whose
             // arithmetic fails closes all the same, with an update that changes nothing, as
             // the QUIC servers' keys do (KeyState::close_or_skip): the round goes on and the
@@ -256,6 +284,49 @@ mod tests {
             seed: 3,
             sync_every: 0,
             owner: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_replay_sums_only_the_rounds_participants() {
+        let world = 3;
+        // Round 0: everyone; round 1: ranks 0 and 1 on key 1, rank 2 alone on key 2.
+        let participants: Participants = Box::new(|step, key| match (step, key) {
+            (1, 1) => vec![0, 1],
+            (1, _) => vec![2],
+            _ => vec![0, 1, 2],
+        });
+        let f32s = parse("f32").unwrap();
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let joins: Vec<_> = replay_collectives(world, participants)
+                .into_iter()
+                .map(|mut c| {
+                    let f32s = &f32s;
+                    s.spawn(move || {
+                        c.register(&[spec(1, 1, "f32", "none"), spec(2, 1, "f32", "none")])
+                            .unwrap();
+                        (0..2u64)
+                            .map(|step| {
+                                let r = c.rank() as f32;
+                                let push = |v: f32| f32s.encode(&[v], &Default::default());
+                                let replies =
+                                    c.push_pull(step, vec![(1, push(r)), (2, push(10.0 * r))]);
+                                replies
+                                    .unwrap()
+                                    .iter()
+                                    .map(|(_, b)| {
+                                        f32s.decode(b, 1, &Default::default()).unwrap()[0]
+                                    })
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for got in &results {
+            assert_eq!(got, &[vec![1.0, 10.0], vec![0.5, 20.0]]);
         }
     }
 

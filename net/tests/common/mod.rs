@@ -114,6 +114,28 @@ pub fn on_every_rank<T: Send>(
     })
 }
 
+/// Trains `steps` rounds on each of the in-process `collectives` (one thread per rank) and
+/// returns each rank's final bits.
+pub fn train_in_process(
+    collectives: Vec<murmur_engine::comm::local::LocalCollective>,
+    plan: &PartitionPlan,
+    steps: u64,
+) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let joins: Vec<_> = collectives
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
+                    train(&mut dp, steps);
+                    bits(&dp.clf)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
 pub fn classifier() -> Classifier {
     let config = ClassifierConfig {
         hidden: vec![16],
