@@ -187,6 +187,62 @@ fn a_paused_worker_leaves_the_rounds_and_rejoins_with_the_same_bits() {
     drop(server);
 }
 
+/// A job of three places that starts with two (`start_with`): a third worker joins the
+/// running job at round 20 with nothing but its credentials, and one of the first two leaves
+/// at round 40. Nobody is restarted, the rounds go on, and the two that finish end with the
+/// same bits (every round they also compared replica digests with shard 0).
+#[test]
+fn a_worker_joins_a_running_job_and_another_leaves() {
+    let Some(dir) = swarm_dir("embedded-elastic", 3) else {
+        return;
+    };
+    let total = 80;
+    let job = Job {
+        start_with: Some(2),
+        ..job(3, total)
+    };
+    let server = server(&dir.0, job);
+    let minute = Duration::from_secs(60);
+    // Paced, so that the job is still running when the third worker comes.
+    let paced = Budget {
+        duty_cycle: 1.0,
+        max_steps_per_second: Some(25.0),
+    };
+    let first: Vec<WorkerHandle> = (0..2)
+        .map(|i| {
+            let w = worker(&dir.0, &server, i, DeviceKind::Cpu);
+            w.set_budget(paced).unwrap();
+            w
+        })
+        .collect();
+    let mut events = first[0].events();
+    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= 20));
+    let third = worker(&dir.0, &server, 2, DeviceKind::Cpu);
+    let mut third_events = third.events();
+    let joined_at = wait_for(&mut third_events, minute, step_of);
+    assert!(joined_at > 20, "the newcomer's first round is {joined_at}");
+    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= 40));
+    first[1].stop();
+    let mut first = first.into_iter();
+    let (staying, leaving) = (first.next().unwrap(), first.next().unwrap());
+    let left = leaving.join().unwrap();
+    assert!(
+        left.stopped && left.steps >= 40 && left.steps < total,
+        "{left:?}"
+    );
+    let reports = [staying.join().unwrap(), third.join().unwrap()];
+    for r in &reports {
+        assert_eq!((r.steps, r.stopped), (total, false));
+    }
+    eprintln!(
+        "the third worker took part from round {joined_at}; the second left at round {}",
+        left.steps
+    );
+    let state = |i: usize| std::fs::read(dir.0.join(format!("worker-{i}.state"))).unwrap();
+    assert!(state(0) == state(2), "the two that finished differ");
+    drop(server);
+}
+
 #[test]
 fn a_stopped_worker_writes_its_checkpoint_and_leaves() {
     let Some(dir) = swarm_dir("embedded-stop", 2) else {

@@ -29,9 +29,14 @@ use crate::error::{NodeError, Result};
 #[serde(default, deny_unknown_fields)]
 pub struct Job {
     /// Workers in the job; the servers give each certificate that joins one of ranks
-    /// 0..workers, and the rounds start once all have registered.
+    /// 0..workers, and the rounds start once all have registered (or `start_with`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().workers))]
     pub workers: u16,
+    /// Start the rounds once this many workers have registered, not all: the other places
+    /// are taken by workers that join the running job at any round (a place not taken
+    /// leaves its share of each global batch untrained meanwhile).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub start_with: Option<u16>,
     /// The dataset: mnist or fashion-mnist.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().dataset))]
     pub dataset: String,
@@ -120,6 +125,7 @@ impl Default for Job {
     fn default() -> Self {
         Job {
             workers: 4,
+            start_with: None,
             dataset: "mnist".into(),
             epochs: 8,
             batch: 128,
@@ -220,6 +226,12 @@ impl Job {
         let bad = |m: String| Err(NodeError::Job(m));
         if self.workers == 0 {
             return bad("workers must be at least 1".into());
+        }
+        if self.start_with.is_some_and(|n| n == 0 || n > self.workers) {
+            return bad(format!(
+                "start_with must be from 1 to the {} workers when given",
+                self.workers
+            ));
         }
         if self.epochs == 0 || self.batch == 0 {
             return bad("epochs and batch must be at least 1".into());
@@ -449,6 +461,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 24 && names.iter().any(|n| n == "quorum_wait"));
+        assert!(names.len() == 25 && names.iter().any(|n| n == "start_with"));
     }
 }

@@ -103,6 +103,7 @@ impl ServerNode {
             quorum: config.job.quorum_rule(),
             job: Some(JobOffer {
                 world: config.job.workers,
+                start_with: config.job.start_with.unwrap_or(config.job.workers),
                 description: config.job.to_wire(),
             }),
             snapshots,

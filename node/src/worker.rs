@@ -432,8 +432,9 @@ impl Run {
         });
         // A shard may be restarting: keep trying, as after losing the swarm.
         let collective = self.with_backoff(|| self.connect(&joined))?;
+        let starters = job.start_with.unwrap_or(job.workers);
         self.wait(format!(
-            "all {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
+            "{starters} of the {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
             self.client_options().start_timeout
         ));
         let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;

@@ -66,8 +66,11 @@ pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 /// A job as the servers offer it to joining workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobOffer {
-    /// Workers in the job.
+    /// Workers in the job: the places the servers hand out.
     pub world: u16,
+    /// How many must have registered before the first round (at most `world`); the other
+    /// places can be taken at any round later.
+    pub start_with: u16,
     /// The job's description (JSON, written and read by the node library).
     pub description: String,
 }
@@ -170,7 +173,14 @@ impl Server {
                     options.limits.max_payload
                 )));
             }
+            if job.start_with == 0 || job.start_with > job.world {
+                return Err(NetError::Protocol(format!(
+                    "a job that starts with {} of its {} workers",
+                    job.start_with, job.world
+                )));
+            }
             state.fix_world(job.world);
+            state.start_with(job.start_with);
         }
         Ok(Server {
             endpoint: endpoint.clone(),

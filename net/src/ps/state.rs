@@ -6,8 +6,8 @@
 //! Rules:
 //! - A peer says `Hello` (its rank and the world size), then `Register`s the keys this shard
 //!   owns. Every rank must register the same keys.
-//! - Before the first round the shard waits for `world` ranks to register (start barrier). A
-//!   rank that registers later is a *listener*: it receives every reply from then on and may
+//! - Before the first round the shard waits for `world` ranks (or the job's `start_with`) to
+//!   register (start barrier). A rank that registers later is a *listener*: it receives every reply from then on and may
 //!   ask for a catch-up; it becomes *active* with its first push for the open round.
 //! - A round closes when every member (active or expected rank) has pushed every key; or
 //!   once a quorum of members has, after the quorum's adaptive wait ([`super::quorum`]), over
@@ -150,6 +150,8 @@ pub struct ShardState {
     quorum_rounds: u64,
     /// The replica digests of the open round, by rank (workers send them to shard 0).
     digests: BTreeMap<u16, u64>,
+    /// Registered ranks that start the first round (the world's size if not set).
+    start_with: Option<u16>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -184,6 +186,7 @@ impl ShardState {
             opened: None,
             quorum_rounds: 0,
             digests: BTreeMap::new(),
+            start_with: None,
         }
     }
 
@@ -292,6 +295,12 @@ impl ShardState {
     /// connecting first.
     pub fn fix_world(&mut self, world: u16) {
         self.world = Some(world);
+    }
+
+    /// Starts the first round once `workers` ranks have registered, instead of the whole
+    /// world: the others join the running job when they come.
+    pub fn start_with(&mut self, workers: u16) {
+        self.start_with = Some(workers);
     }
 
     /// A rank for the certificate `identity` (its fingerprint), for a worker that joins
@@ -444,9 +453,9 @@ impl ShardState {
                 },
             )]);
         }
-        let world = self.world.unwrap_or(1) as usize;
+        let needed = self.start_with.or(self.world).unwrap_or(1) as usize;
         let waiting: Vec<PeerId> = self.listeners();
-        if waiting.len() < world {
+        if waiting.len() < needed {
             return Ok(Vec::new());
         }
         self.started = true;
