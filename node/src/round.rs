@@ -10,13 +10,22 @@ use crate::error::NodeError;
 
 /// What a round that went through tells the worker.
 pub(crate) struct Played {
+    /// The round played.
+    pub step: u64,
     /// Its loss on its share of the batch.
     pub loss: f32,
     /// Bytes it moved.
     pub bytes: RoundBytes,
     /// Whether every shard summed its push: false when a shard closed the round on its
-    /// quorum without it (its samples then changed nothing there).
-    pub counted: bool,
+    /// quorum without it (its samples then changed nothing there); `None` when the
+    /// summaries did not come.
+    pub counted: Option<bool>,
+    /// Whether shard 0 compared the replicas that entered the round and found this one the
+    /// majority's: a snapshot of that state is safe to hand the servers.
+    pub confirmed: bool,
+    /// The link failed after the round's replies were applied (its summaries did not come):
+    /// the round counts, and the worker reconnects before the next one.
+    pub lost_after: Option<String>,
 }
 
 /// Why a round did not go through.
@@ -51,15 +60,31 @@ pub(crate) fn play_round(
         }
         Err(e) => return Err(RoundFailure::Lost(e.to_string())),
     };
-    let summaries = dp
-        .collective
-        .closed(step)
-        .map_err(|e| RoundFailure::Lost(e.to_string()))?;
+    let summaries = match dp.collective.closed(step) {
+        Ok(summaries) => summaries,
+        Err(e) => {
+            return Ok(Played {
+                step,
+                loss,
+                bytes,
+                counted: None,
+                confirmed: false,
+                lost_after: Some(e.to_string()),
+            })
+        }
+    };
     check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
+    let confirmed = summaries
+        .first()
+        .and_then(|c| c.replicas)
+        .is_some_and(|v| v.majority == Some(digest));
     Ok(Played {
+        step,
         loss,
         bytes,
-        counted: summaries.iter().all(|c| c.participants.contains(&rank)),
+        counted: Some(summaries.iter().all(|c| c.participants.contains(&rank))),
+        confirmed,
+        lost_after: None,
     })
 }
 

@@ -516,6 +516,9 @@ impl Run {
         let mut failures = 0;
         // The round whose recalibration was checked, so that a retried round does not redo it.
         let mut recalibrated = None;
+        // A snapshot due, of the state after this many rounds, held until that state's digest
+        // has been compared with the others'.
+        let mut unchecked_snapshot: Option<(u64, Vec<u8>)> = None;
         while dp.round() < joined.total_steps {
             match self.control.next() {
                 Next::Stop => return Ok((totals, final_accuracy, true)),
@@ -562,7 +565,15 @@ impl Run {
                     continue;
                 }
             };
-            let (loss, bytes) = (played.loss, played.bytes);
+            let (loss, bytes, lost_after) = (played.loss, played.bytes, played.lost_after);
+            // A snapshot waits for the check of the replica it holds: the digest of the state
+            // after round s is compared in round s + 1, and a replica gone astray must not
+            // replace the servers' good snapshot.
+            if let Some((step, state)) = unchecked_snapshot.take() {
+                if step == played.step && played.confirmed {
+                    dp.collective.snapshot(step, state)?;
+                }
+            }
             // Only failures in a row count against the rejoin attempts.
             failures = 0;
             totals.pushed += bytes.pushed as u64;
@@ -577,7 +588,7 @@ impl Run {
                 codes: dp.code_stats(),
                 seconds: step_started.elapsed().as_secs_f64(),
                 lr: dp.clf.optimizer.lr(),
-                late: !played.counted,
+                late: played.counted == Some(false),
             };
             self.report_step(rank, round, &totals, started);
             if let Some(writer) = state_writer {
@@ -589,9 +600,7 @@ impl Run {
                 }
             }
             if snapshot_duty(dp.round(), job.snapshot_every, joined.world) == Some(rank) {
-                let state = dp.clf.save_state()?;
-                let step = dp.round();
-                dp.collective.snapshot(step, state)?;
+                unchecked_snapshot = Some((dp.round(), dp.clf.save_state()?));
             }
             let last = dp.round() == joined.total_steps;
             let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch) || last;
@@ -611,6 +620,11 @@ impl Run {
                         seconds,
                     });
                 }
+            }
+            // The round went through, but a shard's link failed before its summary came.
+            if let Some(e) = lost_after.filter(|_| !last) {
+                dp.collective.leave_to_reconnect();
+                self.rejoin(joined, dp, &format!("lost the swarm after a round ({e})"))?;
             }
             self.control.rest(step_started.elapsed());
         }

@@ -73,7 +73,10 @@ impl QuorumRule {
 
     /// The members whose pushes make a quorum among `members`: at least one, at most all.
     pub fn size(&self, members: usize) -> usize {
-        let needed = (self.fraction as f64 * members as f64).ceil() as usize;
+        // In parts per million, so that a share such as 0.3, a hair above 0.3 as an f32,
+        // does not ask for one member more than 3 of 10.
+        let ppm = (f64::from(self.fraction) * 1e6).round() as u64;
+        let needed = (ppm * members as u64).div_ceil(1_000_000) as usize;
         needed.clamp(1, members.max(1))
     }
 
@@ -127,6 +130,14 @@ mod tests {
             wait: 1.0,
         };
         assert_eq!(tiny.size(8), 1);
+        // Decimal shares that f32 holds a hair above their value.
+        for (fraction, members, size) in [(0.3, 10, 3), (0.6, 5, 3), (0.1, 10, 1), (0.7, 10, 7)] {
+            let rule = QuorumRule {
+                fraction,
+                wait: 1.0,
+            };
+            assert_eq!(rule.size(members), size, "{fraction} of {members}");
+        }
     }
 
     #[test]

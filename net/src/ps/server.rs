@@ -603,6 +603,9 @@ fn arm_quorum(shared: &Arc<Shared>) {
 fn start_deadline(shared: Arc<Shared>, step: u64, attempt: u64) {
     tokio::spawn(async move {
         tokio::time::sleep(shared.options.deadline).await;
+        // A round with its quorum closes over those who pushed, whatever its quorum wait
+        // has left; only a round without one drops its stragglers.
+        close_round_by(&shared, move |s| s.close_at_deadline(step, attempt)).await;
         let late = lock(&shared).evict_stragglers(step, attempt);
         for id in late {
             if let Some(conn) = conn_of(&shared, id) {

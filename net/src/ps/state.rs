@@ -632,6 +632,28 @@ impl ShardState {
         if !self.has_quorum() {
             return None;
         }
+        Some(self.close_over_finished())
+    }
+
+    /// At the hard deadline of attempt `attempt` of round `step`, a round that has its
+    /// quorum closes as at the quorum's deadline (nobody is evicted): the quorum's wait may
+    /// end after the hard deadline, which counts from the round's first push. Without a
+    /// quorum, nothing: [`ShardState::evict_stragglers`] follows.
+    pub fn close_at_deadline(&mut self, step: u64, attempt: u64) -> Option<ClosedRound> {
+        if step != self.open_step
+            || attempt != self.attempt
+            || !self.round_begun()
+            || !self.has_quorum()
+        {
+            return None;
+        }
+        self.quorum_armed = false;
+        Some(self.close_over_finished())
+    }
+
+    /// Closes the open round over the members that finished: the others' pushes are
+    /// discarded (they stay members), the expected ranks given up on.
+    fn close_over_finished(&mut self) -> ClosedRound {
         let late: Vec<u16> = self
             .members()
             .into_iter()
@@ -647,7 +669,7 @@ impl ShardState {
         let mut round = self.close_now();
         round.late = late;
         self.quorum_rounds += u64::from(!round.late.is_empty());
-        Some(round)
+        round
     }
 
     /// Whether every active rank has pushed every key and no expected rank is missing.
@@ -663,7 +685,8 @@ impl ShardState {
         &self.expected
     }
 
-    /// At the deadline of attempt `attempt` of round `step`: gives up on the expected ranks,
+    /// At the deadline of attempt `attempt` of round `step`, without a quorum
+    /// ([`ShardState::close_at_deadline`] comes first): gives up on the expected ranks,
     /// evicts the active ranks that have not finished and returns their peers, for the server
     /// to close. The deadline of a closed round, or of an earlier attempt, does nothing.
     pub fn evict_stragglers(&mut self, step: u64, attempt: u64) -> Vec<PeerId> {
@@ -1015,6 +1038,24 @@ mod tests {
             state.close_on_quorum(1, ticket).is_none(),
             "the deadline of a closed round does nothing"
         );
+        // Round 3: the hard deadline comes before the quorum's wait ends (after a restart
+        // the wait is the deadline itself): with a quorum it closes over those who pushed,
+        // evicting nobody; without one it does nothing and the stragglers go.
+        assert!(push(&mut state, 0, 3, 1.0) && push(&mut state, 1, 3, 1.0));
+        assert!(state.arm_quorum(ceiling).is_some());
+        let attempt = state.attempt();
+        let round = state
+            .close_at_deadline(3, attempt)
+            .expect("a quorum pushed");
+        assert_eq!((round.participants, round.late), (vec![0, 1], vec![2]));
+        assert_eq!(state.listeners().len(), 3, "nobody evicted");
+        assert!(push(&mut state, 0, 4, 1.0));
+        let attempt = state.attempt();
+        assert!(
+            state.close_at_deadline(4, attempt).is_none(),
+            "one of three"
+        );
+        assert_eq!(state.evict_stragglers(4, attempt).len(), 2);
     }
 
     #[test]
