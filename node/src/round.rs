@@ -73,11 +73,7 @@ pub(crate) fn play_round(
             })
         }
     };
-    check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
-    let confirmed = summaries
-        .first()
-        .and_then(|c| c.replicas)
-        .is_some_and(|v| v.majority == Some(digest));
+    let confirmed = check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
     Ok(Played {
         step,
         loss,
@@ -88,14 +84,18 @@ pub(crate) fn play_round(
     })
 }
 
-/// Fails where shard 0 found the round's replicas differing and this one's digest is not
-/// the majority's (or there was none).
-fn check_replica(summaries: &[Closed], step: u64, digest: u64) -> Result<(), NodeError> {
+/// Whether shard 0 compared the replicas that entered the round and found this one the
+/// majority's; fails where they differed and this one's digest is not the majority's (or
+/// there was none).
+fn check_replica(summaries: &[Closed], step: u64, digest: u64) -> Result<bool, NodeError> {
     let Some(verdict) = summaries.first().and_then(|c| c.replicas) else {
-        return Ok(());
+        return Ok(false);
     };
-    if !verdict.disagreed || verdict.majority == Some(digest) {
-        return Ok(());
+    if verdict.majority == Some(digest) {
+        return Ok(true);
+    }
+    if !verdict.disagreed {
+        return Ok(false);
     }
     Err(NodeError::Diverged {
         step,
