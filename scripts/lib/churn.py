@@ -149,6 +149,11 @@ def run(a, churn):
             }
             for shard, v in rss.items() if v
         },
+        # Every minute, for seeing a trend rather than two points.
+        "server_rss_mb_by_minute": {
+            shard: [round(kb / 1024) for t, kb in v if int(t) % 60 < 5]
+            for shard, v in rss.items()
+        },
         "samples_per_epoch": samples,
         "epoch_size": epoch_size,
         "respawned": outcome.get("respawned"),
@@ -175,9 +180,12 @@ def main():
     p.add_argument("--every-max", type=float, default=60)
     p.add_argument("--batch", type=int, default=128, help="the job's batch per worker")
     p.add_argument("--train", type=int, default=60000, help="training samples")
+    p.add_argument("--arms", choices=["both", "calm", "churn"], default="both",
+                   help="both (the benchmark), or one run alone (for a quick look at memory)")
     a = p.parse_args()
-    runs = [run(a, False), run(a, True)]
-    print(f"{'':28}{'no churn':>14}{'churn':>14}")
+    runs = [run(a, arm == "churn") for arm in (["calm", "churn"] if a.arms == "both" else [a.arms])]
+    names = ["churn" if r["churn"] else "no churn" for r in runs]
+    print(f"{'':28}" + "".join(f"{n:>14}" for n in names))
     for key, label in [("final_test_accuracy", "final test accuracy"), ("seconds", "wall seconds"),
                        ("rounds", "rounds"), ("longest_stall_s", "longest round stall (s)"),
                        ("worker_rounds_missed", "worker rounds missed"),
@@ -185,19 +193,21 @@ def main():
                        ("replicas_agree", "replicas agree at the end"),
                        ("respawned", "workers started again"),
                        ("servers_restarted", "shards started again")]:
-        print(f"{label:28}{str(runs[0][key]):>14}{str(runs[1][key]):>14}")
-    for shard in sorted(runs[1]["server_rss_mb"]):
-        for r in runs:
+        print(f"{label:28}" + "".join(f"{str(r[key]):>14}" for r in runs))
+    for shard in sorted({s for r in runs for s in r["server_rss_mb"]}):
+        for r, name in zip(runs, names):
             m = r["server_rss_mb"].get(shard, {})
-            print(f"shard {shard} RSS MB ({'churn' if r['churn'] else 'no churn'}): "
-                  f"{m.get('at_1_min', 0):.0f} at 1 min, {m.get('end', 0):.0f} at the end")
-    for r in runs:
+            print(f"shard {shard} RSS MB ({name}): "
+                  f"{m.get('at_1_min', 0):.0f} at 1 min, {m.get('end', 0):.0f} at the end; "
+                  f"by minute {r['server_rss_mb_by_minute'].get(shard, [])}")
+    for r, name in zip(runs, names):
         counts = set(r["samples_per_epoch"].values())
         exact = counts == {r["epoch_size"]}
-        print(f"samples per epoch ({'churn' if r['churn'] else 'no churn'}): "
+        print(f"samples per epoch ({name}): "
               f"{min(counts, default=0)}..{max(counts, default=0)} of {r['epoch_size']}"
               f" ({'exact' if exact else 'NOT exact'})")
-    print("churn events:\n  " + "\n  ".join(runs[1]["events"]))
+        if r["events"]:
+            print("churn events:\n  " + "\n  ".join(r["events"]))
     print(json.dumps(runs))
     if any(r["exit_code"] != 0 for r in runs):
         sys.exit(1)
