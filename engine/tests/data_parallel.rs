@@ -37,10 +37,10 @@ fn one_rank_with_the_identity_codec_is_plain_training_bit_for_bit() {
     for batch in epoch_batches(train.len(), 64, 5, 0).iter().take(6) {
         let (x, y) = train.batch(batch);
         plain.step(&x, &y).unwrap();
-        dp.step(&x, &y, 0).unwrap();
+        dp.step((&x, &y), 0).unwrap();
     }
     assert_eq!(
-        bits(&dp.clf),
+        bits(&dp.replica),
         bits(&plain),
         "f32 push and pull with EF (always zero) change nothing"
     );
@@ -72,9 +72,9 @@ fn swarm(
                         let share = rank_share(global.len(), rank, world);
                         let first = share.start;
                         let (x, y) = train.batch(&global[share]);
-                        dp.step(&x, &y, first).unwrap();
+                        dp.step((&x, &y), first).unwrap();
                     }
-                    dp.clf
+                    dp.replica
                 })
             })
             .collect();
@@ -140,10 +140,10 @@ fn rounds_start_no_threads() {
     let mut dp = DataParallel::new(clf, collective, &plan, "ef").unwrap();
     let x: Vec<f32> = (0..8 * 784).map(|i| (i % 7) as f32 / 7.0).collect();
     let y: Vec<u32> = (0..8).map(|i| i % 10).collect();
-    dp.step(&x, &y, 0).unwrap(); // rayon's pool starts its threads once, here
+    dp.step((&x, &y), 0).unwrap(); // rayon's pool starts its threads once, here
     let before = next_thread_number();
     for _ in 0..5 {
-        dp.step(&x, &y, 0).unwrap();
+        dp.step((&x, &y), 0).unwrap();
     }
     let after = next_thread_number();
     assert_eq!(after, before + 1, "threads started during 5 rounds");
@@ -159,9 +159,9 @@ fn a_non_finite_gradient_is_reported_not_sent() {
     let mut dp = DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, "ef").unwrap();
     let mut x: Vec<f32> = (0..4 * 784).map(|i| (i % 5) as f32 / 5.0).collect();
     let y: Vec<u32> = (0..4).collect();
-    dp.step(&x, &y, 0).unwrap();
+    dp.step((&x, &y), 0).unwrap();
     x[3] = f32::NAN;
-    let err = dp.step(&x, &y, 0).unwrap_err();
+    let err = dp.step((&x, &y), 0).unwrap_err();
     assert!(
         matches!(err, murmur_engine::Error::NonFinite { round: 1, .. }),
         "{err}"
@@ -188,9 +188,9 @@ fn loco_rounds(
         DataParallel::new(clf, local_collectives(1).pop().unwrap(), &plan, memory).unwrap();
     for batch in epoch_batches(train.len(), 64, 5, 0).iter().take(8) {
         let (x, y) = train.batch(batch);
-        dp.step(&x, &y, 0).unwrap();
+        dp.step((&x, &y), 0).unwrap();
     }
-    (bits(&dp.clf), dp.code_stats())
+    (bits(&dp.replica), dp.code_stats())
 }
 
 #[test]
@@ -260,9 +260,9 @@ fn rescaled_pair(train: &ImageSet, rescale_to: Option<i32>) -> Vec<(Vec<u32>, Op
                         let share = rank_share(global.len(), rank, world);
                         let first = share.start;
                         let (x, y) = train.batch(&global[share]);
-                        dp.step(&x, &y, first).unwrap();
+                        dp.step((&x, &y), first).unwrap();
                     }
-                    (bits(&dp.clf), dp.push_log2s())
+                    (bits(&dp.replica), dp.push_log2s())
                 })
             })
             .collect();

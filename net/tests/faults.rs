@@ -209,7 +209,7 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
                 while dp.round() < steps {
                     let (x, y) = batch(dp.round(), rank as usize);
                     let began = Instant::now();
-                    dp.step(&x, &y, rank as usize * BATCH).unwrap();
+                    dp.step((&x, &y), rank as usize * BATCH).unwrap();
                     if dp.round() == stall_at + 1 {
                         assert!(
                             began.elapsed() >= deadline / 2,
@@ -219,14 +219,14 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
                     // One snapshot, after the eviction: the rejoining worker loads it and replays
                     // the rounds since.
                     if rank == 0 && dp.round() == stall_at + 1 {
-                        let state = dp.clf.save_state().unwrap();
+                        let state = dp.replica.save_state().unwrap();
                         let step = dp.round();
                         dp.collective.snapshot(step, state).unwrap();
                     }
                     // Pace the rounds so the rejoining worker finds the swarm still running.
                     std::thread::sleep(Duration::from_millis(40));
                 }
-                (bits(&dp.clf), None)
+                (bits(&dp.replica), None)
             }));
         }
         let (plan, swarm, addrs) = (plan.clone(), &swarm, &servers.addrs);
@@ -261,7 +261,7 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
                 "replayed rounds after the snapshot: {caught:?}"
             );
             train(&mut dp, steps);
-            (bits(&dp.clf), Some(caught.to))
+            (bits(&dp.replica), Some(caught.to))
         }));
         joins.into_iter().map(|j| j.join().unwrap()).collect()
     });

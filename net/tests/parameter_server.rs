@@ -20,7 +20,7 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
     let over_quic = on_every_rank(&swarm, &servers.addrs, world, &plan, |_, mut dp| {
         assert!(dp.partitions().len() > 4, "several keys over two shards");
         train(&mut dp, steps);
-        bits(&dp.clf)
+        bits(&dp.replica)
     });
     assert!(in_process.iter().all(|b| *b == in_process[0]));
     assert!(

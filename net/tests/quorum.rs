@@ -41,7 +41,7 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
             let step = dp.round();
             let (x, y) = batch(step, rank as usize);
             let began = Instant::now();
-            dp.step(&x, &y, rank as usize * BATCH).unwrap();
+            dp.step((&x, &y), rank as usize * BATCH).unwrap();
             longest = longest.max(began.elapsed());
             // The shards' summaries say whether this rank's push counted.
             let summaries = dp.collective.closed(step).unwrap();
@@ -57,7 +57,7 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
             // Pace the rounds so that the stall spans several of them.
             std::thread::sleep(Duration::from_millis(20));
         }
-        (bits(&dp.clf), longest, late, logged)
+        (bits(&dp.replica), longest, late, logged)
     });
     eprintln!("rank 2 was late in {} rounds", results[2].2);
     assert!(results[2].2 >= 1, "rank 2's late pushes counted");

@@ -28,10 +28,10 @@ fn a_replica_that_goes_astray_is_named_in_the_next_rounds_summary() {
                 go_astray(&mut dp);
             }
             let step = dp.round();
-            let digest = dp.clf.parameter_digest().unwrap();
+            let digest = dp.replica.parameter_digest().unwrap();
             dp.collective.send_digest(step, digest).unwrap();
             let (x, y) = batch(step, rank as usize);
-            dp.step(&x, &y, rank as usize * BATCH).unwrap();
+            dp.step((&x, &y), rank as usize * BATCH).unwrap();
             let summaries = dp.collective.closed(step).unwrap();
             assert_eq!(summaries.len(), 2);
             for summary in &summaries {
@@ -56,15 +56,15 @@ fn a_replica_that_goes_astray_is_named_in_the_next_rounds_summary() {
 
 /// One optimizer step of this rank's own, with a made-up gradient, uncounted.
 fn go_astray<C: murmur_engine::comm::Collective>(dp: &mut DataParallel<C>) {
-    let device = dp.clf.device.clone();
+    let device = dp.replica.device.clone();
     let grads: Vec<Tensor> = dp
-        .clf
+        .replica
         .model
         .parameters()
         .iter()
         .map(|p| Tensor::from_vec(&device, p.shape(), vec![1e-3; p.numel()]).unwrap())
         .collect();
-    dp.clf.apply(&grads).unwrap();
+    dp.replica.apply(&grads).unwrap();
     // The step was not a round: the rank's round counter stays where the swarm's is.
-    dp.clf.steps -= 1;
+    dp.replica.steps -= 1;
 }

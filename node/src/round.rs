@@ -46,13 +46,13 @@ pub(crate) fn play_round(
 ) -> Result<Played, RoundFailure> {
     let step = dp.round();
     let digest = dp
-        .clf
+        .replica
         .parameter_digest()
         .map_err(|e| RoundFailure::Fatal(e.into()))?;
     dp.collective
         .send_digest(step, digest)
         .map_err(|e| RoundFailure::Lost(e.to_string()))?;
-    let (loss, bytes) = match dp.step(x, y, first_sample) {
+    let (loss, bytes) = match dp.step((x, y), first_sample) {
         Ok(done) => done,
         // A fault of this node's own arithmetic: rejoining would not mend it.
         Err(e @ murmur_engine::Error::NonFinite { .. }) => {

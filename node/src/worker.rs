@@ -452,7 +452,7 @@ impl Run {
             world,
             steps: total_steps,
             steps_per_epoch,
-            parameters: dp.clf.model.parameter_count(),
+            parameters: dp.replica.model.parameter_count(),
             keys: dp.partitions().len(),
             from_step: dp.round(),
             resumed_from,
@@ -471,7 +471,7 @@ impl Run {
         let (totals, final_accuracy, stopped) =
             self.train_rounds(&joined, &mut dp, state_writer.as_ref())?;
         if let Some(path) = &self.config.save {
-            write_atomically(path, &dp.clf.save_state()?)?;
+            write_atomically(path, &dp.replica.save_state()?)?;
         }
         let report = WorkerReport {
             rank,
@@ -587,7 +587,7 @@ impl Run {
                 bytes,
                 codes: dp.code_stats(),
                 seconds: step_started.elapsed().as_secs_f64(),
-                lr: dp.clf.optimizer.lr(),
+                lr: dp.replica.optimizer.lr(),
                 late: played.counted == Some(false),
             };
             self.report_step(rank, round, &totals, started);
@@ -596,11 +596,11 @@ impl Run {
             }
             if let (Some(path), Some(every)) = (&self.config.save, self.config.save_every) {
                 if dp.round().is_multiple_of(every.max(1)) {
-                    write_atomically(path, &dp.clf.save_state()?)?;
+                    write_atomically(path, &dp.replica.save_state()?)?;
                 }
             }
             if snapshot_duty(dp.round(), job.snapshot_every, joined.world) == Some(rank) {
-                unchecked_snapshot = Some((dp.round(), dp.clf.save_state()?));
+                unchecked_snapshot = Some((dp.round(), dp.replica.save_state()?));
             }
             let last = dp.round() == joined.total_steps;
             let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch) || last;
@@ -610,7 +610,7 @@ impl Run {
                 // The replicas are identical: one rank evaluates for all, in turn, so that no
                 // worker's leaving stops the evaluations; the last round, every worker.
                 if last || epoch % joined.world as u32 == rank as u32 {
-                    let accuracy = dp.clf.accuracy(&joined.sets.test, 1000)?;
+                    let accuracy = dp.replica.accuracy(&joined.sets.test, 1000)?;
                     final_accuracy = Some(accuracy);
                     self.events.emit(Event::Evaluated {
                         rank,
@@ -651,7 +651,7 @@ impl Run {
         if !first_of_epoch || epoch == 0 || !epoch.is_multiple_of(every) {
             return Ok(());
         }
-        let log2s = batch_log2s(&dp.clf, &joined.sets, global, bits)?;
+        let log2s = batch_log2s(&dp.replica, &joined.sets, global, bits)?;
         let was = dp.push_log2s();
         dp.rescale(log2s)?;
         tracing::info!(

@@ -40,7 +40,7 @@ fn capture<C: Collective>(job: &str, rank: u16, dp: &DataParallel<C>) -> Result<
     Ok(Saved {
         job: job_digest(job),
         rank,
-        checkpoint: dp.clf.save_state()?,
+        checkpoint: dp.replica.save_state()?,
         memories: dp.saved_memories()?,
     })
 }
@@ -153,7 +153,7 @@ pub(crate) fn resume<C: Collective>(
         ));
     }
     if let Err(e) = dp
-        .clf
+        .replica
         .load_state(&saved.checkpoint)
         .and_then(|()| dp.restore_memories(saved.memories))
     {
@@ -192,7 +192,7 @@ mod tests {
             let x: Vec<f32> = (0..24)
                 .map(|i| ((i as u64 * 7 + round) % 11) as f32 / 11.0)
                 .collect();
-            dp.step(&x, &[0, 1, 2, 1], 0).unwrap();
+            dp.step((&x, &[0, 1, 2, 1]), 0).unwrap();
         }
     }
 
@@ -223,7 +223,10 @@ mod tests {
         let mut back = trainer();
         assert_eq!(resume(&path, "job", 0, &mut back).unwrap(), Some(3));
         assert_eq!(back.saved_memories().unwrap(), dp.saved_memories().unwrap());
-        assert_eq!(back.clf.save_state().unwrap(), dp.clf.save_state().unwrap());
+        assert_eq!(
+            back.replica.save_state().unwrap(),
+            dp.replica.save_state().unwrap()
+        );
         // Another job, another rank, a damaged file: refused, saying what to do.
         for (job, rank) in [("another job", 0), ("job", 1)] {
             let e = resume(&path, job, rank, &mut trainer())

@@ -5,7 +5,7 @@
 
 use std::sync::{mpsc, Arc};
 
-use super::Classifier;
+use super::{Classifier, Learner};
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
 use crate::compress::{
@@ -13,7 +13,6 @@ use crate::compress::{
 };
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory, SavedMemory};
-use crate::nn::Module;
 use crate::tensor::{Device, Tensor};
 
 /// Bytes one rank sent and received in one round.
@@ -39,11 +38,12 @@ pub struct CodeStats {
     pub error_nonzero: Option<f64>,
 }
 
-/// One rank of data-parallel training: its classifier replica and the collective it exchanges
-/// compressed gradients through, partition by partition.
-pub struct DataParallel<C: Collective> {
+/// One rank of data-parallel training: its replica (a classifier or the language model, with
+/// its optimizer) and the collective it exchanges compressed gradients through, partition by
+/// partition.
+pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     /// This rank's replica, bit-identical on every rank.
-    pub clf: Classifier,
+    pub replica: M,
     /// The collective the rank pushes and pulls through.
     pub collective: C,
     parts: Arc<[Partition]>,
@@ -103,16 +103,16 @@ pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
     &global[rank_share(global.len(), rank, world)]
 }
 
-impl<C: Collective> DataParallel<C> {
+impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// Registers the model's partitions with the collective. `worker_memory` is the error
     /// feedback of compressed partitions on this rank (`none`, `ef`, `loco-ema...`).
     pub fn new(
-        clf: Classifier,
+        replica: M,
         mut collective: C,
         plan: &PartitionPlan,
         worker_memory: &str,
     ) -> Result<Self> {
-        let sizes: Vec<usize> = clf.model.parameters().iter().map(|p| p.numel()).collect();
+        let sizes: Vec<usize> = replica.parameters().iter().map(|p| p.numel()).collect();
         let parts = plan.partitions(&sizes);
         let specs = plan.key_specs(&parts);
         collective.register(&specs)?;
@@ -134,14 +134,13 @@ impl<C: Collective> DataParallel<C> {
             .map(|s| parse(&s.pull))
             .collect::<Result<_>>()?;
         let keys = parts.iter().map(|p| p.key).collect();
-        let shapes = clf
-            .model
+        let shapes = replica
             .parameters()
             .iter()
             .map(|p| p.shape().to_vec())
             .collect();
         Ok(DataParallel {
-            clf,
+            replica,
             collective,
             parts: parts.into(),
             memories,
@@ -158,13 +157,13 @@ impl<C: Collective> DataParallel<C> {
     /// Rounds completed: one optimizer step each, so the classifier's step count (which a
     /// snapshot carries).
     pub fn round(&self) -> u64 {
-        self.clf.steps
+        self.replica.steps()
     }
 
     /// Replaces parameters and optimizer state with a snapshot taken after `step` rounds (what
     /// a rejoining rank starts from before replaying later rounds).
     pub fn restore(&mut self, snapshot: &[u8], step: u64) -> Result<()> {
-        self.clf.load_state(snapshot)?;
+        self.replica.load_state(snapshot)?;
         if self.round() != step {
             return Err(Error::Data(format!(
                 "the snapshot of round {step} holds a model after {} steps",
@@ -223,20 +222,16 @@ impl<C: Collective> DataParallel<C> {
         &self.parts
     }
 
-    /// One round on this rank's batch, whose first sample is sample `first_sample` of the
-    /// round's global batch ([`rank_share`]): returns its loss and the bytes it moved. The loss comes
-    /// back with the gradients in the round's one readback, so reporting it every round costs
-    /// no extra wait for the GPU.
+    /// One round on this rank's share of the batch (images and labels for a classifier, input
+    /// bytes and targets for the language model), whose first sample is sample `first_sample`
+    /// of the round's global batch ([`rank_share`]): returns its loss and the bytes it moved.
+    /// The loss comes back with the gradients in the round's one readback, so reporting it
+    /// every round costs no extra wait for the GPU.
     ///
     /// A round that failed after its pushes (its replies never came: call again after
     /// [`DataParallel::reconnect`]) is pushed again with the same bytes, without computing
-    /// anything: `x` and `labels` must be the round's own, as they were.
-    pub fn step(
-        &mut self,
-        x: &[f32],
-        labels: &[u32],
-        first_sample: usize,
-    ) -> Result<(f32, RoundBytes)> {
+    /// anything: `batch` must be the round's own, as it was.
+    pub fn step(&mut self, batch: M::Batch<'_>, first_sample: usize) -> Result<(f32, RoundBytes)> {
         let round = self.round();
         if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
             self.unanswered = None;
@@ -252,7 +247,7 @@ impl<C: Collective> DataParallel<C> {
                 (again.loss, pushed)
             }
             None => {
-                let (loss, grads) = self.clf.loss_and_grads(x, labels, first_sample)?;
+                let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                 let mut host =
                     Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
                 let loss = host.remove(0)[0];
@@ -443,13 +438,13 @@ impl<C: Collective> DataParallel<C> {
                 DecodeMode::Set,
             )?;
         }
-        let device = self.clf.device.clone();
+        let device = self.replica.device().clone();
         let grads = avg
             .into_iter()
             .zip(&self.shapes)
             .map(|(v, s)| Tensor::from_vec(&device, s, v))
             .collect::<Result<Vec<_>>>()?;
-        self.clf.apply(&grads)?;
+        self.replica.apply(&grads)?;
         // The round is answered (or replayed past): nothing of it is pushed again.
         self.unanswered = None;
         Ok(())

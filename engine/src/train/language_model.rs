@@ -131,27 +131,62 @@ impl LanguageModel {
             self.config.seed,
             self.steps,
         )?;
+        let (loss, grads) = self.loss_and_grads(&ids, &targets, 0)?;
+        let (grad_norm, lr) = self.apply(&grads)?;
+        Ok(LmStep {
+            loss,
+            grad_norm,
+            lr,
+        })
+    }
+
+    /// Mean next-byte loss and parameter gradients of whole sequences (`ids` and `targets`,
+    /// `context` bytes each, as [`lm_batch`] lays them out) whose first sequence is sequence
+    /// `first_sample` of the step's global batch (0 for a whole batch; a data-parallel rank's
+    /// share starts further in): dropout keys its masks by it.
+    pub fn loss_and_grads(
+        &self,
+        ids: &[u32],
+        targets: &[u32],
+        first_sample: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let context = self.context();
+        if ids.is_empty() || ids.len() != targets.len() || !ids.len().is_multiple_of(context) {
+            return Err(Error::Config(format!(
+                "a batch of {} inputs and {} targets is not whole sequences of {context} bytes",
+                ids.len(),
+                targets.len()
+            )));
+        }
+        let rows = ids.len() / context;
+        let first_sample = u32::try_from(first_sample)
+            .map_err(|_| Error::Config(format!("sequence {first_sample} is past 2^32")))?;
         let dropout = (self.model.config.dropout > 0.0).then_some(DropoutPlan {
             rate: self.model.config.dropout,
             seed: self.config.seed,
             step: self.steps as u32,
-            first_sample: 0,
-            samples: self.config.batch as u32,
+            first_sample,
+            samples: rows as u32,
         });
-        let (g, loss) = self.loss(ids, targets, self.config.batch, dropout)?;
+        let (g, loss) = self.loss(ids.to_vec(), targets.to_vec(), rows, dropout)?;
         let loss_value = g.value(loss);
-        let mut grads = g.backward(loss)?.for_params(&self.model.parameters())?;
+        // Consuming the graph releases its handles on the parameters before the update.
+        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
+        Ok((loss_value, grads))
+    }
+
+    /// One AdamW step with `grads` (one per parameter, in order) after clipping them to the
+    /// configuration's global norm, at the schedule's learning rate for this step. Returns
+    /// the global norm before clipping and the learning rate.
+    pub fn apply(&mut self, grads: &[Tensor]) -> Result<(Tensor, f32)> {
+        let mut grads = grads.to_vec();
         let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
         let lr = self.config.schedule.lr(self.steps);
         self.optimizer.set_lr(lr);
         self.optimizer
             .step(&mut self.model.parameters_mut(), &grads)?;
         self.steps += 1;
-        Ok(LmStep {
-            loss: loss_value,
-            grad_norm,
-            lr,
-        })
+        Ok((grad_norm, lr))
     }
 
     /// Mean loss in nats per byte over consecutive full-context windows of `text` (at most

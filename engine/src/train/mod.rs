@@ -3,11 +3,13 @@
 mod classifier;
 mod data_parallel;
 mod language_model;
+mod learner;
 mod schedule;
 mod state;
 
 pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
 pub use data_parallel::{rank_share, rank_slice, CodeStats, DataParallel, RoundBytes};
 pub use language_model::{LanguageModel, LmConfig};
+pub use learner::Learner;
 pub use schedule::{clip_global_norm, WarmupCosine};
 pub use state::{Saved, FORMAT};

@@ -128,7 +128,7 @@ pub fn train_in_process(
                 s.spawn(move || {
                     let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
                     train(&mut dp, steps);
-                    bits(&dp.clf)
+                    bits(&dp.replica)
                 })
             })
             .collect();
@@ -202,7 +202,7 @@ pub fn train<C: Collective>(dp: &mut DataParallel<C>, steps: u64) {
     while dp.round() < steps {
         let rank = dp.collective.rank();
         let (x, y) = batch(dp.round(), rank);
-        dp.step(&x, &y, rank * BATCH).unwrap();
+        dp.step((&x, &y), rank * BATCH).unwrap();
     }
 }
 

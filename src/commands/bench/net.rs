@@ -288,9 +288,9 @@ fn shaped_steps(
                     let mut last = Default::default();
                     for i in 0..steps + 2 {
                         let t = Instant::now();
-                        let (_, bytes) = dp.step(&x, &y, rank as usize * batch)?;
+                        let (_, bytes) = dp.step((&x, &y), rank as usize * batch)?;
                         // Time the whole round, the optimizer step included.
-                        if let Some(gpu) = dp.clf.device.as_gpu() {
+                        if let Some(gpu) = dp.replica.device.as_gpu() {
                             gpu.sync()?;
                         }
                         if i >= 2 {

@@ -1,0 +1,130 @@
+//! What data-parallel training needs of a model and its optimizer, so that one
+//! [`DataParallel`](super::DataParallel) trains the classifiers and the byte-level GPT alike:
+//! the gradients of a rank's share of a batch, the averaged gradients applied as one step, and
+//! the state a snapshot carries.
+
+use crate::error::Result;
+use crate::nn::Module;
+use crate::tensor::{Device, Tensor};
+
+use super::{Classifier, LanguageModel};
+
+/// A model with its optimizer, as a data-parallel rank holds it.
+pub trait Learner {
+    /// One rank's share of a round's global batch.
+    type Batch<'a>;
+
+    /// The device the parameters live on.
+    fn device(&self) -> &Device;
+
+    /// The parameters, in the order of their gradients.
+    fn parameters(&self) -> Vec<&Tensor>;
+
+    /// Optimizer steps taken: one per round.
+    fn steps(&self) -> u64;
+
+    /// Mean loss and parameter gradients of `batch`, whose first sample is sample
+    /// `first_sample` of the step's global batch (dropout keys its masks by it, so a sample
+    /// draws the same mask on whichever rank computes it).
+    fn loss_and_grads(
+        &self,
+        batch: Self::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)>;
+
+    /// One optimizer step with the averaged gradients (after the clipping and the schedule
+    /// the model's configuration asks for).
+    fn apply(&mut self, grads: &[Tensor]) -> Result<()>;
+
+    /// Parameters, optimizer state and step count as checkpoint bytes.
+    fn save_state(&self) -> Result<Vec<u8>>;
+
+    /// Takes back what [`Learner::save_state`] wrote (of the same run).
+    fn load_state(&mut self, bytes: &[u8]) -> Result<()>;
+
+    /// The digest replicas compare each round ([`Module::parameter_digest`]).
+    fn parameter_digest(&self) -> Result<u64>;
+}
+
+impl Learner for Classifier {
+    /// The share's images, `[samples, features]` row by row, and their labels.
+    type Batch<'a> = (&'a [f32], &'a [u32]);
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn parameters(&self) -> Vec<&Tensor> {
+        self.model.parameters()
+    }
+
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn loss_and_grads(
+        &self,
+        (x, labels): Self::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        Classifier::loss_and_grads(self, x, labels, first_sample)
+    }
+
+    fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
+        Classifier::apply(self, grads)
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>> {
+        Classifier::save_state(self)
+    }
+
+    fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
+        Classifier::load_state(self, bytes)
+    }
+
+    fn parameter_digest(&self) -> Result<u64> {
+        Classifier::parameter_digest(self)
+    }
+}
+
+impl Learner for LanguageModel {
+    /// The share's input bytes and next-byte targets, `context` of each per sequence
+    /// ([`crate::data::lm_batch`]'s layout).
+    type Batch<'a> = (&'a [u32], &'a [u32]);
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn parameters(&self) -> Vec<&Tensor> {
+        self.model.parameters()
+    }
+
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn loss_and_grads(
+        &self,
+        (ids, targets): Self::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        LanguageModel::loss_and_grads(self, ids, targets, first_sample)
+    }
+
+    fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
+        LanguageModel::apply(self, grads).map(drop)
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>> {
+        LanguageModel::save_state(self)
+    }
+
+    fn load_state(&mut self, bytes: &[u8]) -> Result<()> {
+        LanguageModel::load_state(self, bytes)
+    }
+
+    fn parameter_digest(&self) -> Result<u64> {
+        self.model.parameter_digest()
+    }
+}
