@@ -96,6 +96,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Event::Recalibrated { step, log2s, .. } => {
                 println!("round {step}: LoCo's scale moved to 2^{log2s}")
             }
+            Event::Validated {
+                step, valid_loss, ..
+            } => println!("round {step}: validation loss {valid_loss:.4} nats/byte"),
             Event::Paused { step, .. } => {
                 let took = paused_since.map_or(Duration::ZERO, |t| t.elapsed());
                 println!("paused at round {step} ({took:?} after asking); the swarm trains on");

@@ -410,3 +410,63 @@ fn a_recalibrating_job_moves_every_worker_to_the_same_loco_scale() {
     let state = |i: usize| std::fs::read(dir.0.join(format!("worker-{i}.state"))).unwrap();
     assert_eq!(state(0), state(1), "replicas differ");
 }
+
+#[test]
+fn the_swarm_trains_the_gpt_and_its_workers_agree() {
+    if !common::have_shakespeare() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("embedded-gpt");
+    prepare(&dir.0, 1, 2).unwrap();
+    let job = Job {
+        model: "gpt".into(),
+        dataset: "shakespeare".into(),
+        workers: 2,
+        batch: 4,
+        steps: Some(24),
+        eval_every: Some(12),
+        context: Some(16),
+        layers: Some(1),
+        dim: Some(16),
+        heads: Some(2),
+        lr: 3e-3,
+        codec: "topk:0.1".into(),
+        min_compress_bytes: 0,
+        ..Job::default()
+    };
+    let server = server(&dir.0, job.clone());
+    let workers: Vec<_> = (0..2)
+        .map(|i| worker(&dir.0, &server, i, DeviceKind::Cpu))
+        .collect();
+    let mut events: Vec<_> = workers.iter().map(|w| w.events()).collect();
+    let reports: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let mut validated = Vec::new();
+    for events in &mut events {
+        while let Ok(e) = events.try_recv() {
+            if let Event::Validated {
+                step, valid_loss, ..
+            } = e
+            {
+                validated.push((step, valid_loss));
+            }
+        }
+    }
+    for r in &reports {
+        assert_eq!((r.steps, r.final_accuracy), (24, None));
+        assert_eq!(r.job, job);
+    }
+    // Every worker measures the last round: identical replicas give one loss.
+    let losses: Vec<f64> = reports
+        .iter()
+        .map(|r| r.final_valid_loss.unwrap())
+        .collect();
+    assert_eq!(losses[0], losses[1], "the replicas differ");
+    // One rank measures round 12 (the ranks take turns) and every worker round 24: the
+    // model learns, from uniform guessing's ln 256 = 5.55 nats per byte.
+    let at = |step| validated.iter().find(|(s, _)| *s == step).map(|(_, l)| *l);
+    let (Some(middle), Some(end)) = (at(12), at(24)) else {
+        panic!("rounds 12 and 24 are measured: {validated:?}");
+    };
+    assert_eq!(end, losses[0]);
+    assert!(end < middle && middle < 5.5, "{validated:?}");
+}

@@ -96,3 +96,47 @@ fn the_gpt_reproduction_writes_its_table_and_keeps_the_notes() {
     assert!(again.ends_with(notes), "the notes were lost:\n{again}");
     assert_eq!(again.matches("## Notes").count(), 1);
 }
+
+#[test]
+fn the_swarm_gpt_reproduction_matches_one_process_in_f32() {
+    if !have_shakespeare() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("repro-swarm-gpt");
+    let out = dir.0.join("swarm-gpt.md");
+    let run = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "repro",
+            "swarm-gpt",
+            "--device=cpu",
+            "--workers=2",
+            "--batch=4",
+        ])
+        .args(["--steps=8", "--eval-every=4", "--context=16", "--layers=1"])
+        .args(["--dim=16", "--heads=2", "--lr=0.01"])
+        .arg("--arms=one process;swarm, f32")
+        .arg(format!("--out={}", out.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "repro swarm-gpt failed:\n{stderr}");
+    let table = std::fs::read_to_string(&out).unwrap();
+    let loss = |arm: &str| -> f64 {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {arm} |")))
+            .unwrap_or_else(|| panic!("no row {arm}:\n{table}"));
+        row.split('|').nth(2).unwrap().trim().parse().unwrap()
+    };
+    let (one, swarm) = (loss("one process"), loss("swarm, f32"));
+    // Two workers' halves average to the whole batch's gradient up to rounding: the same
+    // trajectory, where a wrong split of the batch would leave it.
+    assert!(
+        (one - swarm).abs() < 2e-3,
+        "{one} against {swarm}:\n{table}"
+    );
+    assert!(one < 5.4, "the model learns: {table}");
+    assert!(!table.contains("top-1%"), "an arm that was not asked for");
+    assert!(out.with_extension("json").exists());
+}

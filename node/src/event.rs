@@ -92,6 +92,18 @@ pub enum Event {
         /// Seconds the epoch took.
         seconds: f64,
     },
+    /// The language model was measured on the held-out text (one rank every `eval_every`
+    /// rounds, in turn, and every worker at the last round).
+    Validated {
+        /// The worker's rank.
+        rank: u16,
+        /// Rounds done when it was measured.
+        step: u64,
+        /// Mean next-byte loss in nats per byte.
+        valid_loss: f64,
+        /// Seconds since the previous measurement.
+        seconds: f64,
+    },
     /// Every worker moved LoCo's scale at an epoch's first round, as the job asks
     /// (`loco_recalibrate_every`).
     Recalibrated {
@@ -133,8 +145,11 @@ pub enum Event {
         rank: u16,
         /// Rounds done.
         steps: u64,
-        /// The last test accuracy it measured (rank 0).
+        /// The last test accuracy it measured (image models).
         final_accuracy: Option<f64>,
+        /// The last validation loss it measured, in nats per byte (the language model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        final_valid_loss: Option<f64>,
         /// Bytes pushed in all.
         bytes_pushed: u64,
         /// Bytes pulled in all.

@@ -17,7 +17,8 @@ use std::path::Path;
 
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
-use murmur_engine::train::{ClassifierConfig, OptimizerKind, WarmupCosine};
+use murmur_engine::nn::GptConfig;
+use murmur_engine::train::{ClassifierConfig, LmConfig, OptimizerKind, WarmupCosine};
 use murmur_net::ps::quorum::QuorumRule;
 use serde::{Deserialize, Serialize};
 
@@ -37,13 +38,36 @@ pub struct Job {
     /// leaves its share of each global batch untrained meanwhile).
     #[cfg_attr(feature = "cli", arg(long))]
     pub start_with: Option<u16>,
-    /// The dataset: mnist or fashion-mnist.
+    /// The model: mlp (the classifier, on images) or gpt (the byte-level transformer, on
+    /// text; its sizes are context, layers, dim and heads, and it trains for `steps` rounds).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().model))]
+    pub model: String,
+    /// The dataset: mnist or fashion-mnist for the mlp, shakespeare for the gpt.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().dataset))]
     pub dataset: String,
-    /// Passes over the training set.
+    /// Rounds of a gpt job [default: 3000] (an mlp job counts epochs).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub steps: Option<u64>,
+    /// A gpt job measures its validation loss every this many rounds [default: 250].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub eval_every: Option<u64>,
+    /// The gpt's context in bytes [default: the engine's, 64].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub context: Option<usize>,
+    /// The gpt's transformer blocks [default: 4].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub layers: Option<usize>,
+    /// The gpt's width [default: 64].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub dim: Option<usize>,
+    /// The gpt's attention heads per block [default: 4].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub heads: Option<usize>,
+    /// Passes over the training set (an mlp job).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().epochs))]
     pub epochs: u32,
-    /// Samples per worker per step (the global batch is this times the workers).
+    /// Samples per worker per step (images, or sequences of `context` bytes; the global batch
+    /// is this times the workers).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().batch))]
     pub batch: usize,
     /// AdamW's learning rate.
@@ -126,7 +150,14 @@ impl Default for Job {
         Job {
             workers: 4,
             start_with: None,
+            model: "mlp".into(),
             dataset: "mnist".into(),
+            steps: None,
+            eval_every: None,
+            context: None,
+            layers: None,
+            dim: None,
+            heads: None,
             epochs: 8,
             batch: 128,
             lr: 2e-3,
@@ -263,9 +294,7 @@ impl Job {
         if self.partition_bytes < 4 {
             return bad("partition_bytes must be at least 4".into());
         }
-        self.dataset
-            .parse::<ImageDataset>()
-            .map_err(|e| NodeError::Job(format!("dataset: {e}")))?;
+        self.validate_model()?;
         // The codec's own refusal names it (`codec "x": ...`); the pull codec's gets the
         // field's name in front (`pull_codec "x": ...`).
         for (prefix, spec) in [("", Some(&self.codec)), ("pull_", self.pull_codec.as_ref())] {
@@ -298,6 +327,112 @@ impl Job {
             }
         }
         Ok(())
+    }
+
+    /// Whether this job trains the byte-level GPT (else the MLP classifier).
+    pub fn is_gpt(&self) -> bool {
+        self.model == "gpt"
+    }
+
+    /// The model, its dataset and the fields that belong to one model only.
+    fn validate_model(&self) -> Result<()> {
+        let bad = |m: String| Err(NodeError::Job(m));
+        let gpt_fields = [
+            ("steps", self.steps.is_some()),
+            ("eval_every", self.eval_every.is_some()),
+            ("context", self.context.is_some()),
+            ("layers", self.layers.is_some()),
+            ("dim", self.dim.is_some()),
+            ("heads", self.heads.is_some()),
+        ];
+        match self.model.as_str() {
+            "mlp" => {
+                if let Some((name, _)) = gpt_fields.iter().find(|(_, given)| *given) {
+                    return bad(format!(
+                        "{name} is a field of gpt jobs; this job's model is the mlp"
+                    ));
+                }
+                self.dataset
+                    .parse::<ImageDataset>()
+                    .map_err(|e| NodeError::Job(format!("dataset: {e}")))?;
+            }
+            "gpt" => {
+                if self.dataset != "shakespeare" {
+                    return bad(format!(
+                        "the gpt trains on dataset \"shakespeare\", not {:?}",
+                        self.dataset
+                    ));
+                }
+                if self.optimizer != "adamw" || self.momentum.is_some() {
+                    return bad("the gpt trains with AdamW (no optimizer or momentum)".into());
+                }
+                if self.loco_recalibrate_every.is_some() {
+                    return bad("loco_recalibrate_every is for mlp jobs".into());
+                }
+                if let Some((name, _)) = [("steps", self.steps), ("eval_every", self.eval_every)]
+                    .iter()
+                    .find(|(_, v)| *v == Some(0))
+                {
+                    return bad(format!("{name} must be at least 1 when given"));
+                }
+                let gpt = self.gpt_config();
+                if [gpt.context, gpt.layers, gpt.dim, gpt.heads].contains(&0)
+                    || !gpt.dim.is_multiple_of(gpt.heads)
+                {
+                    return bad(format!(
+                        "the gpt's context, layers, dim and heads must be at least 1, and dim a \
+                         multiple of heads (context {}, layers {}, dim {}, heads {})",
+                        gpt.context, gpt.layers, gpt.dim, gpt.heads
+                    ));
+                }
+                if gpt.parameter_count().is_none_or(|n| n > u32::MAX as usize) {
+                    return bad("the gpt's sizes make more than 2^32 parameters".into());
+                }
+            }
+            other => return bad(format!("model {other:?}: use mlp or gpt")),
+        }
+        Ok(())
+    }
+
+    /// The gpt's sizes: the job's where given, the engine's defaults otherwise.
+    pub fn gpt_config(&self) -> GptConfig {
+        let defaults = GptConfig::default();
+        GptConfig {
+            context: self.context.unwrap_or(defaults.context),
+            layers: self.layers.unwrap_or(defaults.layers),
+            dim: self.dim.unwrap_or(defaults.dim),
+            heads: self.heads.unwrap_or(defaults.heads),
+            ..defaults
+        }
+    }
+
+    /// The language model every worker of a gpt job builds, with the schedule spanning
+    /// `total_steps` rounds: AdamW at `lr` after a warm-up (the job's, else a tenth of the
+    /// rounds up to 100), cosine decay to a tenth; clipping at the job's norm (else 1) and
+    /// weight decay (else 0.1), as `murmur train --model gpt` has them.
+    pub fn lm_config(&self, total_steps: u64) -> LmConfig {
+        let defaults = LmConfig::new(total_steps);
+        LmConfig {
+            model: self.gpt_config(),
+            batch: self.batch * self.workers as usize,
+            schedule: WarmupCosine {
+                peak: self.lr,
+                warmup: self.warmup.unwrap_or(defaults.schedule.warmup),
+                ..defaults.schedule
+            },
+            weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+            clip: self.clip.unwrap_or(defaults.clip),
+            seed: self.seed,
+        }
+    }
+
+    /// Rounds of a gpt job, and the rounds between its validations.
+    pub fn gpt_steps(&self) -> (u64, u64) {
+        let total = self
+            .steps
+            .unwrap_or(3000)
+            .min(self.max_steps.unwrap_or(u64::MAX));
+        (self.eval_every.unwrap_or(250), total)
     }
 
     /// Checks that the model's largest buffer (a weight matrix, or a batch of activations)
@@ -420,6 +555,30 @@ mod tests {
     }
 
     #[test]
+    fn a_gpt_job_takes_its_own_fields_and_refuses_the_others() {
+        let gpt = "model = \"gpt\"\ndataset = \"shakespeare\"\n";
+        let job =
+            Job::from_toml(&format!("{gpt}steps = 40\ndim = 32\nheads = 4\nlr = 0.003")).unwrap();
+        assert!(job.is_gpt());
+        assert_eq!(job.gpt_steps(), (250, 40));
+        let config = job.lm_config(40);
+        assert_eq!((config.model.dim, config.model.heads), (32, 4));
+        assert_eq!((config.schedule.peak, config.schedule.total), (0.003, 40));
+        assert_eq!(config.batch, job.batch * job.workers as usize);
+        for (text, needle) in [
+            ("model = \"gpt\"", "shakespeare"),
+            ("model = \"cnn\"", "model"),
+            ("steps = 10", "gpt jobs"),
+            (&format!("{gpt}optimizer = \"sgd\""), "AdamW"),
+            (&format!("{gpt}dim = 30\nheads = 4"), "multiple of heads"),
+            (&format!("{gpt}steps = 0"), "steps"),
+        ] {
+            let err = Job::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn a_model_too_large_for_the_adapter_is_refused() {
         let job = Job {
             hidden: vec![512, 256],
@@ -461,6 +620,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 25 && names.iter().any(|n| n == "start_with"));
+        assert!(names.len() == 32 && names.iter().any(|n| n == "start_with"));
     }
 }

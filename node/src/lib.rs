@@ -79,6 +79,7 @@ pub mod process;
 mod round;
 pub mod server;
 pub mod swarm;
+mod task;
 pub mod worker;
 mod worker_state;
 

@@ -112,6 +112,17 @@ impl Metrics {
                 accuracy: Some(accuracy),
                 ..Metrics::default()
             }),
+            Event::Validated {
+                rank,
+                step,
+                valid_loss,
+                ..
+            } => Some(Metrics {
+                step,
+                rank: Some(rank),
+                valid_loss: Some(valid_loss),
+                ..Metrics::default()
+            }),
             _ => None,
         }
     }

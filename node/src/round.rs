@@ -2,7 +2,7 @@
 //! pushes, the step itself, and the shards' summaries after the replies, which say whether
 //! this worker's push counted and whether its replica is the swarm's.
 
-use murmur_engine::train::{DataParallel, RoundBytes};
+use murmur_engine::train::{DataParallel, Learner, RoundBytes};
 use murmur_net::ps::QuicCollective;
 use murmur_net::wire::Closed;
 
@@ -36,12 +36,12 @@ pub(crate) enum RoundFailure {
     Lost(String),
 }
 
-/// Plays round `dp.round()` on the batch `(x, y)`, whose first sample is `first_sample` of
-/// the global batch.
-pub(crate) fn play_round(
-    dp: &mut DataParallel<QuicCollective>,
+/// Plays round `dp.round()` on this rank's share `batch`, whose first sample is
+/// `first_sample` of the global batch.
+pub(crate) fn play_round<M: Learner>(
+    dp: &mut DataParallel<QuicCollective, M>,
     rank: u16,
-    (x, y): (&[f32], &[u32]),
+    batch: M::Batch<'_>,
     first_sample: usize,
 ) -> Result<Played, RoundFailure> {
     let step = dp.round();
@@ -52,7 +52,7 @@ pub(crate) fn play_round(
     dp.collective
         .send_digest(step, digest)
         .map_err(|e| RoundFailure::Lost(e.to_string()))?;
-    let (loss, bytes) = match dp.step((x, y), first_sample) {
+    let (loss, bytes) = match dp.step(batch, first_sample) {
         Ok(done) => done,
         // A fault of this node's own arithmetic: rejoining would not mend it.
         Err(e @ murmur_engine::Error::NonFinite { .. }) => {

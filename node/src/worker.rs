@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use murmur_engine::data::epoch_batches;
-use murmur_engine::nn::Module;
-use murmur_engine::train::{rank_share, Classifier, CodeStats, DataParallel, RoundBytes};
+use murmur_engine::train::{
+    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes,
+};
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
@@ -26,16 +26,17 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::address::resolve_all;
-use crate::calibration::{batch_log2s, calibrate_loco, recalibrated_bits};
+use crate::calibration::calibrate_loco;
 use crate::checks::{load_credentials, positive_seconds};
 use crate::control::{Budget, Control, Next, Stopper};
-use crate::data::{load_sets, DeviceKind, Sets};
+use crate::data::{load_sets, DeviceKind};
 use crate::error::{NodeError, Result};
 use crate::event::{Event, Events};
 use crate::files::write_atomically;
 use crate::job::Job;
 use crate::link::LinkConfig;
 use crate::round::{play_round, RoundFailure};
+use crate::task::{ImageTask, Measure, Task, TextTask};
 use crate::worker_state;
 
 /// A worker's own settings: who it is, where the servers are, and what it lends. Everything
@@ -105,8 +106,12 @@ pub struct WorkerReport {
     /// Rounds its replica went through.
     pub steps: u64,
     /// The last test accuracy it measured (the ranks evaluate epochs in turn, and every
-    /// worker the last round).
+    /// worker the last round); image models.
     pub final_accuracy: Option<f64>,
+    /// The last validation loss it measured, in nats per byte (the ranks in turn, and every
+    /// worker the last round); the language model.
+    #[serde(default)]
+    pub final_valid_loss: Option<f64>,
     /// Bytes pushed in all.
     pub bytes_pushed: u64,
     /// Bytes pulled in all.
@@ -302,14 +307,18 @@ struct Round {
     late: bool,
 }
 
-/// The job once joined: the data, and where the rank stands.
+/// The job once joined, and the rank the servers gave this worker.
 struct Joined {
     job: Job,
-    sets: Sets,
     rank: u16,
     world: u16,
-    steps_per_epoch: u64,
-    total_steps: u64,
+}
+
+/// What the rounds ended with.
+struct Ending {
+    totals: Totals,
+    measured: Option<Measure>,
+    stopped: bool,
 }
 
 impl Run {
@@ -392,44 +401,62 @@ impl Run {
 
     fn train(&self) -> Result<WorkerReport> {
         let (job, rank, world) = self.fetch_job()?;
-        let sets = load_sets(&job.dataset, self.config.data.as_deref(), job.train_limit)?;
-        let (steps_per_epoch, total_steps) = job.steps(sets.train.len());
+        let data = self.config.data.as_deref();
+        if job.is_gpt() {
+            let task = TextTask::load(&job, world, data)?;
+            let device = self.open_device()?;
+            let lm = LanguageModel::new(&device, &job.lm_config(task.total_steps()))?;
+            let joined = Joined { job, rank, world };
+            return self.train_with(joined, task, lm);
+        }
+        let sets = load_sets(&job.dataset, data, job.train_limit)?;
+        let (_, total_steps) = job.steps(sets.train.len());
         let job = calibrate_loco(job, &sets, world as usize, total_steps)?;
-        let joined = Joined {
-            job,
-            sets,
-            rank,
-            world,
-            steps_per_epoch,
-            total_steps,
-        };
-        let device = self.config.device.open()?;
-        let job = &joined.job;
+        let device = self.open_device()?;
         if let Some(gpu) = device.as_gpu() {
             let limits = &gpu.info().limits;
             job.check_fits(
-                joined.sets.train.features(),
-                joined.sets.train.classes,
+                sets.train.features(),
+                sets.train.classes,
                 limits
                     .max_storage_buffer_binding_size
                     .min(limits.max_buffer_size),
             )?;
         }
-        let _ = self.device.set(device.clone());
         let mut clf = Classifier::new(
             &device,
-            joined.sets.train.features(),
-            joined.sets.train.classes,
+            sets.train.features(),
+            sets.train.classes,
             &job.classifier_config(total_steps)?,
         )?;
         // What `murmur eval` reads from a saved model: the data it was trained on. Every
         // worker writes the same, so snapshots from any rank load on any other.
         clf.data = serde_json::json!({
             "dataset": job.dataset,
-            "train_samples": joined.sets.train.len(),
+            "train_samples": sets.train.len(),
             "batch": job.batch * world as usize,
             "epochs": job.epochs,
         });
+        let task = ImageTask::new(job.clone(), sets, world);
+        self.train_with(Joined { job, rank, world }, task, clf)
+    }
+
+    /// Opens the worker's device, and keeps it for [`WorkerHandle::device`].
+    fn open_device(&self) -> Result<Device> {
+        let device = self.config.device.open()?;
+        let _ = self.device.set(device.clone());
+        Ok(device)
+    }
+
+    /// Joins the rounds with `replica` and trains it through `task` to the job's end or a
+    /// stop: the model-independent half of a worker.
+    fn train_with<T: Task>(
+        &self,
+        joined: Joined,
+        mut task: T,
+        replica: T::Model,
+    ) -> Result<WorkerReport> {
+        let (job, rank, world) = (&joined.job, joined.rank, joined.world);
         // A shard may be restarting: keep trying, as after losing the swarm.
         let collective = self.with_backoff(|| self.connect(&joined))?;
         let starters = job.start_with.unwrap_or(job.workers);
@@ -437,7 +464,8 @@ impl Run {
             "{starters} of the {world} workers to register, if the job has not started (this one is rank {rank}; giving up after {:?})",
             self.client_options().start_timeout
         ));
-        let mut dp = DataParallel::new(clf, collective, &job.partition_plan(), &job.memory)?;
+        let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
+        let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
         // A job already under way may hold this worker's earlier life: take its state back.
         let job_text = job.to_wire();
         let resumed_from = match &self.config.state {
@@ -450,9 +478,9 @@ impl Run {
         self.events.emit(Event::Joined {
             rank,
             world,
-            steps: total_steps,
-            steps_per_epoch,
-            parameters: dp.replica.model.parameter_count(),
+            steps: task.total_steps(),
+            steps_per_epoch: task.period(),
+            parameters,
             keys: dp.partitions().len(),
             from_step: dp.round(),
             resumed_from,
@@ -468,19 +496,25 @@ impl Run {
             Some(path) => Some(worker_state::StateWriter::start(path, &job_text, rank)?),
             None => None,
         };
-        let (totals, final_accuracy, stopped) =
-            self.train_rounds(&joined, &mut dp, state_writer.as_ref())?;
+        let ending = self.train_rounds(&joined, &mut task, &mut dp, state_writer.as_ref())?;
         if let Some(path) = &self.config.save {
             write_atomically(path, &dp.replica.save_state()?)?;
         }
+        let (final_accuracy, final_valid_loss) = match ending.measured {
+            Some(Measure::Accuracy(a)) => (Some(a), None),
+            Some(Measure::ValidLoss(l)) => (None, Some(l)),
+            None => (None, None),
+        };
+        let totals = &ending.totals;
         let report = WorkerReport {
             rank,
             steps: dp.round(),
             final_accuracy,
+            final_valid_loss,
             bytes_pushed: totals.pushed,
             bytes_pulled: totals.pulled,
             f32_bytes_each_way: totals.f32_each_way,
-            stopped,
+            stopped: ending.stopped,
             job: joined.job.clone(),
         };
         // Say goodbye to the servers before reporting the end.
@@ -489,39 +523,47 @@ impl Run {
             rank,
             steps: report.steps,
             final_accuracy,
+            final_valid_loss,
             bytes_pushed: totals.pushed,
             bytes_pulled: totals.pulled,
             f32_bytes_each_way: totals.f32_each_way,
             seconds: started.elapsed().as_secs_f64(),
-            stopped,
+            stopped: ending.stopped,
         });
         Ok(report)
     }
 
-    /// Trains until the job's last round or a stop. Returns the totals, the last accuracy
-    /// and whether a stop ended it.
-    fn train_rounds(
+    /// Trains until the job's last round or a stop.
+    fn train_rounds<T: Task>(
         &self,
         joined: &Joined,
-        dp: &mut DataParallel<QuicCollective>,
+        task: &mut T,
+        dp: &mut DataParallel<QuicCollective, T::Model>,
         state_writer: Option<&worker_state::StateWriter>,
-    ) -> Result<(Totals, Option<f64>, bool)> {
-        let (job, rank, world) = (&joined.job, joined.rank, joined.world as usize);
+    ) -> Result<Ending> {
+        let (job, rank, world) = (&joined.job, joined.rank, joined.world);
+        let total_steps = task.total_steps();
         let mut totals = Totals::default();
-        let mut final_accuracy = None;
+        let mut measured = None;
+        let stop = |totals, measured| {
+            Ok(Ending {
+                totals,
+                measured,
+                stopped: true,
+            })
+        };
         let started = Instant::now();
-        let mut epoch_started = Instant::now();
-        let mut batches = Vec::new();
-        let mut batches_epoch = None;
+        let mut period_started = Instant::now();
         let mut failures = 0;
-        // The round whose recalibration was checked, so that a retried round does not redo it.
-        let mut recalibrated = None;
+        // The round whose preparation (LoCo's recalibration) was done, so that a retried round
+        // does not redo it.
+        let mut prepared = None;
         // A snapshot due, of the state after this many rounds, held until that state's digest
         // has been compared with the others'.
         let mut unchecked_snapshot: Option<(u64, Vec<u8>)> = None;
-        while dp.round() < joined.total_steps {
+        while dp.round() < total_steps {
             match self.control.next() {
-                Next::Stop => return Ok((totals, final_accuracy, true)),
+                Next::Stop => return stop(totals, measured),
                 Next::Pause => {
                     dp.collective.leave();
                     self.events.emit(Event::Paused {
@@ -529,7 +571,7 @@ impl Run {
                         step: dp.round(),
                     });
                     if self.control.wait_while_paused() == Next::Stop {
-                        return Ok((totals, final_accuracy, true));
+                        return stop(totals, measured);
                     }
                     self.rejoin(joined, dp, "paused")?;
                     continue;
@@ -537,21 +579,16 @@ impl Run {
                 Next::Step => {}
             }
             let step_started = Instant::now();
-            let epoch = (dp.round() / joined.steps_per_epoch) as u32;
-            if batches_epoch != Some(epoch) {
-                batches =
-                    epoch_batches(joined.sets.train.len(), job.batch * world, job.seed, epoch);
-                batches_epoch = Some(epoch);
+            let round_index = dp.round();
+            let epoch = task.epoch(round_index);
+            if prepared != Some(round_index) {
+                task.before_round(dp, &self.events, rank)?;
+                prepared = Some(round_index);
             }
-            let global = &batches[(dp.round() % joined.steps_per_epoch) as usize];
-            if recalibrated != Some(dp.round()) {
-                self.recalibrate(joined, dp, epoch, global)?;
-                recalibrated = Some(dp.round());
-            }
-            let share = rank_share(global.len(), rank as usize, world);
-            let (first_sample, samples) = (share.start, share.len());
-            let (x, y) = joined.sets.train.batch(&global[share]);
-            let played = match play_round(dp, rank, (&x, &y), first_sample) {
+            let (played, samples) = task.with_share(round_index, rank, world, |batch, first| {
+                play_round(dp, rank, batch, first)
+            })?;
+            let played = match played {
                 Ok(played) => played,
                 Err(RoundFailure::Fatal(e)) => return Err(e),
                 Err(RoundFailure::Lost(e)) => {
@@ -582,12 +619,12 @@ impl Run {
             totals.samples += samples;
             let round = Round {
                 step: dp.round(),
-                epoch: epoch + 1,
+                epoch,
                 loss,
                 bytes,
                 codes: dp.code_stats(),
                 seconds: step_started.elapsed().as_secs_f64(),
-                lr: dp.replica.optimizer.lr(),
+                lr: dp.replica.lr(),
                 late: played.counted == Some(false),
             };
             self.report_step(rank, round, &totals, started);
@@ -599,25 +636,34 @@ impl Run {
                     write_atomically(path, &dp.replica.save_state()?)?;
                 }
             }
-            if snapshot_duty(dp.round(), job.snapshot_every, joined.world) == Some(rank) {
+            if snapshot_duty(dp.round(), job.snapshot_every, world) == Some(rank) {
                 unchecked_snapshot = Some((dp.round(), dp.replica.save_state()?));
             }
-            let last = dp.round() == joined.total_steps;
-            let epoch_done = dp.round().is_multiple_of(joined.steps_per_epoch) || last;
-            if epoch_done {
-                let seconds = epoch_started.elapsed().as_secs_f64();
-                epoch_started = Instant::now();
-                // The replicas are identical: one rank evaluates for all, in turn, so that no
-                // worker's leaving stops the evaluations; the last round, every worker.
-                if last || epoch % joined.world as u32 == rank as u32 {
-                    let accuracy = dp.replica.accuracy(&joined.sets.test, 1000)?;
-                    final_accuracy = Some(accuracy);
-                    self.events.emit(Event::Evaluated {
-                        rank,
-                        step: dp.round(),
-                        epoch: epoch + 1,
-                        accuracy,
-                        seconds,
+            let last = dp.round() == total_steps;
+            let period = task.period();
+            if dp.round().is_multiple_of(period) || last {
+                let seconds = period_started.elapsed().as_secs_f64();
+                period_started = Instant::now();
+                // The replicas are identical: one rank measures for all, in turn, so that no
+                // worker's leaving stops the measurements; the last round, every worker.
+                let turn = (round_index / period) % u64::from(world.max(1));
+                if last || turn == u64::from(rank) {
+                    let measure = task.measure(&dp.replica)?;
+                    measured = Some(measure);
+                    self.events.emit(match measure {
+                        Measure::Accuracy(accuracy) => Event::Evaluated {
+                            rank,
+                            step: dp.round(),
+                            epoch,
+                            accuracy,
+                            seconds,
+                        },
+                        Measure::ValidLoss(valid_loss) => Event::Validated {
+                            rank,
+                            step: dp.round(),
+                            valid_loss,
+                            seconds,
+                        },
                     });
                 }
             }
@@ -628,44 +674,11 @@ impl Run {
             }
             self.control.rest(step_started.elapsed());
         }
-        Ok((totals, final_accuracy, false))
-    }
-
-    /// Moves LoCo's scale at the first round of every `loco_recalibrate_every`-th epoch
-    /// (after the first), by the calibration's rule on the epoch's first global batch `global`
-    /// at the current model: every worker gets the same scale and moves before it pushes.
-    fn recalibrate(
-        &self,
-        joined: &Joined,
-        dp: &mut DataParallel<QuicCollective>,
-        epoch: u32,
-        global: &[usize],
-    ) -> Result<()> {
-        let (Some(bits), Some(every)) = (
-            recalibrated_bits(&joined.job),
-            joined.job.loco_recalibrate_every,
-        ) else {
-            return Ok(());
-        };
-        let first_of_epoch = dp.round().is_multiple_of(joined.steps_per_epoch);
-        if !first_of_epoch || epoch == 0 || !epoch.is_multiple_of(every) {
-            return Ok(());
-        }
-        let log2s = batch_log2s(&dp.replica, &joined.sets, global, bits)?;
-        let was = dp.push_log2s();
-        dp.rescale(log2s)?;
-        tracing::info!(
-            "LoCo's scale recalibrated at round {}: s = 2^{log2s} (was 2^{})",
-            dp.round(),
-            was.map_or("?".into(), |w| w.to_string())
-        );
-        self.events.emit(Event::Recalibrated {
-            rank: joined.rank,
-            step: dp.round(),
-            log2s,
-            was,
-        });
-        Ok(())
+        Ok(Ending {
+            totals,
+            measured,
+            stopped: false,
+        })
     }
 
     fn report_step(&self, rank: u16, round: Round, totals: &Totals, started: Instant) {
@@ -688,10 +701,10 @@ impl Run {
 
     /// Connects again and catches up on the rounds missed, keeping the replica's state,
     /// with back-off ([`Run::with_backoff`]).
-    fn rejoin(
+    fn rejoin<M: Learner>(
         &self,
         joined: &Joined,
-        dp: &mut DataParallel<QuicCollective>,
+        dp: &mut DataParallel<QuicCollective, M>,
         reason: &str,
     ) -> Result<()> {
         self.with_backoff(|| {

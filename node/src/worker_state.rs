@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use murmur_engine::comm::Collective;
 use murmur_engine::feedback::SavedMemory;
-use murmur_engine::train::DataParallel;
+use murmur_engine::train::{DataParallel, Learner};
 use murmur_net::ps::durable::job_digest;
 use murmur_net::state_file;
 use serde::{Deserialize, Serialize};
@@ -36,7 +36,11 @@ struct Saved {
 }
 
 /// The worker's state after a round.
-fn capture<C: Collective>(job: &str, rank: u16, dp: &DataParallel<C>) -> Result<Saved> {
+fn capture<C: Collective, M: Learner>(
+    job: &str,
+    rank: u16,
+    dp: &DataParallel<C, M>,
+) -> Result<Saved> {
     Ok(Saved {
         job: job_digest(job),
         rank,
@@ -89,7 +93,7 @@ impl StateWriter {
 
     /// Hands this round's state to the writer, unless it is still busy; fails if an earlier
     /// write failed.
-    pub(crate) fn save<C: Collective>(&self, dp: &DataParallel<C>) -> Result<()> {
+    pub(crate) fn save<C: Collective, M: Learner>(&self, dp: &DataParallel<C, M>) -> Result<()> {
         if let Some(e) = self.failed.lock().expect("failure lock").take() {
             return Err(NodeError::Config(format!(
                 "the worker's state was not saved: {e}"
@@ -123,11 +127,11 @@ impl Drop for StateWriter {
 
 /// Takes the state in `path` back into `dp`, if there is one: returns the round it held.
 /// A state of another job or rank, or a damaged one, is an error that says what to do.
-pub(crate) fn resume<C: Collective>(
+pub(crate) fn resume<C: Collective, M: Learner>(
     path: &Path,
     job: &str,
     rank: u16,
-    dp: &mut DataParallel<C>,
+    dp: &mut DataParallel<C, M>,
 ) -> Result<Option<u64>> {
     if !path.exists() {
         return Ok(None);

@@ -9,16 +9,26 @@ use murmur_node::Job;
 
 /// The job: `file`'s, with the job flags given in `matches` on top; the flags alone when
 /// there is no file.
+/// `--model gpt` without `--dataset` trains on shakespeare, as `murmur train --model gpt` does.
 pub fn job_from(file: Option<&Path>, flags: &Job, matches: &ArgMatches) -> anyhow::Result<Job> {
+    let given_here = |f: &str| matches.value_source(f) == Some(ValueSource::CommandLine);
+    let text_by_default = flags.is_gpt() && !given_here("dataset");
+    let mut flags = flags.clone();
+    if text_by_default {
+        flags.dataset = "shakespeare".into();
+    }
     let Some(path) = file else {
         flags.validate()?;
-        return Ok(flags.clone());
+        return Ok(flags);
     };
     let names = Job::field_names();
-    let given: Vec<&str> = names
+    let mut given: Vec<&str> = names
         .iter()
         .map(String::as_str)
-        .filter(|f| matches.value_source(f) == Some(ValueSource::CommandLine))
+        .filter(|f| given_here(f))
         .collect();
-    Ok(Job::load(path)?.with_fields_from(flags, &given)?)
+    if text_by_default && given_here("model") {
+        given.push("dataset");
+    }
+    Ok(Job::load(path)?.with_fields_from(&flags, &given)?)
 }

@@ -108,11 +108,20 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         report.steps,
         report.bytes_pushed as f64 / 1e6,
         report.bytes_pulled as f64 / 1e6,
-        report
-            .final_accuracy
-            .map_or(String::new(), |a| format!(", test accuracy {:.2}%", 100.0 * a))
+        final_measure(report.final_accuracy, report.final_valid_loss)
+            .map_or(String::new(), |m| format!(", {m}"))
     );
     crate::signals::check()
+}
+
+/// The last measurement, in words: test accuracy (image models) or validation loss (the
+/// language model).
+pub(crate) fn final_measure(accuracy: Option<f64>, valid_loss: Option<f64>) -> Option<String> {
+    match (accuracy, valid_loss) {
+        (Some(a), _) => Some(format!("test accuracy {:.2}%", 100.0 * a)),
+        (None, Some(l)) => Some(format!("validation loss {l:.4} nats/byte")),
+        (None, None) => None,
+    }
 }
 
 /// Follows the worker's events until it ends: writes their metrics lines, and shows them as a
@@ -189,6 +198,14 @@ fn follow(
             } => bar.println(format!(
                 "epoch {epoch}: test accuracy {:.2}% ({seconds:.1} s)",
                 100.0 * accuracy
+            )),
+            Event::Validated {
+                step,
+                valid_loss,
+                seconds,
+                ..
+            } => bar.println(format!(
+                "round {step}: validation loss {valid_loss:.4} nats/byte ({seconds:.1} s)"
             )),
             Event::Recalibrated {
                 step, log2s, was, ..

@@ -5,6 +5,7 @@
 
 use crate::error::Result;
 use crate::nn::Module;
+use crate::optim::Optimizer;
 use crate::tensor::{Device, Tensor};
 
 use super::{Classifier, LanguageModel};
@@ -22,6 +23,9 @@ pub trait Learner {
 
     /// Optimizer steps taken: one per round.
     fn steps(&self) -> u64;
+
+    /// The learning rate of the last step (the schedule's, where there is one).
+    fn lr(&self) -> f32;
 
     /// Mean loss and parameter gradients of `batch`, whose first sample is sample
     /// `first_sample` of the step's global batch (dropout keys its masks by it, so a sample
@@ -60,6 +64,10 @@ impl Learner for Classifier {
 
     fn steps(&self) -> u64 {
         self.steps
+    }
+
+    fn lr(&self) -> f32 {
+        self.optimizer.lr()
     }
 
     fn loss_and_grads(
@@ -102,6 +110,10 @@ impl Learner for LanguageModel {
 
     fn steps(&self) -> u64 {
         self.steps
+    }
+
+    fn lr(&self) -> f32 {
+        self.optimizer.lr()
     }
 
     fn loss_and_grads(

@@ -17,7 +17,7 @@ pub mod state;
 pub use client::{join_job, CatchupPlan, ClientOptions, QuicCollective};
 pub use server::{JobOffer, Server, ServerOptions};
 
-use murmur_engine::train::DataParallel;
+use murmur_engine::train::{DataParallel, Learner};
 
 use crate::error::Result;
 
@@ -25,7 +25,9 @@ use crate::error::Result;
 /// newest snapshot (unless the servers still log every round since the trainer's own, as
 /// after a pause) and applies every round after it, exactly as the others did. Returns the
 /// plan it followed. A trainer of a swarm that has not started is left as it is.
-pub fn catch_up(dp: &mut DataParallel<QuicCollective>) -> Result<Option<CatchupPlan>> {
+pub fn catch_up<M: Learner>(
+    dp: &mut DataParallel<QuicCollective, M>,
+) -> Result<Option<CatchupPlan>> {
     if !dp.collective.underway() {
         return Ok(None);
     }

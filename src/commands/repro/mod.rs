@@ -12,6 +12,7 @@ mod liec;
 mod loco;
 mod pipeline_steps;
 mod report;
+mod swarm_gpt;
 
 use clap::Subcommand;
 
@@ -33,6 +34,10 @@ pub enum ReproCommand {
     /// Clapping-FC with a sweep over p against the uncompressed pipeline, direct compression
     /// and EF21 on a byte-level GPT cut between its blocks (shared/specs/clapping.md §7 R4).
     ClappingGpt(clapping_gpt::ClappingGptArgs),
+    /// The byte-level GPT trained by a local swarm (f32, and top-10% and top-1% with error
+    /// feedback)
+    /// beside the same model trained in one process on the same total batch (issue 20).
+    SwarmGpt(swarm_gpt::SwarmGptArgs),
     /// Redraw the figures beside the tables (PNG) from the results' JSON, without rerunning
     /// anything: LIEC-SGD's error norm, Clapping's accuracy against p and per arm, LoCo's and
     /// CLAN's accuracy per arm.
@@ -46,6 +51,7 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::Loco(a) => loco::run(a),
         ReproCommand::Clapping(a) => clapping::run(a),
         ReproCommand::ClappingGpt(a) => clapping_gpt::run(a),
+        ReproCommand::SwarmGpt(a) => swarm_gpt::run(a),
         ReproCommand::Figures(a) => figures::run(a),
     }
 }

@@ -28,6 +28,9 @@ pub struct Dashboard {
     /// The accuracy of the latest round evaluated, with that round: a worker that lagged
     /// (frozen, catching up) may report an earlier epoch after the others' last one.
     final_accuracy: Option<(u64, f64)>,
+    /// The language model's validation losses by round, and the latest round's.
+    valid_loss: BTreeMap<u64, f64>,
+    final_valid_loss: Option<(u64, f64)>,
     total_steps: u64,
     rejoins: usize,
     /// Workers that died and were started again, and those let go.
@@ -48,6 +51,11 @@ pub struct Outcome {
     pub steps: u64,
     pub test_accuracy: Vec<f64>,
     pub final_test_accuracy: Option<f64>,
+    /// The language model's validation losses in nats per byte, by round.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub valid_loss: Vec<(u64, f64)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_valid_loss: Option<f64>,
     /// Mean bytes one worker sent / received per step.
     pub pushed_per_step: f64,
     pub pulled_per_step: f64,
@@ -100,6 +108,8 @@ impl Dashboard {
             totals: vec![WorkerTotals::default(); workers],
             accuracy: BTreeMap::new(),
             final_accuracy: None,
+            valid_loss: BTreeMap::new(),
+            final_valid_loss: None,
             total_steps: 0,
             rejoins: 0,
             respawned: 0,
@@ -199,6 +209,22 @@ impl Dashboard {
                     ));
                 }
             }
+            Event::Validated {
+                step,
+                valid_loss,
+                seconds,
+                ..
+            } => {
+                if self.final_valid_loss.is_none_or(|(at, _)| step >= at) {
+                    self.final_valid_loss = Some((step, valid_loss));
+                }
+                // Every worker measures the last round: say it once.
+                if self.valid_loss.insert(step, valid_loss).is_none() {
+                    self.say(format!(
+                        "round {step}: validation loss {valid_loss:.4} nats/byte ({seconds:.1} s)"
+                    ));
+                }
+            }
             Event::Recalibrated {
                 rank,
                 step,
@@ -280,6 +306,8 @@ impl Dashboard {
             steps: done.iter().map(|t| t.steps).max().unwrap_or(0),
             test_accuracy: self.accuracy.values().copied().collect(),
             final_test_accuracy: self.final_accuracy.map(|(_, a)| a),
+            valid_loss: self.valid_loss.iter().map(|(s, l)| (*s, *l)).collect(),
+            final_valid_loss: self.final_valid_loss.map(|(_, l)| l),
             pushed_per_step: per_step(|t| t.bytes_pushed),
             pulled_per_step: per_step(|t| t.bytes_pulled),
             f32_per_step: per_step(|t| t.f32_bytes_each_way),
