@@ -7,7 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::wire::{
-    Catchup, Frame, Header, Hello, Join, Kind, Limits, Register, Registered, Welcome, HEADER,
+    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Register,
+    Registered, ReplicaDigest, Welcome, HEADER,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -55,6 +56,15 @@ fuzz_target!(|data: &[u8]| {
         }
         Kind::Welcome => {
             let _ = frame.message::<Welcome>();
+        }
+        Kind::CatchupRequest => {
+            let _ = frame.message::<CatchupRequest>();
+        }
+        Kind::Digest => {
+            let _ = frame.message::<ReplicaDigest>();
+        }
+        Kind::Closed => {
+            let _ = frame.message::<Closed>();
         }
         _ => {}
     }

@@ -22,7 +22,7 @@ pub enum Event {
         world: u16,
         /// Rounds in the whole job.
         steps: u64,
-        /// Rounds per epoch.
+        /// Rounds per epoch (an mlp job), or between validations (a gpt job).
         steps_per_epoch: u64,
         /// Parameters of the model.
         parameters: usize,

@@ -15,6 +15,7 @@
 
 use std::path::Path;
 
+use murmur_engine::algo::calibrate::scale_left_to_calibration;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
 use murmur_engine::nn::GptConfig;
@@ -23,6 +24,9 @@ use murmur_net::ps::quorum::QuorumRule;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{NodeError, Result};
+
+/// Rounds of a gpt job that does not say (`murmur train --model gpt`'s default).
+const GPT_STEPS: u64 = 3000;
 
 /// A data-parallel job: model, data, schedule and compression. Defaults are the demo's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +74,7 @@ pub struct Job {
     /// is this times the workers).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().batch))]
     pub batch: usize,
-    /// AdamW's learning rate.
+    /// The learning rate (the schedule's peak where there is one).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().lr))]
     pub lr: f32,
     /// Hidden layer widths of the MLP.
@@ -82,23 +86,26 @@ pub struct Job {
     /// The optimizer: adamw or sgd.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().optimizer))]
     pub optimizer: String,
-    /// AdamW's decoupled decay, or SGD's L2 term [default: the engine's, 0.01 for AdamW].
+    /// AdamW's decoupled decay, or SGD's L2 term [default: the engine's, 0.01 for the mlp's
+    /// AdamW; 0.1 for the gpt].
     #[cfg_attr(feature = "cli", arg(long))]
     pub weight_decay: Option<f32>,
     /// SGD's momentum [default: the engine's].
     #[cfg_attr(feature = "cli", arg(long))]
     pub momentum: Option<f32>,
     /// Linear warm-up over this many rounds, then cosine decay to a tenth of lr at the job's
-    /// end (otherwise lr throughout).
+    /// end (otherwise lr throughout; a gpt job always decays, after a warm-up of a tenth of
+    /// its steps up to 100 unless this says).
     #[cfg_attr(feature = "cli", arg(long))]
     pub warmup: Option<u64>,
-    /// Clip the averaged gradient to this global L2 norm.
+    /// Clip the averaged gradient to this global L2 norm [a gpt job: 1].
     #[cfg_attr(feature = "cli", arg(long))]
     pub clip: Option<f32>,
     /// Seed of the initial model, the data order and every codec's randomness.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().seed))]
     pub seed: u64,
-    /// Stop after this many rounds (for quick checks).
+    /// Stop after this many rounds (for quick checks; an mlp job's schedule ends there, a gpt
+    /// job's spans its `steps`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub max_steps: Option<u64>,
     /// Train on the first N training samples only.
@@ -369,6 +376,31 @@ impl Job {
                 if self.loco_recalibrate_every.is_some() {
                     return bad("loco_recalibrate_every is for mlp jobs".into());
                 }
+                // What the mlp's fields would set, a gpt job would silently ignore.
+                let defaults = Job::default();
+                for (name, given) in [
+                    ("train_limit", self.train_limit.is_some()),
+                    ("epochs", self.epochs != defaults.epochs),
+                    ("hidden", self.hidden != defaults.hidden),
+                ] {
+                    if given {
+                        return bad(format!(
+                            "{name} is a field of mlp jobs; a gpt job has steps, context, layers, dim and heads"
+                        ));
+                    }
+                }
+                // LoCo's scale is calibrated on the mlp's first batch only.
+                let pull = self.pull_codec.as_ref().unwrap_or(&self.codec);
+                if [&self.codec, pull]
+                    .iter()
+                    .any(|c| scale_left_to_calibration(c).is_some())
+                {
+                    return bad(
+                        "a gpt job's LoCo codecs name their scale (loco:log2s=N): the \
+                         calibration from the first batch is for mlp jobs"
+                            .into(),
+                    );
+                }
                 if let Some((name, _)) = [("steps", self.steps), ("eval_every", self.eval_every)]
                     .iter()
                     .find(|(_, v)| *v == Some(0))
@@ -406,12 +438,13 @@ impl Job {
         }
     }
 
-    /// The language model every worker of a gpt job builds, with the schedule spanning
-    /// `total_steps` rounds: AdamW at `lr` after a warm-up (the job's, else a tenth of the
-    /// rounds up to 100), cosine decay to a tenth; clipping at the job's norm (else 1) and
-    /// weight decay (else 0.1), as `murmur train --model gpt` has them.
-    pub fn lm_config(&self, total_steps: u64) -> LmConfig {
-        let defaults = LmConfig::new(total_steps);
+    /// The language model every worker of a gpt job builds: AdamW at `lr` after a warm-up
+    /// (the job's, else a tenth of the rounds up to 100), cosine decay to a tenth over the
+    /// job's `steps` (a `max_steps` stops it earlier, as in `murmur train --model gpt`);
+    /// clipping at the job's norm (else 1) and weight decay (else 0.1), as `murmur train`
+    /// has them.
+    pub fn lm_config(&self) -> LmConfig {
+        let defaults = LmConfig::new(self.steps.unwrap_or(GPT_STEPS));
         LmConfig {
             model: self.gpt_config(),
             batch: self.batch * self.workers as usize,
@@ -426,11 +459,12 @@ impl Job {
         }
     }
 
-    /// Rounds of a gpt job, and the rounds between its validations.
+    /// The rounds between a gpt job's validations, and its rounds (`max_steps` stops it
+    /// early).
     pub fn gpt_steps(&self) -> (u64, u64) {
         let total = self
             .steps
-            .unwrap_or(3000)
+            .unwrap_or(GPT_STEPS)
             .min(self.max_steps.unwrap_or(u64::MAX));
         (self.eval_every.unwrap_or(250), total)
     }
@@ -561,7 +595,7 @@ mod tests {
             Job::from_toml(&format!("{gpt}steps = 40\ndim = 32\nheads = 4\nlr = 0.003")).unwrap();
         assert!(job.is_gpt());
         assert_eq!(job.gpt_steps(), (250, 40));
-        let config = job.lm_config(40);
+        let config = job.lm_config();
         assert_eq!((config.model.dim, config.model.heads), (32, 4));
         assert_eq!((config.schedule.peak, config.schedule.total), (0.003, 40));
         assert_eq!(config.batch, job.batch * job.workers as usize);
@@ -572,6 +606,8 @@ mod tests {
             (&format!("{gpt}optimizer = \"sgd\""), "AdamW"),
             (&format!("{gpt}dim = 30\nheads = 4"), "multiple of heads"),
             (&format!("{gpt}steps = 0"), "steps"),
+            (&format!("{gpt}epochs = 2"), "mlp jobs"),
+            (&format!("{gpt}codec = \"loco:bits=4\""), "log2s"),
         ] {
             let err = Job::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");

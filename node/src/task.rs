@@ -37,7 +37,8 @@ pub(crate) trait Task {
     /// Rounds between measurements: an epoch of images, `eval_every` rounds of text.
     fn period(&self) -> u64;
 
-    /// The pass over the training data that round `round` belongs to, from 1.
+    /// The pass over the training data that round `round` belongs to, from 1; 0 where the
+    /// task counts rounds, not epochs (the text, as `murmur train --model gpt` does).
     fn epoch(&self, round: u64) -> u32;
 
     /// Calls `f` with this rank's share of round `round`'s global batch and the position of
@@ -220,9 +221,8 @@ impl Task for TextTask {
         self.eval_every
     }
 
-    fn epoch(&self, round: u64) -> u32 {
-        let bytes = round as u128 * (self.global * self.context) as u128;
-        (bytes / self.corpus.train.len().max(1) as u128) as u32 + 1
+    fn epoch(&self, _round: u64) -> u32 {
+        0
     }
 
     fn with_share<R>(

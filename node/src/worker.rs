@@ -405,7 +405,7 @@ impl Run {
         if job.is_gpt() {
             let task = TextTask::load(&job, world, data)?;
             let device = self.open_device()?;
-            let lm = LanguageModel::new(&device, &job.lm_config(task.total_steps()))?;
+            let lm = LanguageModel::new(&device, &job.lm_config())?;
             let joined = Joined { job, rank, world };
             return self.train_with(joined, task, lm);
         }

@@ -154,7 +154,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         })
     }
 
-    /// Rounds completed: one optimizer step each, so the classifier's step count (which a
+    /// Rounds completed: one optimizer step each, so the replica's step count (which a
     /// snapshot carries).
     pub fn round(&self) -> u64 {
         self.replica.steps()

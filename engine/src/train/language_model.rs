@@ -158,9 +158,19 @@ impl LanguageModel {
                 targets.len()
             )));
         }
+        let vocab = self.model.config.vocab;
+        if let Some(bad) = ids.iter().chain(targets).find(|&&b| b as usize >= vocab) {
+            return Err(Error::Config(format!(
+                "byte id {bad} is past the vocabulary of {vocab}"
+            )));
+        }
         let rows = ids.len() / context;
         let first_sample = u32::try_from(first_sample)
-            .map_err(|_| Error::Config(format!("sequence {first_sample} is past 2^32")))?;
+            .ok()
+            .zip(u32::try_from(rows).ok())
+            .filter(|(first, rows)| first.checked_add(*rows).is_some())
+            .map(|(first, _)| first)
+            .ok_or_else(|| Error::Config(format!("sequences {first_sample}.. are past 2^32")))?;
         let dropout = (self.model.config.dropout > 0.0).then_some(DropoutPlan {
             rate: self.model.config.dropout,
             seed: self.config.seed,
