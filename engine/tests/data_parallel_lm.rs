@@ -1,35 +1,23 @@
 //! The byte-level GPT trained data parallel through the in-process collective: the same
 //! `DataParallel` as the classifiers, with each rank's share of the step's sequences.
 
+mod common;
+
 use murmur_engine::comm::local::local_collectives;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::comm::Collective;
 use murmur_engine::data::lm_batch;
-use murmur_engine::nn::{GptConfig, Module};
-use murmur_engine::train::{rank_share, DataParallel, LanguageModel, LmConfig, WarmupCosine};
+use murmur_engine::nn::Module;
+use murmur_engine::train::{rank_share, DataParallel, LanguageModel, LmConfig};
 use murmur_engine::Device;
 
-/// A GPT small enough for the CPU in a test, with dropout, so that a share's masks depend on
-/// where its sequences sit in the global batch.
+/// The tests' tiny GPT (it has dropout, so a share's masks depend on where its sequences sit
+/// in the global batch) over 12 steps of `batch` sequences.
 fn config(batch: usize) -> LmConfig {
     LmConfig {
-        model: GptConfig {
-            context: 16,
-            layers: 2,
-            dim: 16,
-            heads: 2,
-            dropout: 0.1,
-            ..GptConfig::default()
-        },
         batch,
-        schedule: WarmupCosine {
-            peak: 3e-3,
-            warmup: 2,
-            total: 12,
-            min_ratio: 0.1,
-        },
         seed: 9,
-        ..LmConfig::new(12)
+        ..common::tiny_gpt(12)
     }
 }
 

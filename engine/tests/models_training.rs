@@ -6,29 +6,8 @@ mod common;
 
 use murmur_engine::data::{epoch_batches, ImageDataset, TextCorpus};
 use murmur_engine::nn::{CnnConfig, GptConfig, Module};
-use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig, WarmupCosine};
+use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig};
 use murmur_engine::Device;
-
-fn tiny_gpt(steps: u64) -> LmConfig {
-    LmConfig {
-        model: GptConfig {
-            context: 16,
-            layers: 2,
-            dim: 16,
-            heads: 2,
-            dropout: 0.1,
-            ..GptConfig::default()
-        },
-        batch: 4,
-        schedule: WarmupCosine {
-            peak: 3e-3,
-            warmup: 2,
-            total: steps,
-            min_ratio: 0.1,
-        },
-        ..LmConfig::new(steps)
-    }
-}
 
 fn cnn_config() -> ClassifierConfig {
     ClassifierConfig {
@@ -56,7 +35,7 @@ fn gpt_bits(lm: &LanguageModel) -> Vec<u32> {
 
 #[test]
 fn gpt_gpu_steps_match_cpu_steps() {
-    let config = tiny_gpt(4);
+    let config = common::tiny_gpt(4);
     let text = text();
     let mut on_gpu = LanguageModel::new(&common::gpu(), &config).unwrap();
     let mut on_cpu = LanguageModel::new(&Device::Cpu, &config).unwrap();
@@ -83,7 +62,7 @@ fn gpt_gpu_steps_match_cpu_steps() {
 #[test]
 fn gpt_resumed_from_a_checkpoint_matches_an_uninterrupted_run() {
     let gpu = common::gpu();
-    let config = tiny_gpt(6);
+    let config = common::tiny_gpt(6);
     let text = text();
     let mut straight = LanguageModel::new(&gpu, &config).unwrap();
     for _ in 0..6 {
@@ -226,7 +205,7 @@ fn gpt_learns_shakespeare_quickly() {
     ) else {
         return;
     };
-    let mut config = tiny_gpt(150);
+    let mut config = common::tiny_gpt(150);
     config.model = GptConfig {
         context: 32,
         layers: 2,

@@ -10,8 +10,6 @@ use crate::error::NodeError;
 
 /// What a round that went through tells the worker.
 pub(crate) struct Played {
-    /// The round played.
-    pub step: u64,
     /// Its loss on its share of the batch.
     pub loss: f32,
     /// Bytes it moved.
@@ -64,7 +62,6 @@ pub(crate) fn play_round<M: Learner>(
         Ok(summaries) => summaries,
         Err(e) => {
             return Ok(Played {
-                step,
                 loss,
                 bytes,
                 counted: None,
@@ -75,7 +72,6 @@ pub(crate) fn play_round<M: Learner>(
     };
     let confirmed = check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
     Ok(Played {
-        step,
         loss,
         bytes,
         counted: Some(summaries.iter().all(|c| c.participants.contains(&rank))),

@@ -607,7 +607,7 @@ impl Run {
             // after round s is compared in round s + 1, and a replica gone astray must not
             // replace the servers' good snapshot.
             if let Some((step, state)) = unchecked_snapshot.take() {
-                if step == played.step && played.confirmed {
+                if step == round_index && played.confirmed {
                     dp.collective.snapshot(step, state)?;
                 }
             }

@@ -23,24 +23,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-
-def pid_of(folder, node):
-    """The pid of this swarm's process for `node`, or None."""
-    pattern = f"--swarm={folder} --node={node} "
-    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
-    pids = [int(p) for p in out.stdout.split()]
-    return pids[0] if pids else None
-
-
-def rss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+from swarm_procs import pid_of, rss_kb
 
 
 def run(a, churn):

@@ -21,26 +21,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def pids_of(folder, node_prefix):
-    """This swarm's pids whose node name starts with `node_prefix`."""
-    out = subprocess.run(["pgrep", "-f", "--", f"--swarm={folder} --node={node_prefix}"],
-                         capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds of `pid` so far, or None once it has gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The command name may hold spaces: fields count from after its closing paren.
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
+from swarm_procs import cpu_seconds, pid_of
 
 def run(a, workers, rounds):
     folder = tempfile.mkdtemp(prefix="murmur-scale-")
@@ -55,7 +36,7 @@ def run(a, workers, rounds):
                             env=env)
     server_cpu = {}  # pid -> the last CPU seconds seen
     while proc.poll() is None:
-        for pid in pids_of(folder, "server-"):
+        for pid in filter(None, (pid_of(folder, f"server-{s}") for s in range(a.servers))):
             seconds = cpu_seconds(pid)
             if seconds is not None:
                 server_cpu[pid] = seconds

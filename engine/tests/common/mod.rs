@@ -5,7 +5,9 @@ pub mod algo;
 
 use std::sync::OnceLock;
 
+use murmur_engine::nn::GptConfig;
 use murmur_engine::rng::Rng;
+use murmur_engine::train::{LmConfig, WarmupCosine};
 use murmur_engine::Device;
 
 /// One GPU per test binary, shared by its tests (pipelines compile once).
@@ -120,4 +122,27 @@ pub fn assert_gradcheck(
         report.worst,
         report.worst_ratio
     );
+}
+
+/// A GPT small enough for any device in a test, with dropout, trained for `steps` steps of
+/// 4 sequences.
+pub fn tiny_gpt(steps: u64) -> LmConfig {
+    LmConfig {
+        model: GptConfig {
+            context: 16,
+            layers: 2,
+            dim: 16,
+            heads: 2,
+            dropout: 0.1,
+            ..GptConfig::default()
+        },
+        batch: 4,
+        schedule: WarmupCosine {
+            peak: 3e-3,
+            warmup: 2,
+            total: steps,
+            min_ratio: 0.1,
+        },
+        ..LmConfig::new(steps)
+    }
 }

@@ -156,8 +156,8 @@ pub fn run(a: SwarmGptArgs) -> anyhow::Result<()> {
     for arm in &arms {
         eprintln!("swarm-gpt: {} ({steps} rounds)", arm.label);
         let result = match arm.codec {
-            None => one_process(&a, &job, steps, &device)?,
-            Some(codec) => swarm(&a, &job, codec)?,
+            None => one_process(&a, arm, &job, steps, &device)?,
+            Some(codec) => swarm(&a, arm, &job, codec)?,
         };
         eprintln!(
             "swarm-gpt: {}: validation loss {:.4} nats/byte in {:.0} s",
@@ -165,11 +165,7 @@ pub fn run(a: SwarmGptArgs) -> anyhow::Result<()> {
             result.last(),
             result.seconds
         );
-        results.push(ArmResult {
-            label: arm.label.to_string(),
-            codec: arm.codec.map(str::to_string),
-            ..result
-        });
+        results.push(result);
     }
     let text = report(&a, &job, steps, &device, &results, started);
     write_keeping_notes(&out, &text)?;
@@ -183,6 +179,7 @@ pub fn run(a: SwarmGptArgs) -> anyhow::Result<()> {
 /// The reference: the same model, schedule and global batches, in this process.
 fn one_process(
     a: &SwarmGptArgs,
+    arm: &Arm,
     job: &Job,
     steps: u64,
     device: &murmur_engine::Device,
@@ -199,8 +196,8 @@ fn one_process(
         }
     }
     Ok(ArmResult {
-        label: String::new(),
-        codec: None,
+        label: arm.label.to_string(),
+        codec: arm.codec.map(str::to_string),
         valid_loss,
         bytes_per_round: 0.0,
         f32_bytes_per_round: 0.0,
@@ -209,7 +206,7 @@ fn one_process(
 }
 
 /// A local swarm of threads with one shard, pushing and replying with `codec`.
-fn swarm(a: &SwarmGptArgs, job: &Job, codec: &str) -> anyhow::Result<ArmResult> {
+fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<ArmResult> {
     let dir = std::env::temp_dir().join(format!(
         "murmur-repro-swarm-gpt-{}-{}",
         std::process::id(),
@@ -270,8 +267,8 @@ fn swarm(a: &SwarmGptArgs, job: &Job, codec: &str) -> anyhow::Result<ArmResult> 
     swarm.finish()?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ArmResult {
-        label: String::new(),
-        codec: None,
+        label: arm.label.to_string(),
+        codec: arm.codec.map(str::to_string),
         valid_loss: valid_loss.into_iter().collect(),
         bytes_per_round: bytes as f64 / rounds.max(1) as f64,
         f32_bytes_per_round: f32_bytes as f64 / rounds.max(1) as f64,
