@@ -26,7 +26,7 @@ use crate::error::{NetError, Result};
 /// anything else.
 pub const MAGIC: u16 = 0x4D55;
 /// The protocol version carried in every header; peers refuse frames of any other version.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Size in bytes of a frame header: magic, version, kind, reserved flags, rank, key, step, element
 /// count and payload length.
 pub const HEADER: usize = 32;
@@ -316,6 +316,11 @@ pub struct Hello {
 pub struct Register {
     /// Every key the worker will push to this server, with its element count.
     pub keys: Vec<KeySpec>,
+    /// Whether the worker sends this server (shard 0 only) the digest of its replica before
+    /// each round's pushes: its round then counts as pushed only once the digest is in too.
+    /// Frames on separate streams arrive in any order, so without this a round could close
+    /// before a digest sent ahead of the pushes, and its verdict miss that replica.
+    pub replica_digests: bool,
 }
 
 impl Register {
@@ -493,6 +498,7 @@ mod tests {
                 };
                 5
             ],
+            replica_digests: false,
         };
         let limits = |max_keys, max_total_numel| Limits {
             max_keys,

@@ -49,7 +49,10 @@ async fn rank_2_through_round_0(conn: &quinn::Connection, node: &str) {
     send(conn, Frame::control(Kind::Hello, 2, 0, &hello))
         .await
         .unwrap();
-    let register = Register { keys: keys() };
+    let register = Register {
+        keys: keys(),
+        replica_digests: false,
+    };
     send(conn, Frame::control(Kind::Register, 2, 0, &register))
         .await
         .unwrap();

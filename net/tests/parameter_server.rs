@@ -17,11 +17,18 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
     let in_process = train_in_process(local_collectives(world as usize), &plan, steps);
     let swarm = Swarm::generate("bits").unwrap();
     let servers = start_servers(&swarm, 2, every_member());
-    let over_quic = on_every_rank(&swarm, &servers.addrs, world, &plan, |_, mut dp| {
-        assert!(dp.partitions().len() > 4, "several keys over two shards");
-        train(&mut dp, steps);
-        bits(&dp.replica)
-    });
+    let over_quic = on_every_rank(
+        &swarm,
+        &servers.addrs,
+        world,
+        &plan,
+        client_options(),
+        |_, mut dp| {
+            assert!(dp.partitions().len() > 4, "several keys over two shards");
+            train(&mut dp, steps);
+            bits(&dp.replica)
+        },
+    );
     assert!(in_process.iter().all(|b| *b == in_process[0]));
     assert!(
         over_quic.iter().all(|b| *b == over_quic[0]),

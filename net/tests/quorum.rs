@@ -32,33 +32,40 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     let (world, steps, stall_at) = (3u16, 40u64, 8u64);
     let stall = Duration::from_secs(3);
     let plan = plan("topk:0.25", "f16");
-    let results = on_every_rank(&swarm, &servers.addrs, world, &plan, |rank, mut dp| {
-        let (mut longest, mut late, mut logged) = (Duration::ZERO, 0, Vec::new());
-        while dp.round() < steps {
-            if rank == 2 && dp.round() == stall_at {
-                std::thread::sleep(stall);
+    let results = on_every_rank(
+        &swarm,
+        &servers.addrs,
+        world,
+        &plan,
+        client_options(),
+        |rank, mut dp| {
+            let (mut longest, mut late, mut logged) = (Duration::ZERO, 0, Vec::new());
+            while dp.round() < steps {
+                if rank == 2 && dp.round() == stall_at {
+                    std::thread::sleep(stall);
+                }
+                let step = dp.round();
+                let (x, y) = batch(step, rank as usize);
+                let began = Instant::now();
+                dp.step((&x, &y), rank as usize * BATCH).unwrap();
+                longest = longest.max(began.elapsed());
+                // The shards' summaries say whether this rank's push counted.
+                let summaries = dp.collective.closed(step).unwrap();
+                if summaries.iter().any(|c| !c.participants.contains(&rank)) {
+                    late += 1;
+                }
+                logged.push(
+                    summaries
+                        .into_iter()
+                        .map(|c| c.participants)
+                        .collect::<Vec<_>>(),
+                );
+                // Pace the rounds so that the stall spans several of them.
+                std::thread::sleep(Duration::from_millis(20));
             }
-            let step = dp.round();
-            let (x, y) = batch(step, rank as usize);
-            let began = Instant::now();
-            dp.step((&x, &y), rank as usize * BATCH).unwrap();
-            longest = longest.max(began.elapsed());
-            // The shards' summaries say whether this rank's push counted.
-            let summaries = dp.collective.closed(step).unwrap();
-            if summaries.iter().any(|c| !c.participants.contains(&rank)) {
-                late += 1;
-            }
-            logged.push(
-                summaries
-                    .into_iter()
-                    .map(|c| c.participants)
-                    .collect::<Vec<_>>(),
-            );
-            // Pace the rounds so that the stall spans several of them.
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (bits(&dp.replica), longest, late, logged)
-    });
+            (bits(&dp.replica), longest, late, logged)
+        },
+    );
     eprintln!("rank 2 was late in {} rounds", results[2].2);
     assert!(results[2].2 >= 1, "rank 2's late pushes counted");
     for (rank, (_, longest, _, _)) in results.iter().enumerate().take(2) {

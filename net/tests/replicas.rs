@@ -9,6 +9,7 @@ use murmur_engine::nn::Module;
 use murmur_engine::train::DataParallel;
 use murmur_engine::Tensor;
 use murmur_net::identity::Swarm;
+use murmur_net::ps::ClientOptions;
 
 /// Three ranks train ten rounds; after round 5, rank 2's replica is changed behind the
 /// swarm's back (one extra optimizer step of its own: a flipped bit in memory, a GPU that
@@ -21,27 +22,38 @@ fn a_replica_that_goes_astray_is_named_in_the_next_rounds_summary() {
     let servers = start_servers(&swarm, 2, every_member());
     let (world, steps, astray_after) = (3u16, 10u64, 6u64);
     let plan = plan("topk:0.25", "f16");
-    let seen = on_every_rank(&swarm, &servers.addrs, world, &plan, |rank, mut dp| {
-        let mut seen = Vec::new();
-        while dp.round() < steps {
-            if rank == 2 && dp.round() == astray_after {
-                go_astray(&mut dp);
+    let with_digests = ClientOptions {
+        replica_digests: true,
+        ..client_options()
+    };
+    let seen = on_every_rank(
+        &swarm,
+        &servers.addrs,
+        world,
+        &plan,
+        with_digests,
+        |rank, mut dp| {
+            let mut seen = Vec::new();
+            while dp.round() < steps {
+                if rank == 2 && dp.round() == astray_after {
+                    go_astray(&mut dp);
+                }
+                let step = dp.round();
+                let digest = dp.replica.parameter_digest().unwrap();
+                dp.collective.send_digest(step, digest).unwrap();
+                let (x, y) = batch(step, rank as usize);
+                dp.step((&x, &y), rank as usize * BATCH).unwrap();
+                let summaries = dp.collective.closed(step).unwrap();
+                assert_eq!(summaries.len(), 2);
+                for summary in &summaries {
+                    assert_eq!(summary.participants, [0, 1, 2], "round {step}");
+                }
+                assert_eq!(summaries[1].replicas, None, "only shard 0 compares");
+                seen.push((digest, summaries[0].replicas));
             }
-            let step = dp.round();
-            let digest = dp.replica.parameter_digest().unwrap();
-            dp.collective.send_digest(step, digest).unwrap();
-            let (x, y) = batch(step, rank as usize);
-            dp.step((&x, &y), rank as usize * BATCH).unwrap();
-            let summaries = dp.collective.closed(step).unwrap();
-            assert_eq!(summaries.len(), 2);
-            for summary in &summaries {
-                assert_eq!(summary.participants, [0, 1, 2], "round {step}");
-            }
-            assert_eq!(summaries[1].replicas, None, "only shard 0 compares");
-            seen.push((digest, summaries[0].replicas));
-        }
-        seen
-    });
+            seen
+        },
+    );
     for (step, ((zero, one), two)) in seen[0].iter().zip(&seen[1]).zip(&seen[2]).enumerate() {
         let verdict = zero.1.expect("shard 0 compared the digests");
         assert_eq!(Some(verdict), one.1, "one verdict for all");

@@ -338,6 +338,7 @@ impl Run {
     fn client_options(&self) -> ClientOptions {
         ClientOptions {
             link: self.config.link.link(),
+            replica_digests: true,
             ..ClientOptions::default()
         }
     }

@@ -35,6 +35,10 @@ pub struct ClientOptions {
     pub start_timeout: Duration,
     /// Longest wait for a QUIC handshake.
     pub connect_timeout: Duration,
+    /// Whether this worker sends shard 0 a replica digest every round
+    /// ([`QuicCollective::send_digest`]): shard 0 then counts its round only with the digest,
+    /// so that every round's verdict compares every participant's replica.
+    pub replica_digests: bool,
 }
 
 impl Default for ClientOptions {
@@ -45,6 +49,7 @@ impl Default for ClientOptions {
             round_timeout: Duration::from_secs(600),
             start_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(20),
+            replica_digests: false,
         }
     }
 }
@@ -378,8 +383,15 @@ impl QuicCollective {
     }
 
     /// Sends shard 0 the digest of the replica with which this worker enters round `step`
-    /// (before the round's pushes), for the shard to compare with the other workers'.
+    /// (before the round's pushes), for the shard to compare with the other workers'. Only a
+    /// worker connected with [`ClientOptions::replica_digests`] sends them: shard 0 then
+    /// waits for one every round.
     pub fn send_digest(&mut self, step: u64, digest: u64) -> Result<()> {
+        if !self.options.replica_digests {
+            return Err(NetError::Protocol(
+                "replica digests need ClientOptions::replica_digests when connecting".into(),
+            ));
+        }
         let frame = Frame::control(Kind::Digest, self.rank, step, &ReplicaDigest { digest });
         let conn = self.shards[0].clone();
         self.in_flight
@@ -485,8 +497,12 @@ impl Collective for QuicCollective {
             self.owners.insert(spec.key, (shard, spec.numel));
             per_shard[shard].push(spec.clone());
         }
-        for (conn, keys) in self.shards.iter().zip(per_shard) {
-            let frame = Frame::control(Kind::Register, self.rank, 0, &Register { keys });
+        for (shard, (conn, keys)) in self.shards.iter().zip(per_shard).enumerate() {
+            let register = Register {
+                keys,
+                replica_digests: self.options.replica_digests && shard == 0,
+            };
+            let frame = Frame::control(Kind::Register, self.rank, 0, &register);
             let conn = conn.clone();
             self.runtime
                 .block_on(async move { send(&conn, frame).await })?;

@@ -431,7 +431,18 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         Kind::Push => on_push(shared, id, frame).await?,
         Kind::Digest => {
             let digest: ReplicaDigest = frame.message()?;
-            lock(shared).record_digest(id, frame.step, digest.digest)?;
+            let complete = {
+                let mut state = lock(shared);
+                state.record_digest(id, frame.step, digest.digest)?;
+                state.round_complete()
+            };
+            // The digest may be the last thing a round waited for.
+            if complete {
+                let shared = shared.clone();
+                tokio::spawn(async move { close_round_if_complete(&shared).await });
+            } else {
+                arm_quorum(shared);
+            }
         }
         Kind::Snapshot => {
             // Files are written off the runtime's threads.

@@ -150,6 +150,8 @@ pub struct ShardState {
     quorum_rounds: u64,
     /// The replica digests of the open round, by rank (workers send them to shard 0).
     digests: BTreeMap<u16, u64>,
+    /// Ranks that registered to send a digest each round: theirs counts as pushed only with it.
+    digest_senders: BTreeSet<u16>,
     /// Registered ranks that start the first round (the world's size if not set).
     start_with: Option<u16>,
 }
@@ -186,6 +188,7 @@ impl ShardState {
             opened: None,
             quorum_rounds: 0,
             digests: BTreeMap::new(),
+            digest_senders: BTreeSet::new(),
             start_with: None,
         }
     }
@@ -247,7 +250,11 @@ impl ShardState {
             return refuse("the folder holds the state of another job: give this job a folder of its own, or remove the old one".into());
         }
         let specs: Vec<_> = saved.keys.iter().map(|(s, _)| s.clone()).collect();
-        Register { keys: specs }.check(&limits)?;
+        Register {
+            keys: specs,
+            replica_digests: false,
+        }
+        .check(&limits)?;
         let mut state = ShardState::new(shard, limits, max_log_rounds);
         for (spec, key) in saved.keys {
             let id = spec.key;
@@ -417,6 +424,12 @@ impl ShardState {
             return protocol("registered twice".into());
         }
         register.check(&self.limits)?;
+        if register.replica_digests && self.shard != 0 {
+            return protocol(format!(
+                "replica digests go to shard 0, not to shard {}",
+                self.shard
+            ));
+        }
         if !self.keys_fixed {
             let mut keys = BTreeMap::new();
             for spec in &register.keys {
@@ -444,6 +457,9 @@ impl ShardState {
         let started = self.started;
         let peer = self.peers.get_mut(&id).expect("checked above");
         peer.registered = true;
+        if register.replica_digests {
+            self.digest_senders.insert(peer.rank);
+        }
         if started {
             return Ok(vec![(
                 id,
@@ -556,7 +572,11 @@ impl ShardState {
             ));
         }
         if step == self.open_step {
-            self.digests.insert(peer.rank, digest);
+            let rank = peer.rank;
+            let first = self.digests.insert(rank, digest).is_none();
+            if let (true, true, Some(opened)) = (first, self.finished(rank), self.opened) {
+                self.push_times.record(opened.elapsed());
+            }
         }
         Ok(())
     }
@@ -587,8 +607,11 @@ impl ShardState {
         self.peers.values().filter(|p| p.active).map(|p| p.rank)
     }
 
+    /// Whether `rank` has pushed every key of the open round, and its replica digest if it
+    /// registered to send one.
     fn finished(&self, rank: u16) -> bool {
         self.pushed.get(&rank).copied().unwrap_or(0) == self.keys.len()
+            && (!self.digest_senders.contains(&rank) || self.digests.contains_key(&rank))
     }
 
     /// The members of the open round: its active ranks and those it expects back.
@@ -825,6 +848,8 @@ impl ShardState {
             entry.discard(peer.rank as usize);
         }
         self.pushed.remove(&peer.rank);
+        // One connection per rank (a newer one replaces the older before it registers).
+        self.digest_senders.remove(&peer.rank);
         if peer.active && how == Departure::Reconnecting {
             self.expected.insert(peer.rank);
         }
@@ -893,6 +918,7 @@ mod tests {
         state.hello(7, &solo).unwrap();
         let register = Register {
             keys: keys.iter().map(|&k| spec(k)).collect(),
+            replica_digests: false,
         };
         assert_eq!(state.register(7, &register).unwrap().len(), 1);
         for step in 0..2u64 {
@@ -949,6 +975,7 @@ mod tests {
                 sync_every: 0,
                 owner: String::new(),
             }],
+            replica_digests: false,
         }
     }
 
@@ -1108,6 +1135,39 @@ mod tests {
         assert!(push(&mut state, 0, 1, 1.0) && push(&mut state, 1, 1, 3.0));
         let round = state.close_round().unwrap();
         assert_eq!((round.replicas, round.participants), (None, vec![0, 1]));
+    }
+
+    /// Frames travel on streams of their own and arrive in any order: a digest sent ahead of
+    /// the pushes may come after them. A rank that registered to send digests has finished
+    /// its round only with its digest, so that the round's verdict compares its replica.
+    #[test]
+    fn a_rank_that_sends_digests_finishes_its_round_only_with_its_digest() {
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(2);
+        let with_digests = Register {
+            replica_digests: true,
+            ..one_key()
+        };
+        for rank in 0..2u16 {
+            state.hello(rank as PeerId, &hello(rank)).unwrap();
+            state.register(rank as PeerId, &with_digests).unwrap();
+        }
+        state.record_digest(0, 0, 5).unwrap();
+        assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
+        assert!(!state.round_complete(), "rank 1's digest is not in");
+        assert!(state.close_round().is_none());
+        state.record_digest(1, 0, 9).unwrap();
+        let round = state.close_round().expect("both ranks finished");
+        assert_eq!(round.participants, [0, 1]);
+        assert_eq!(round.diverged, [(0, 5), (1, 9)], "both replicas compared");
+        // Only shard 0 compares digests: another shard refuses a worker that would send them.
+        let mut other = ShardState::new(1, Limits::default(), 10);
+        other.fix_world(2);
+        let mut on_shard_1 = hello(0);
+        on_shard_1.shard = 1;
+        on_shard_1.shards = 2;
+        other.hello(0, &on_shard_1).unwrap();
+        assert!(other.register(0, &with_digests).is_err());
     }
 
     #[test]

@@ -78,6 +78,16 @@ pub fn client_options() -> ClientOptions {
 }
 
 pub fn worker(swarm: &Swarm, servers: &[SocketAddr], rank: u16, world: u16) -> QuicCollective {
+    worker_with(swarm, servers, rank, world, client_options())
+}
+
+pub fn worker_with(
+    swarm: &Swarm,
+    servers: &[SocketAddr],
+    rank: u16,
+    world: u16,
+    options: ClientOptions,
+) -> QuicCollective {
     let creds: Credentials = swarm.credentials(&format!("worker-{rank}")).unwrap();
     QuicCollective::connect(
         servers,
@@ -85,27 +95,28 @@ pub fn worker(swarm: &Swarm, servers: &[SocketAddr], rank: u16, world: u16) -> Q
         rank,
         world,
         &format!("worker-{rank}"),
-        client_options(),
+        options,
     )
     .unwrap()
 }
 
 /// Runs `rank` for every rank of a `world` of workers on threads of their own, each with a
-/// classifier trained through the servers at `servers` with `plan` and error feedback;
-/// returns what each gave back, in rank order.
+/// classifier trained through the servers at `servers` with `plan` and error feedback, and
+/// connected with `options`; returns what each gave back, in rank order.
 pub fn on_every_rank<T: Send>(
     swarm: &Swarm,
     servers: &[SocketAddr],
     world: u16,
     plan: &PartitionPlan,
+    options: ClientOptions,
     rank: impl Fn(u16, DataParallel<QuicCollective>) -> T + Sync,
 ) -> Vec<T> {
     std::thread::scope(|s| {
         let joins: Vec<_> = (0..world)
             .map(|r| {
-                let rank = &rank;
+                let (rank, options) = (&rank, options.clone());
                 s.spawn(move || {
-                    let c = worker(swarm, servers, r, world);
+                    let c = worker_with(swarm, servers, r, world, options);
                     rank(r, DataParallel::new(classifier(), c, plan, "ef").unwrap())
                 })
             })

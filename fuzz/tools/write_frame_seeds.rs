@@ -1,0 +1,135 @@
+//! Writes `seeds/frame_decode/`: one well-formed frame of every kind, encoded by the wire
+//! module as it is now, so that the seeds carry the current protocol version and message
+//! layouts (the fuzzer starts from frames that decode, not from ones refused at the header).
+//! Run after any change to `murmur_net::wire`: `cargo run --bin write_frame_seeds`.
+
+use murmur_engine::comm::KeySpec;
+use murmur_net::wire::{
+    Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Register, Registered,
+    ReplicaDigest, ReplicaVerdict, Welcome,
+};
+
+fn main() -> std::io::Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/frame_decode");
+    std::fs::create_dir_all(&dir)?;
+    let key = |key: murmur_engine::comm::Key, push: &str| KeySpec {
+        key,
+        numel: 8,
+        push: push.into(),
+        pull: "f16".into(),
+        server_memory: "ef".into(),
+        seed: 7,
+        sync_every: 0,
+        owner: String::new(),
+    };
+    let floats: Vec<u8> = (0..8).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    let seeds = [
+        (
+            "hello",
+            Frame::control(
+                Kind::Hello,
+                1,
+                0,
+                &Hello {
+                    rank: 1,
+                    world: 4,
+                    shard: 0,
+                    shards: 2,
+                    node: "worker-1".into(),
+                },
+            ),
+        ),
+        (
+            "register",
+            Frame::control(
+                Kind::Register,
+                1,
+                0,
+                &Register {
+                    keys: vec![key(1, "f32"), key(2, "topk:0.25")],
+                    replica_digests: true,
+                },
+            ),
+        ),
+        (
+            "registered",
+            Frame::control(
+                Kind::Registered,
+                0,
+                0,
+                &Registered {
+                    open_step: 12,
+                    underway: true,
+                },
+            ),
+        ),
+        ("push_f32", Frame::new(Kind::Push, 1, 1, 12, 8, floats.clone())),
+        ("reply", Frame::new(Kind::Reply, 0, 1, 12, 8, floats)),
+        ("snapshot", Frame::new(Kind::Snapshot, 0, 0, 10, 0, b"snapshot".to_vec())),
+        (
+            "catchup_request",
+            Frame::control(Kind::CatchupRequest, 1, 0, &CatchupRequest {}),
+        ),
+        (
+            "catchup",
+            Frame::control(
+                Kind::Catchup,
+                0,
+                0,
+                &Catchup {
+                    snapshot_step: Some(10),
+                    first_step: 10,
+                    open_step: 12,
+                },
+            ),
+        ),
+        (
+            "join",
+            Frame::control(
+                Kind::Join,
+                0,
+                0,
+                &Join {
+                    node: "worker-1".into(),
+                },
+            ),
+        ),
+        (
+            "welcome",
+            Frame::control(
+                Kind::Welcome,
+                0,
+                0,
+                &Welcome {
+                    rank: 1,
+                    world: 4,
+                    job: r#"{"model":"mlp"}"#.into(),
+                },
+            ),
+        ),
+        (
+            "digest",
+            Frame::control(Kind::Digest, 1, 12, &ReplicaDigest { digest: 0x1234 }),
+        ),
+        (
+            "closed",
+            Frame::control(
+                Kind::Closed,
+                0,
+                12,
+                &Closed {
+                    participants: vec![0, 1, 3],
+                    replicas: Some(ReplicaVerdict {
+                        majority: Some(0x1234),
+                        disagreed: true,
+                    }),
+                },
+            ),
+        ),
+    ];
+    for (name, frame) in seeds {
+        std::fs::write(dir.join(name), frame.encode())?;
+    }
+    println!("wrote the frame seeds to {}", dir.display());
+    Ok(())
+}
