@@ -306,3 +306,54 @@ fn a_loco_scale_recalibrated_mid_run_moves_pushes_and_replies_alike() {
     late.apply_replies(&replies).unwrap();
     assert_eq!(late.push_log2s(), Some(11));
 }
+
+/// Shares of unequal size weigh by their samples: two ranks holding 6 and 2 samples of a
+/// batch of 8 take the step one process takes on all 8 (up to rounding), where a plain mean
+/// of the two shares' gradients would count each of the 2 samples three times as much.
+#[test]
+fn unequal_shares_weigh_as_the_whole_batch() {
+    let device = Device::Cpu;
+    let config = ClassifierConfig {
+        hidden: vec![16],
+        seed: 9,
+        ..ClassifierConfig::default()
+    };
+    let (features, classes, samples) = (6, 3, 8);
+    let x: Vec<f32> = (0..features * samples)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+        .collect();
+    let y: Vec<u32> = (0..samples as u32).map(|i| (i * 5 + 1) % classes).collect();
+    let mut whole = Classifier::new(&device, features, classes as usize, &config).unwrap();
+    whole.step(&x, &y).unwrap();
+    let cut = 6;
+    let plan = PartitionPlan {
+        min_compress_bytes: usize::MAX,
+        ..PartitionPlan::default()
+    };
+    let ranks: Vec<Classifier> = std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(2)
+            .into_iter()
+            .map(|c| {
+                let (x, y, config, plan, device) = (&x, &y, &config, &plan, &device);
+                s.spawn(move || {
+                    let rank = murmur_engine::comm::Collective::rank(&c);
+                    let share = if rank == 0 { 0..cut } else { cut..samples };
+                    let clf = Classifier::new(device, features, classes as usize, config).unwrap();
+                    let mut dp = DataParallel::new(clf, c, plan, "none").unwrap();
+                    let rows = &x[share.start * features..share.end * features];
+                    dp.step((rows, &y[share.clone()]), share.start).unwrap();
+                    dp.replica
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert_eq!(bits(&ranks[0]), bits(&ranks[1]), "replicas agree");
+    let values = |c: &Classifier| bits(c).into_iter().map(f32::from_bits).collect::<Vec<_>>();
+    let worst = values(&ranks[0])
+        .iter()
+        .zip(&values(&whole))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-6, "the split step is off by up to {worst}");
+}

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::wire::{
     Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Register,
-    Registered, ReplicaDigest, Welcome, HEADER,
+    Registered, ReplicaDigest, Welcome, HEADER, split_push,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -39,7 +39,11 @@ fuzz_target!(|data: &[u8]| {
                     for spec in register.keys {
                         // A codec the server builds must also refuse a payload cleanly.
                         if let Ok(state) = KeyState::new(spec) {
-                            let _ = state.push_decoder(0, 0).map(|d| d.decode(&frame.payload));
+                            if let (Ok(d), Ok((samples, codes))) =
+                                (state.push_decoder(0, 0), split_push(&frame.payload))
+                            {
+                                let _ = d.decode(samples, codes);
+                            }
                         }
                     }
                 }

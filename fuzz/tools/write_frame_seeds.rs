@@ -23,6 +23,8 @@ fn main() -> std::io::Result<()> {
         owner: String::new(),
     };
     let floats: Vec<u8> = (0..8).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    // A push stands for its samples (u32) ahead of the codec payload.
+    let push = [&32u32.to_le_bytes()[..], &floats].concat();
     let seeds = [
         (
             "hello",
@@ -63,7 +65,7 @@ fn main() -> std::io::Result<()> {
                 },
             ),
         ),
-        ("push_f32", Frame::new(Kind::Push, 1, 1, 12, 8, floats.clone())),
+        ("push_f32", Frame::new(Kind::Push, 1, 1, 12, 8, push)),
         ("reply", Frame::new(Kind::Reply, 0, 1, 12, 8, floats)),
         ("snapshot", Frame::new(Kind::Snapshot, 0, 0, 10, 0, b"snapshot".to_vec())),
         (

@@ -217,6 +217,21 @@ pub async fn send_parts(conn: &Connection, header: &Header, payload: Bytes) -> R
     send_chunks(conn, &mut [header, payload]).await
 }
 
+/// Sends a push frame: `header` (whose length counts the sample count) and the payload, the
+/// count of samples the push stands for ahead of the codec payload, which goes to quinn
+/// without a copy.
+pub async fn send_push(
+    conn: &Connection,
+    header: &Header,
+    samples: u32,
+    payload: Bytes,
+) -> Result<()> {
+    debug_assert_eq!(header.len, crate::wire::PUSH_PREFIX + payload.len());
+    let header = Bytes::copy_from_slice(&header.encode());
+    let samples = Bytes::copy_from_slice(&samples.to_le_bytes());
+    send_chunks(conn, &mut [header, samples, payload]).await
+}
+
 /// Sends bytes that are already a whole frame, on a stream of its own.
 pub async fn send_bytes(conn: &Connection, bytes: Bytes) -> Result<()> {
     send_chunks(conn, &mut [bytes]).await

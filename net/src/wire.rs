@@ -295,6 +295,21 @@ impl Frame {
     }
 }
 
+/// Bytes before a push's codec payload: the samples the push stands for, u32 little-endian.
+pub const PUSH_PREFIX: usize = 4;
+
+/// Splits a push frame's payload into the samples it stands for and the codec payload; fails
+/// on a payload too short to hold the count.
+pub fn split_push(payload: &[u8]) -> Result<(u32, &[u8])> {
+    match payload.split_first_chunk::<PUSH_PREFIX>() {
+        Some((samples, rest)) => Ok((u32::from_le_bytes(*samples), rest)),
+        None => Err(NetError::Wire(format!(
+            "a push of {} bytes has no sample count",
+            payload.len()
+        ))),
+    }
+}
+
 /// A worker introduces itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

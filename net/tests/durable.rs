@@ -51,13 +51,13 @@ fn a_shard_that_cannot_save_stops_before_replying_and_resumes_there() {
     let serving = runtime.spawn(server.run());
     let mut worker_0 = worker(&swarm, &[addr], 0, 1);
     worker_0.register(&keys()).unwrap();
-    worker_0.push_pull(0, push(1.0)).unwrap();
+    worker_0.push_pull(0, 1, push(1.0)).unwrap();
     // The disk goes bad: the state file can no longer be replaced.
     let state = dir.join("state");
     let good = std::fs::read(&state).unwrap();
     std::fs::remove_file(&state).unwrap();
     std::fs::create_dir_all(state.join("in-the-way")).unwrap();
-    let lost = worker_0.push_pull(1, push(2.0));
+    let lost = worker_0.push_pull(1, 1, push(2.0));
     assert!(lost.is_err(), "a reply to a round the shard did not save");
     let ended = runtime
         .block_on(async { tokio::time::timeout(Duration::from_secs(20), serving).await })
@@ -81,7 +81,7 @@ fn a_shard_that_cannot_save_stops_before_replying_and_resumes_there() {
     assert!(worker_0.underway());
     let plan = worker_0.catch_up(1).unwrap();
     assert_eq!((plan.from, plan.to), (1, 1), "{plan:?}");
-    let reply = worker_0.push_pull(1, push(2.0)).unwrap();
+    let reply = worker_0.push_pull(1, 1, push(2.0)).unwrap();
     let values = parse("f32")
         .unwrap()
         .decode(&reply[0].1, 4, &Default::default())

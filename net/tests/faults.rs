@@ -27,6 +27,11 @@ fn f32_payload(values: &[f32]) -> Vec<u8> {
     parse("f32").unwrap().encode(values, &Default::default())
 }
 
+/// A push frame's payload as a worker sends it: one sample's worth of f32 values.
+fn f32_push(values: &[f32]) -> Vec<u8> {
+    [&1u32.to_le_bytes()[..], &f32_payload(values)].concat()
+}
+
 /// What a misbehaving rank 2 does in round 1, after an honest round 0.
 #[derive(Clone, Copy, Debug)]
 enum Misdeed {
@@ -59,7 +64,7 @@ async fn rank_2_through_round_0(conn: &quinn::Connection, node: &str) {
     let limits = Limits::default();
     let registered = receive(conn, &limits).await.unwrap().unwrap();
     assert_eq!(registered.kind, Kind::Registered);
-    let push = Frame::new(Kind::Push, 2, KEY, 0, 4, f32_payload(&[2.0, 0.0, 1.0, 2.0]));
+    let push = Frame::new(Kind::Push, 2, KEY, 0, 4, f32_push(&[2.0, 0.0, 1.0, 2.0]));
     send(conn, push).await.unwrap();
     // The round's summary travels beside its reply, in either order.
     let mut reply = receive(conn, &limits).await.unwrap().unwrap();
@@ -76,13 +81,13 @@ async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed)
     let conn = connect(&endpoint, addr).await.unwrap();
     rank_2_through_round_0(&conn, "rogue").await;
     let push = |step, key, numel, payload| Frame::new(Kind::Push, 2, key, step, numel, payload);
-    let valid = push(1, KEY, 4, f32_payload(&[9.0; 4])).encode();
+    let valid = push(1, KEY, 4, f32_push(&[9.0; 4])).encode();
     let bad: Vec<u8> = match misdeed {
         Misdeed::Garbage => (0..200u32).map(|i| (i * 37 % 251) as u8).collect(),
         Misdeed::Truncated => valid[..valid.len() - 3].to_vec(),
         Misdeed::Oversized => push(1, KEY, 4, vec![0; 2 * MAX_PAYLOAD]).encode(),
-        Misdeed::UnknownKey => push(1, 0xdead, 4, f32_payload(&[1.0; 4])).encode(),
-        Misdeed::WrongSize => push(1, KEY, 5, f32_payload(&[1.0; 5])).encode(),
+        Misdeed::UnknownKey => push(1, 0xdead, 4, f32_push(&[1.0; 4])).encode(),
+        Misdeed::WrongSize => push(1, KEY, 5, f32_push(&[1.0; 5])).encode(),
     };
     send_bytes(&conn, bad.into()).await.unwrap();
     match conn.closed().await {
@@ -123,7 +128,9 @@ fn honest_ranks_are_served_while(misdeed: Misdeed, expected_reason: &str) {
                     (0..4u64)
                         .map(|step| {
                             let mine = [rank as f32, step as f32, 1.0, 2.0];
-                            let reply = c.push_pull(step, vec![(KEY, f32_payload(&mine))]).unwrap();
+                            let reply = c
+                                .push_pull(step, 1, vec![(KEY, f32_payload(&mine))])
+                                .unwrap();
                             parse("f32")
                                 .unwrap()
                                 .decode(&reply[0].1, 4, &Default::default())
@@ -242,7 +249,7 @@ fn a_worker_that_stalls_mid_round_is_evicted_at_the_deadline_and_rejoins_in_step
             let payload = parse("topk:0.25")
                 .unwrap()
                 .encode(&vec![0.0; first.len], &Default::default());
-            dp.collective.push(stall_at, first.key, payload).unwrap();
+            dp.collective.push(stall_at, first.key, 1, payload).unwrap();
             let keys: Vec<Key> = dp.partitions().iter().map(|p| p.key).collect();
             let err = dp.collective.pull(stall_at, &keys).unwrap_err().to_string();
             assert!(err.contains("deadline"), "stalled worker told: {err}");
@@ -324,10 +331,10 @@ fn a_silent_worker_is_out_of_the_round_within_the_peer_timeout() {
                 s.spawn(move || {
                     let mut c = worker(swarm, addrs, rank, 3);
                     c.register(&keys()).unwrap();
-                    c.push_pull(0, vec![(KEY, f32_payload(&[rank as f32; 4]))])
+                    c.push_pull(0, 1, vec![(KEY, f32_payload(&[rank as f32; 4]))])
                         .unwrap();
                     let began = Instant::now();
-                    c.push_pull(1, vec![(KEY, f32_payload(&[rank as f32; 4]))])
+                    c.push_pull(1, 1, vec![(KEY, f32_payload(&[rank as f32; 4]))])
                         .unwrap();
                     began.elapsed()
                 })

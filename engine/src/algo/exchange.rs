@@ -13,6 +13,10 @@ use crate::compress::{parse, Codec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::Feedback;
 
+/// The samples each push stands for: an algorithm's workers all take equal shares of every
+/// step's batch, so every push weighs the same and the servers take the plain mean.
+const EQUAL_SHARES: u32 = 1;
+
 /// What the servers do with every block of an algorithm: the codec of worker pushes, the codec
 /// of their reply, their error-feedback memory, the period of sync rounds (0: none), and the
 /// optimizer with which they own the parameters (empty: the workers own them).
@@ -294,7 +298,7 @@ impl Exchange {
             }
         }
         for (b, (payload, _)) in self.blocks.iter().zip(encoded) {
-            self.collective.push(round, b.key, payload)?;
+            self.collective.push(round, b.key, EQUAL_SHARES, payload)?;
         }
         let replies = self.collective.pull(round, &keys)?;
         let pull_of = |b: &Block| -> &dyn Codec {

@@ -43,7 +43,8 @@ pub struct LocalCollective {
     shared: Arc<Shared>,
     rank: usize,
     /// This round's pushes, delivered to the hub together by `pull`.
-    outbox: Vec<(Key, Vec<u8>)>,
+    /// This rank's pushes of the open round: key, samples, payload.
+    outbox: Vec<(Key, u32, Vec<u8>)>,
 }
 
 /// Handles for `world` ranks, to be moved one to each thread.
@@ -163,8 +164,8 @@ impl Collective for LocalCollective {
         hub.keys.get(&key)?.server_error().ok()
     }
 
-    fn push(&mut self, _step: u64, key: Key, payload: Vec<u8>) -> Result<()> {
-        self.outbox.push((key, payload));
+    fn push(&mut self, _step: u64, key: Key, samples: u32, payload: Vec<u8>) -> Result<()> {
+        self.outbox.push((key, samples, payload));
         Ok(())
     }
 
@@ -182,7 +183,7 @@ impl Collective for LocalCollective {
         }
         let decoders: Result<Vec<PushDecoder>> = pushes
             .iter()
-            .map(|(key, _)| {
+            .map(|(key, _, _)| {
                 hub.keys
                     .get(key)
                     .ok_or_else(|| Error::Data(format!("unknown key {key:#x}")))?
@@ -195,20 +196,21 @@ impl Collective for LocalCollective {
         let decoded: Result<Vec<Push>> = decoders
             .par_iter()
             .zip(&pushes)
-            .map(|(d, (_, payload))| d.decode(payload))
+            .map(|(d, (_, samples, payload))| d.decode(*samples, payload))
             .collect();
         let mut hub = self.shared.hub.lock().expect("hub lock");
         let decoded = self.fail_on_error(&mut hub, decoded)?;
         // A key pushed twice in one round is refused, not overwritten.
-        let inserted: Result<()> = pushes
-            .iter()
-            .zip(decoded)
-            .try_for_each(|((key, _), values)| {
-                hub.keys
-                    .get_mut(key)
-                    .expect("checked above")
-                    .insert(rank, values)
-            });
+        let inserted: Result<()> =
+            pushes
+                .iter()
+                .zip(decoded)
+                .try_for_each(|((key, _, _), values)| {
+                    hub.keys
+                        .get_mut(key)
+                        .expect("checked above")
+                        .insert(rank, values)
+                });
         self.fail_on_error(&mut hub, inserted)?;
         hub.arrived += 1;
         if hub.arrived == world {
@@ -310,7 +312,7 @@ mod tests {
                                 let r = c.rank() as f32;
                                 let push = |v: f32| f32s.encode(&[v], &Default::default());
                                 let replies =
-                                    c.push_pull(step, vec![(1, push(r)), (2, push(10.0 * r))]);
+                                    c.push_pull(step, 1, vec![(1, push(r)), (2, push(10.0 * r))]);
                                 replies
                                     .unwrap()
                                     .iter()
@@ -358,7 +360,7 @@ mod tests {
                                             .encode(&[r * 2.0, -r], &Default::default()),
                                     ),
                                 ];
-                                let replies = c.push_pull(step, pushes).unwrap();
+                                let replies = c.push_pull(step, 1, pushes).unwrap();
                                 let mut v = parse("f32")
                                     .unwrap()
                                     .decode(&replies[0].1, 3, &Default::default())
@@ -399,18 +401,30 @@ mod tests {
         let ctx = |step| codec_context(3, step, 7);
         let push = codec.encode(&[0.5, -2.0, 1.0], &ctx(0)); // sends -2.0 at index 1
         let reply = codec
-            .decode(&c.push_pull(0, vec![(7, push)]).unwrap()[0].1, 3, &ctx(0))
+            .decode(
+                &c.push_pull(0, 1, vec![(7, push)]).unwrap()[0].1,
+                3,
+                &ctx(0),
+            )
             .unwrap();
         assert_eq!(reply, [0.0, -2.0, 0.0]);
         let push = codec.encode(&[0.0, 0.0, 0.6], &ctx(1)); // mean 0.6 at index 2; server adds nothing yet
         let reply = codec
-            .decode(&c.push_pull(1, vec![(7, push)]).unwrap()[0].1, 3, &ctx(1))
+            .decode(
+                &c.push_pull(1, 1, vec![(7, push)]).unwrap()[0].1,
+                3,
+                &ctx(1),
+            )
             .unwrap();
         assert_eq!(reply, [0.0, 0.0, 0.6]);
         let push = codec.encode(&[0.0, 0.0, 0.0], &ctx(2));
         // Nothing new: still nothing held back by the server (both sends were exact).
         let reply = codec
-            .decode(&c.push_pull(2, vec![(7, push)]).unwrap()[0].1, 3, &ctx(2))
+            .decode(
+                &c.push_pull(2, 1, vec![(7, push)]).unwrap()[0].1,
+                3,
+                &ctx(2),
+            )
             .unwrap();
         assert_eq!(reply.iter().filter(|v| **v != 0.0).count(), 0);
     }
@@ -432,13 +446,13 @@ mod tests {
         assert!(!key.is_sync_round(0) && !key.is_sync_round(1) && key.is_sync_round(2));
         for step in 0..2 {
             let push = topk.encode(&[1.0, 0.5, 0.25], &ctx(step));
-            c.push_pull(step, vec![(5, push)]).unwrap();
+            c.push_pull(step, 1, vec![(5, push)]).unwrap();
         }
         // What the server held back after two compressed rounds comes back in the sync round.
         let held = c.server_error(5).unwrap();
         assert!(held.iter().any(|v| *v != 0.0), "the server holds an error");
         let push = plain.encode(&[2.0, -1.0, 4.0], &ctx(2));
-        let reply = c.push_pull(2, vec![(5, push)]).unwrap().remove(0).1;
+        let reply = c.push_pull(2, 1, vec![(5, push)]).unwrap().remove(0).1;
         let expected: Vec<f32> = [2.0f32, -1.0, 4.0]
             .iter()
             .zip(&held)
@@ -450,9 +464,9 @@ mod tests {
         let push = topk.encode(&[1.0, 0.0, 0.0], &ctx(5));
         for step in 3..5 {
             let ok = topk.encode(&[1.0, 0.0, 0.0], &ctx(step));
-            c.push_pull(step, vec![(5, ok)]).unwrap();
+            c.push_pull(step, 1, vec![(5, ok)]).unwrap();
         }
-        assert!(c.push_pull(5, vec![(5, push)]).is_err());
+        assert!(c.push_pull(5, 1, vec![(5, push)]).is_err());
     }
 
     #[test]
@@ -478,6 +492,7 @@ mod tests {
                             let out = c
                                 .push_pull(
                                     step,
+                                    1,
                                     vec![
                                         (good, codec.encode(&mine, &ctx)),
                                         (FAILING_KEY_FOR_TESTS, codec.encode(&mine, &ctx)),
@@ -521,7 +536,7 @@ mod tests {
                         } else {
                             vec![1, 2, 3]
                         };
-                        c.push_pull(0, vec![(1, payload)]).is_ok()
+                        c.push_pull(0, 1, vec![(1, payload)]).is_ok()
                     })
                 })
                 .collect();

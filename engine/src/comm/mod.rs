@@ -105,9 +105,11 @@ pub trait Collective: Send {
     /// Declares the keys (same list, same order, on every rank) before the first round.
     fn register(&mut self, keys: &[KeySpec]) -> Result<()>;
 
-    /// Sends this rank's payload for one key of round `step`. Implementations may send at
-    /// once, so a caller pushes each partition as soon as it is encoded.
-    fn push(&mut self, step: u64, key: Key, payload: Vec<u8>) -> Result<()>;
+    /// Sends this rank's payload for one key of round `step`, standing for `samples` training
+    /// samples (its weight in the round's mean, [`shard::Push::samples`]; every key of a
+    /// round carries the same count). Implementations may send at once, so a caller pushes
+    /// each partition as soon as it is encoded.
+    fn push(&mut self, step: u64, key: Key, samples: u32, payload: Vec<u8>) -> Result<()>;
 
     /// Completes round `step`: the servers' reply for each of `keys` (in that order; identical
     /// bytes on every rank). Every key must have been pushed in this round.
@@ -119,11 +121,17 @@ pub trait Collective: Send {
         None
     }
 
-    /// One whole round: [`Collective::push`] every payload, then [`Collective::pull`].
-    fn push_pull(&mut self, step: u64, pushes: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>> {
+    /// One whole round: [`Collective::push`] every payload, each standing for `samples`, then
+    /// [`Collective::pull`].
+    fn push_pull(
+        &mut self,
+        step: u64,
+        samples: u32,
+        pushes: Vec<(Key, Vec<u8>)>,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let keys: Vec<Key> = pushes.iter().map(|(k, _)| *k).collect();
         for (key, payload) in pushes {
-            self.push(step, key, payload)?;
+            self.push(step, key, samples, payload)?;
         }
         self.pull(step, &keys)
     }

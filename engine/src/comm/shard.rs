@@ -2,7 +2,8 @@
 //! and the QUIC servers so that both give the same bits.
 //!
 //! A round: every push is decoded (and thereby validated) when it arrives; when the round
-//! closes, the decoded pushes are summed in rank order, scaled by 1/count, compensated with the
+//! closes, the decoded pushes are averaged in rank order, each weighted by the samples it
+//! stands for ([`Push::samples`]; equal weights take the plain mean), compensated with the
 //! server's memory, and encoded once with the pull codec: `Δ = mean + ẽ`, `p = C(Δ)`,
 //! `ẽ = Δ − D(p)` (Algorithms 3 and 4 of byteps-clan.md). A server that owns the key's
 //! parameters ([`owner`](super::owner)) instead steps its optimizer with the mean and replies
@@ -27,6 +28,9 @@ pub struct Push {
     pub header: Option<StepHeader>,
     /// The scale (`log2 s`) a rescalable LoCo push was coded at.
     pub log2s: Option<i32>,
+    /// The training samples the push stands for: its weight in the round's mean. A worker
+    /// without a share of the round pushes zeros standing for none.
+    pub samples: u32,
 }
 
 /// Decodes one push of a checked round (from [`KeyState::push_decoder`]).
@@ -40,9 +44,9 @@ pub struct PushDecoder {
 }
 
 impl PushDecoder {
-    /// Splits off the step header if the key expects one and decodes the rest with the push codec;
-    /// fails on a malformed payload.
-    pub fn decode(&self, payload: &[u8]) -> Result<Push> {
+    /// Splits off the step header if the key expects one and decodes the rest with the push codec,
+    /// as a push standing for `samples` training samples; fails on a malformed payload.
+    pub fn decode(&self, samples: u32, payload: &[u8]) -> Result<Push> {
         let (header, payload) = if self.headed {
             let (h, rest) = StepHeader::split(payload)?;
             (Some(h), rest)
@@ -53,6 +57,7 @@ impl PushDecoder {
             values: self.codec.decode(payload, self.numel, &self.ctx)?,
             header,
             log2s: payload_log2s(self.codec.spec(), payload),
+            samples,
         })
     }
 }
@@ -260,15 +265,16 @@ impl KeyState {
                         self.spec.key
                     ))
                 })?;
-                owner.step(&rank_order_mean(pending, numel), header)?
+                owner.step(&sample_weighted_mean(pending, numel), header)?
             };
             self.pull.encode(params, &ctx)?
         } else if self.spec.is_sync_round(step) {
-            let mut mean = rank_order_mean(pending, numel);
+            let mut mean = sample_weighted_mean(pending, numel);
             self.pull.flush_into(&mut mean)?;
             self.plain.encode(&mean, &ctx)
         } else {
-            self.pull.encode(&rank_order_mean(pending, numel), &ctx)?
+            self.pull
+                .encode(&sample_weighted_mean(pending, numel), &ctx)?
         };
         self.step += 1;
         Ok(reply)
@@ -359,9 +365,30 @@ pub struct SavedKey {
 #[cfg(any(test, feature = "test-faults"))]
 pub const FAILING_KEY_FOR_TESTS: super::Key = 0xdead_0000;
 
-/// The mean of the pushes, summed in rank order whatever the arrival order, starting from the
-/// first push itself (so that one rank's push comes back bit for bit, signed zeros included).
-fn rank_order_mean(pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
+/// The mean of the pushes weighted by the samples each stands for, summed in rank order
+/// whatever the arrival order.
+///
+/// Pushes that stand for equal numbers of samples (every round of a fixed world with equal
+/// shares) take the plain mean, which every run before sample weights used: the sum starting
+/// from the first push itself (so that one rank's push comes back bit for bit, signed zeros
+/// included), scaled by 1/count. Otherwise each push is scaled by its part of the round's
+/// samples, `n_i / Σn` rounded to f32, and the scaled pushes are added in rank order from
+/// zero: each product and sum rounded on its own (Rust never fuses them), the same bits on
+/// every machine. A push of no samples adds nothing.
+fn sample_weighted_mean(pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
+    let mut weights = pending.values().map(|p| p.samples);
+    let first = weights.next();
+    if weights.any(|n| Some(n) != first) {
+        let total: u64 = pending.values().map(|p| u64::from(p.samples)).sum();
+        let mut mean = vec![0.0f32; numel];
+        for push in pending.into_values().filter(|p| p.samples > 0) {
+            let weight = (f64::from(push.samples) / total as f64) as f32;
+            mean.iter_mut()
+                .zip(&push.values)
+                .for_each(|(m, v)| *m += weight * v);
+        }
+        return mean;
+    }
     let count = pending.len();
     let mut ranks = pending.into_values().map(|p| p.values);
     let mut mean = ranks.next().unwrap_or_else(|| vec![0.0f32; numel]);
@@ -428,10 +455,51 @@ mod tests {
     }
 
     fn push(values: &[f32], header: Option<StepHeader>) -> Push {
+        weighed(values, 1, header)
+    }
+
+    fn weighed(values: &[f32], samples: u32, header: Option<StepHeader>) -> Push {
         Push {
             values: values.to_vec(),
             header,
             log2s: None,
+            samples,
+        }
+    }
+
+    /// A round of an unowned f32 key with one push per `(values, samples)`, rank by rank: the
+    /// mean it replies with.
+    fn mean_of(pushes: &[(&[f32], u32)]) -> Vec<f32> {
+        let mut key = plain_key(1, "");
+        for (rank, (values, samples)) in pushes.iter().enumerate() {
+            key.insert(rank, weighed(values, *samples, None)).unwrap();
+        }
+        f32s(&key.close().unwrap())
+    }
+
+    /// Pushes weigh by the samples they stand for: a rank whose share was three times
+    /// another's counts three times as much, a push of no samples adds nothing, and pushes of equal samples keep the plain mean, bit for bit.
+    #[test]
+    fn pushes_weigh_by_the_samples_they_stand_for() {
+        assert_eq!(mean_of(&[(&[4.0, -8.0], 3), (&[8.0, 4.0], 1)]), [5.0, -5.0]);
+        assert_eq!(
+            mean_of(&[(&[4.0, 1.0], 2), (&[1e30, -1e30], 0), (&[2.0, 3.0], 2)]),
+            [3.0, 2.0],
+            "equal weights but one: the zero-sample push is left out"
+        );
+        assert_eq!(mean_of(&[(&[1.0, 2.0], 5), (&[1e30, 7.0], 0)]), [1.0, 2.0]);
+        // Equal weights, whatever they are, give the plain mean's bits: the sum in rank order
+        // times 1/count, not a sum of products.
+        let values: [&[f32]; 3] = [&[0.1, 1e-8], &[0.7, 3.3], &[0.2, -2.9]];
+        let plain: Vec<f32> = {
+            let scale = 1.0f32 / 3.0;
+            (0..2)
+                .map(|i| (values[0][i] + values[1][i] + values[2][i]) * scale)
+                .collect()
+        };
+        for n in [0, 1, 64] {
+            let pushes: Vec<(&[f32], u32)> = values.iter().map(|v| (*v, n)).collect();
+            assert_eq!(mean_of(&pushes), plain, "{n} samples each");
         }
     }
 
@@ -499,7 +567,7 @@ mod tests {
                     } else {
                         payload(step, rank)
                     };
-                    key.insert(rank, decoder.decode(&p).unwrap()).unwrap();
+                    key.insert(rank, decoder.decode(1, &p).unwrap()).unwrap();
                 }
                 key.close().unwrap()
             };
@@ -549,7 +617,7 @@ mod tests {
                 let push = key
                     .push_decoder(rank, step)
                     .unwrap()
-                    .decode(&payload)
+                    .decode(1, &payload)
                     .unwrap();
                 key.insert(rank, push).unwrap();
             }
@@ -565,9 +633,9 @@ mod tests {
         assert!(matches!(key.pull.memory(), Memory::LocoEma { se, .. } if se == 512.0));
         // A rank at another scale than the round's first is refused, and costs only itself.
         let at = |log2s| build(rescaled(spec, log2s)).encode(&g, &ctx(2));
-        let first = key.push_decoder(0, 2).unwrap().decode(&at(7)).unwrap();
+        let first = key.push_decoder(0, 2).unwrap().decode(1, &at(7)).unwrap();
         key.insert(0, first).unwrap();
-        let odd = key.push_decoder(1, 2).unwrap().decode(&at(6)).unwrap();
+        let odd = key.push_decoder(1, 2).unwrap().decode(1, &at(6)).unwrap();
         let refused = key.insert(1, odd).unwrap_err().to_string();
         assert!(refused.contains("scales disagree"), "{refused}");
         assert_eq!(key.count(), 1);

@@ -69,6 +69,7 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
 struct Unanswered {
     step: u64,
     loss: f32,
+    samples: u32,
     pushes: Vec<(Key, Vec<u8>)>,
 }
 
@@ -225,6 +226,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// One round on this rank's share of the batch (images and labels for a classifier, input
     /// bytes and targets for the language model), whose first sample is sample `first_sample`
     /// of the round's global batch ([`rank_share`]): returns its loss and the bytes it moved.
+    /// The pushes stand for the share's samples, so that shares of unequal size weigh as
+    /// they should in the servers' mean.
     /// The loss comes back with the gradients in the round's one readback, so reporting it
     /// every round costs no extra wait for the GPU.
     ///
@@ -242,17 +245,21 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 let mut pushed = 0;
                 for (key, bytes) in &again.pushes {
                     pushed += bytes.len();
-                    self.collective.push(round, *key, bytes.clone())?;
+                    self.collective
+                        .push(round, *key, again.samples, bytes.clone())?;
                 }
                 (again.loss, pushed)
             }
             None => {
+                let samples = u32::try_from(self.replica.samples(&batch)).map_err(|_| {
+                    Error::Data("a share of over 2^32 samples cannot be weighed".into())
+                })?;
                 let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                 let mut host =
                     Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
                 let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
-                (loss, self.encode_and_push(host, loss)?)
+                (loss, self.encode_and_push(host, loss, samples)?)
             }
         };
         let replies = self.collective.pull(round, &self.keys)?;
@@ -277,7 +284,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// one the moment it is ready, so the first partitions travel while later ones encode.
     /// Returns the bytes pushed. The encoding runs as one task on rayon's pool (no thread is
     /// started per round); this thread pushes what it makes, then takes the memories back.
-    fn encode_and_push(&mut self, host: Vec<Vec<f32>>, loss: f32) -> Result<usize> {
+    fn encode_and_push(&mut self, host: Vec<Vec<f32>>, loss: f32, samples: u32) -> Result<usize> {
         use rayon::prelude::*;
         let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
         // Each encoded partition comes with its clipped LoCo codes (where it has any).
@@ -329,7 +336,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 (*sum_c, *sum_n) = (*sum_c + c, *sum_n + n);
             }
             if push_failed.is_none() {
-                if let Err(e) = self.collective.push(step, key, bytes.clone()) {
+                if let Err(e) = self.collective.push(step, key, samples, bytes.clone()) {
                     push_failed = Some(e);
                 }
             }
@@ -345,6 +352,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         self.unanswered = Some(Unanswered {
             step,
             loss,
+            samples,
             pushes: kept,
         });
         if let Some(e) = push_failed {

@@ -27,6 +27,10 @@ pub trait Learner {
     /// The learning rate of the last step (the schedule's, where there is one).
     fn lr(&self) -> f32;
 
+    /// The training samples in `batch` (images, or sequences of the language model): the
+    /// weight of its gradients in a round's mean.
+    fn samples(&self, batch: &Self::Batch<'_>) -> usize;
+
     /// Mean loss and parameter gradients of `batch`, whose first sample is sample
     /// `first_sample` of the step's global batch (dropout keys its masks by it, so a sample
     /// draws the same mask on whichever rank computes it).
@@ -68,6 +72,10 @@ impl Learner for Classifier {
 
     fn lr(&self) -> f32 {
         self.optimizer.lr()
+    }
+
+    fn samples(&self, (_, labels): &Self::Batch<'_>) -> usize {
+        labels.len()
     }
 
     fn loss_and_grads(
@@ -114,6 +122,10 @@ impl Learner for LanguageModel {
 
     fn lr(&self) -> f32 {
         self.optimizer.lr()
+    }
+
+    fn samples(&self, (_, targets): &Self::Batch<'_>) -> usize {
+        targets.len() / self.model.config.context.max(1)
     }
 
     fn loss_and_grads(

@@ -10,16 +10,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use murmur_engine::comm::partition::shard_of;
 use murmur_engine::comm::{Collective, Key, KeySpec};
 use quinn::{Connection, Endpoint};
 
 use crate::error::{NetError, Result};
 use crate::identity::Credentials;
-use crate::transport::{client_endpoint, close, connect, hang_up, send, Incoming, Link};
+use crate::transport::{client_endpoint, close, connect, hang_up, send, send_push, Incoming, Link};
 use crate::wire::{
-    Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Limits, Register, Registered,
-    ReplicaDigest, Welcome,
+    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Register,
+    Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
 };
 
 /// How a worker talks to the servers.
@@ -519,14 +520,30 @@ impl Collective for QuicCollective {
         Ok(())
     }
 
-    fn push(&mut self, step: u64, key: Key, payload: Vec<u8>) -> murmur_engine::Result<()> {
+    fn push(
+        &mut self,
+        step: u64,
+        key: Key,
+        samples: u32,
+        payload: Vec<u8>,
+    ) -> murmur_engine::Result<()> {
         let Some(&(shard, numel)) = self.owners.get(&key) else {
             return Err(NetError::Protocol(format!("push of unregistered key {key:#x}")).into());
         };
-        let frame = Frame::new(Kind::Push, self.rank, key, step, numel, payload);
+        let header = Header {
+            kind: Kind::Push,
+            rank: self.rank,
+            key,
+            step,
+            numel,
+            len: PUSH_PREFIX + payload.len(),
+        };
         let conn = self.shards[shard].clone();
-        self.in_flight
-            .push(self.runtime.spawn(async move { send(&conn, frame).await }));
+        self.in_flight.push(
+            self.runtime.spawn(async move {
+                send_push(&conn, &header, samples, Bytes::from(payload)).await
+            }),
+        );
         Ok(())
     }
 

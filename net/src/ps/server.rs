@@ -27,7 +27,8 @@ use crate::transport::{
     close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
 };
 use crate::wire::{
-    CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, ReplicaDigest, Welcome,
+    split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, ReplicaDigest,
+    Welcome,
 };
 
 /// How a shard runs.
@@ -571,10 +572,14 @@ async fn decode_and_insert(
     decoder: PushDecoder,
     payload: Vec<u8>,
 ) -> Result<()> {
-    let values = tokio::task::spawn_blocking(move || decoder.decode(&payload))
-        .await
-        .map_err(|e| NetError::Connection(format!("decoding task: {e}")))?
-        .map_err(|e| NetError::Protocol(format!("key {key:#x}: {e}")))?;
+    let values = tokio::task::spawn_blocking(move || {
+        let (samples, codes) = split_push(&payload)?;
+        decoder
+            .decode(samples, codes)
+            .map_err(|e| NetError::Protocol(format!("key {key:#x}: {e}")))
+    })
+    .await
+    .map_err(|e| NetError::Connection(format!("decoding task: {e}")))??;
     let (attempt, complete) = {
         let mut state = lock(shared);
         let before = state.attempt();

@@ -927,7 +927,7 @@ mod tests {
                     panic!("step {step}: the push of key {key:#x} is not taken");
                 };
                 let push = decoder
-                    .decode(bytemuck_f32(&[1.0, -2.0, 0.5]).as_slice())
+                    .decode(1, bytemuck_f32(&[1.0, -2.0, 0.5]).as_slice())
                     .unwrap();
                 assert!(state.insert_push(7, key, step, push).unwrap());
             }
@@ -984,7 +984,7 @@ mod tests {
         match state.check_push(id, 1, step, 2).unwrap() {
             PushCheck::Ignore => false,
             PushCheck::Decode(d) => {
-                let push = d.decode(&bytemuck_f32(&[value, value])).unwrap();
+                let push = d.decode(1, &bytemuck_f32(&[value, value])).unwrap();
                 state.insert_push(id, 1, step, push).unwrap()
             }
         }
