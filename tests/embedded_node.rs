@@ -470,3 +470,67 @@ fn the_swarm_trains_the_gpt_and_its_workers_agree() {
     assert_eq!(end, losses[0]);
     assert!(end < middle && middle < 5.5, "{validated:?}");
 }
+
+/// Shard 0 hands out the job's samples, and a worker that leaves mid-epoch loses none: the
+/// share it held in the round it left goes back to the queue and to the worker that stays.
+/// Two epochs of 640 samples over two workers (32 each a round, so 10 calm rounds an
+/// epoch); one stops in the first epoch. The shard's saved state counts each epoch's
+/// samples seen, exactly 640, and the rounds that took, which the staying worker played.
+#[test]
+fn a_worker_leaving_mid_epoch_loses_no_sample() {
+    let Some(dir) = swarm_dir("embedded-samples", 2) else {
+        return;
+    };
+    let state = dir.0.join("shard-0-state");
+    let job = Job {
+        epochs: 2,
+        max_steps: None,
+        train_limit: Some(640),
+        ..job(2, 0)
+    };
+    let server = ServerNode::start(ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        swarm: dir.0.clone(),
+        node: "server-0".into(),
+        job,
+        state: Some(state.clone()),
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let paced = Budget {
+        duty_cycle: 1.0,
+        max_steps_per_second: Some(20.0),
+    };
+    let workers: Vec<WorkerHandle> = (0..2)
+        .map(|i| {
+            let w = worker(&dir.0, &server, i, DeviceKind::Cpu);
+            w.set_budget(paced).unwrap();
+            w
+        })
+        .collect();
+    let mut events = workers[1].events();
+    wait_for(&mut events, Duration::from_secs(60), |e| {
+        step_of(e).filter(|s| *s >= 4)
+    });
+    workers[1].stop();
+    let mut workers = workers.into_iter();
+    let (staying, leaving) = (workers.next().unwrap(), workers.next().unwrap());
+    let left = leaving.join().unwrap();
+    assert!(left.stopped && left.steps < 10, "{left:?}");
+    let stayed = staying.join().unwrap();
+    assert!(!stayed.stopped, "{stayed:?}");
+    drop(server);
+    let saved = murmur::net::ps::durable::StateDir::create(&state)
+        .unwrap()
+        .load(1 << 30)
+        .unwrap()
+        .expect("the shard saved its state");
+    let queue = saved.shard.queue.expect("shard 0 keeps the queue");
+    let epochs = queue.epochs_done();
+    assert_eq!(epochs.len(), 2, "{epochs:?}");
+    assert!(epochs.iter().all(|e| e.seen == 640), "{epochs:?}");
+    assert!(epochs[0].given_back > 0, "{epochs:?}");
+    let rounds: u64 = epochs.iter().map(|e| e.rounds).sum();
+    assert_eq!(stayed.steps, rounds, "{epochs:?}");
+    assert!(rounds > 20, "the share given back took rounds: {epochs:?}");
+}

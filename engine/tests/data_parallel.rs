@@ -357,3 +357,53 @@ fn unequal_shares_weigh_as_the_whole_batch() {
         .fold(0.0f32, f32::max);
     assert!(worst < 1e-6, "the split step is off by up to {worst}");
 }
+
+/// A rank without a share pushes zeros standing for no samples: the round's mean is the other
+/// rank's gradient alone, bit for bit what one process steps, and the share-less rank's
+/// replica follows it exactly.
+#[test]
+fn a_rank_without_a_share_changes_nothing() {
+    let device = Device::Cpu;
+    let config = ClassifierConfig {
+        hidden: vec![16],
+        seed: 9,
+        ..ClassifierConfig::default()
+    };
+    let (features, classes, samples) = (6, 3u32, 8);
+    let x: Vec<f32> = (0..features * samples)
+        .map(|i| ((i * 29 % 17) as f32 - 8.0) / 5.0)
+        .collect();
+    let y: Vec<u32> = (0..samples as u32).map(|i| (i * 2 + 1) % classes).collect();
+    let mut whole = Classifier::new(&device, features, classes as usize, &config).unwrap();
+    let plan = PartitionPlan {
+        min_compress_bytes: usize::MAX,
+        ..PartitionPlan::default()
+    };
+    let ranks: Vec<Classifier> = std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(2)
+            .into_iter()
+            .map(|c| {
+                let (x, y, config, plan, device) = (&x, &y, &config, &plan, &device);
+                s.spawn(move || {
+                    let rank = murmur_engine::comm::Collective::rank(&c);
+                    let clf = Classifier::new(device, features, classes as usize, config).unwrap();
+                    let mut dp = DataParallel::new(clf, c, plan, "ef").unwrap();
+                    for _ in 0..3 {
+                        if rank == 0 {
+                            dp.step((x, y), 0).unwrap();
+                        } else {
+                            dp.step_without_share().unwrap();
+                        }
+                    }
+                    dp.replica
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for _ in 0..3 {
+        whole.step(&x, &y).unwrap();
+    }
+    assert_eq!(bits(&ranks[0]), bits(&whole), "the sharer's steps alone");
+    assert_eq!(bits(&ranks[1]), bits(&whole), "the replicas agree");
+}

@@ -5,8 +5,8 @@
 
 use murmur_engine::comm::KeySpec;
 use murmur_net::wire::{
-    Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Register, Registered,
-    ReplicaDigest, ReplicaVerdict, Welcome,
+    Assignment, Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Register, Registered,
+    ReplicaDigest, ReplicaVerdict, Share, Span, Welcome,
 };
 
 fn main() -> std::io::Result<()> {
@@ -23,6 +23,20 @@ fn main() -> std::io::Result<()> {
         owner: String::new(),
     };
     let floats: Vec<u8> = (0..8).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    // Two members' shares of a round, one of them given back before.
+    let assignment = Assignment {
+        epoch: 1,
+        shares: vec![
+            Share {
+                rank: 0,
+                spans: vec![Span { start: 96, len: 16 }, Span { start: 320, len: 16 }],
+            },
+            Share {
+                rank: 3,
+                spans: vec![Span { start: 336, len: 32 }],
+            },
+        ],
+    };
     // A push stands for its samples (u32) ahead of the codec payload.
     let push = [&32u32.to_le_bytes()[..], &floats].concat();
     let seeds = [
@@ -62,6 +76,7 @@ fn main() -> std::io::Result<()> {
                 &Registered {
                     open_step: 12,
                     underway: true,
+                    assignment: Some(assignment.clone()),
                 },
             ),
         ),
@@ -125,6 +140,7 @@ fn main() -> std::io::Result<()> {
                         majority: Some(0x1234),
                         disagreed: true,
                     }),
+                    next: Some(assignment),
                 },
             ),
         ),

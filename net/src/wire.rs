@@ -365,6 +365,68 @@ impl Register {
     }
 }
 
+/// Positions `start..start + len` of one epoch's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    /// The first position.
+    pub start: u64,
+    /// How many follow it, itself included.
+    pub len: u32,
+}
+
+/// One member's share of a round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    /// The member.
+    pub rank: u16,
+    /// Its positions, in order.
+    pub spans: Vec<Span>,
+}
+
+impl Share {
+    /// The positions in the share.
+    pub fn samples(&self) -> u64 {
+        self.spans.iter().map(|s| u64::from(s.len)).sum()
+    }
+
+    /// Every position of the share, in order.
+    pub fn positions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.spans
+            .iter()
+            .flat_map(|s| s.start..s.start + u64::from(s.len))
+    }
+}
+
+/// A round's global batch as shard 0 cut it: the epoch of its positions and each member's
+/// share, in rank order (members with no share are not listed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The epoch (from 0) whose positions the round covers.
+    pub epoch: u32,
+    /// The members' shares, ascending by rank.
+    pub shares: Vec<Share>,
+}
+
+impl Assignment {
+    /// The share of `rank`, and how many positions the shares before it hold (where its
+    /// samples start in the round's global batch); `None` when the rank has no share.
+    pub fn share_of(&self, rank: u16) -> Option<(&Share, u64)> {
+        let mut before = 0;
+        for share in &self.shares {
+            if share.rank == rank {
+                return Some((share, before));
+            }
+            before += share.samples();
+        }
+        None
+    }
+
+    /// The positions of the whole round.
+    pub fn samples(&self) -> u64 {
+        self.shares.iter().map(Share::samples).sum()
+    }
+}
+
 /// A server's answer to [`Register`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
@@ -372,6 +434,9 @@ pub struct Registered {
     pub open_step: u64,
     /// Whether the swarm had started without this worker (it must catch up first).
     pub underway: bool,
+    /// From shard 0 of a job with a sample queue: the open round's assignment (a worker that
+    /// comes back within the round finds its share in it).
+    pub assignment: Option<Assignment>,
 }
 
 /// A worker asks shard 0 for the job it serves and for its rank in it.
@@ -398,6 +463,9 @@ pub struct Closed {
     /// The replica digests the shard received for the round (shard 0 only): the one held by
     /// more than half of the workers that sent one, if any, and whether any differed.
     pub replicas: Option<ReplicaVerdict>,
+    /// From shard 0 of a job with a sample queue: the next round's assignment, cut when this
+    /// one closed.
+    pub next: Option<Assignment>,
 }
 
 /// The replica digests of one round, as shard 0 compared them.

@@ -20,6 +20,7 @@ use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
 use murmur_engine::nn::GptConfig;
 use murmur_engine::train::{ClassifierConfig, LmConfig, OptimizerKind, WarmupCosine};
+use murmur_net::ps::queue::QueueSpec;
 use murmur_net::ps::quorum::QuorumRule;
 use serde::{Deserialize, Serialize};
 
@@ -529,10 +530,44 @@ impl Job {
         }
     }
 
-    /// Rounds per epoch over `train_len` samples, and rounds in all.
+    /// The samples shard 0 hands out round by round ([`murmur_net::ps::queue`]),
+    /// `batch × workers` a round: an image job's training set every epoch; a gpt job's
+    /// windows of all its rounds, as one epoch (window `p` is window `p mod global` of round
+    /// `p / global`'s draw).
+    pub fn queue_spec(&self) -> Result<QueueSpec> {
+        let global = self.batch * self.workers as usize;
+        let samples = if self.is_gpt() {
+            self.gpt_steps().1 as usize * global
+        } else {
+            let dataset: ImageDataset = self
+                .dataset
+                .parse()
+                .map_err(|e: murmur_engine::Error| NodeError::Job(e.to_string()))?;
+            let published = dataset.train_samples();
+            self.train_limit.map_or(published, |n| n.min(published))
+        };
+        let global = u32::try_from(global)
+            .map_err(|_| NodeError::Job(format!("a global batch of {global} samples")))?;
+        Ok(QueueSpec {
+            samples: samples as u64,
+            global,
+        })
+    }
+
+    /// Epochs the queue hands out before the job is done (a gpt job's rounds are one).
+    pub fn queue_epochs(&self) -> u32 {
+        if self.is_gpt() {
+            1
+        } else {
+            self.epochs
+        }
+    }
+
+    /// Rounds per epoch over `train_len` samples when no share is given back (the last one
+    /// short), and rounds in all.
     pub fn steps(&self, train_len: usize) -> (u64, u64) {
         let global = self.batch * self.workers as usize;
-        let per_epoch = (train_len / global).max(1) as u64;
+        let per_epoch = train_len.div_ceil(global.max(1)).max(1) as u64;
         let total = (per_epoch * self.epochs as u64).min(self.max_steps.unwrap_or(u64::MAX));
         (per_epoch, total)
     }

@@ -10,7 +10,7 @@ use crate::error::NodeError;
 
 /// What a round that went through tells the worker.
 pub(crate) struct Played {
-    /// Its loss on its share of the batch.
+    /// Its loss on its share of the batch (NaN without a share).
     pub loss: f32,
     /// Bytes it moved.
     pub bytes: RoundBytes,
@@ -34,13 +34,13 @@ pub(crate) enum RoundFailure {
     Lost(String),
 }
 
-/// Plays round `dp.round()` on this rank's share `batch`, whose first sample is
-/// `first_sample` of the global batch.
+/// Plays round `dp.round()` on this rank's share: `batch`, whose first sample is sample
+/// `first` of the global batch; `None` where shard 0 gave this rank no share of the round
+/// (it pushes zeros standing for no samples).
 pub(crate) fn play_round<M: Learner>(
     dp: &mut DataParallel<QuicCollective, M>,
     rank: u16,
-    batch: M::Batch<'_>,
-    first_sample: usize,
+    share: Option<(M::Batch<'_>, usize)>,
 ) -> Result<Played, RoundFailure> {
     let step = dp.round();
     let digest = dp
@@ -50,7 +50,11 @@ pub(crate) fn play_round<M: Learner>(
     dp.collective
         .send_digest(step, digest)
         .map_err(|e| RoundFailure::Lost(e.to_string()))?;
-    let (loss, bytes) = match dp.step(batch, first_sample) {
+    let stepped = match share {
+        Some((batch, first)) => dp.step(batch, first),
+        None => dp.step_without_share().map(|bytes| (f32::NAN, bytes)),
+    };
+    let (loss, bytes) = match stepped {
         Ok(done) => done,
         // A fault of this node's own arithmetic: rejoining would not mend it.
         Err(e @ murmur_engine::Error::NonFinite { .. }) => {
@@ -115,6 +119,7 @@ mod tests {
                 majority,
                 disagreed,
             }),
+            next: None,
         }]
     }
 

@@ -105,6 +105,7 @@ impl ServerNode {
                 world: config.job.workers,
                 start_with: config.job.start_with.unwrap_or(config.job.workers),
                 description: config.job.to_wire(),
+                queue: Some(config.job.queue_spec()?),
             }),
             snapshots,
             state_dir: config.state.clone(),

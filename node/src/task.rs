@@ -1,16 +1,18 @@
-//! What a worker trains, as its job names it: the replica it builds, its share of each round's
-//! global batch, and how the replica is measured. The image classifier (mnist, fashion-mnist)
-//! and the byte-level GPT (shakespeare) go through the same worker loop.
+//! What a worker trains, as its job names it: the replica it builds, the samples of the share
+//! of a round shard 0 assigned it, and how the replica is measured. The image classifier
+//! (mnist, fashion-mnist) and the byte-level GPT (shakespeare) go through the same worker
+//! loop.
 
 use std::path::Path;
 
-use murmur_engine::data::{default_root, epoch_batches, lm_batch, TextCorpus};
-use murmur_engine::train::{rank_share, Classifier, DataParallel, LanguageModel, Learner};
+use murmur_engine::data::{default_root, epoch_order, lm_batch, TextCorpus};
+use murmur_engine::train::{Classifier, DataParallel, LanguageModel, Learner};
+use murmur_net::ps::queue::{Assignment, Share};
 use murmur_net::ps::QuicCollective;
 
 use crate::calibration::{batch_log2s, recalibrated_bits};
 use crate::data::Sets;
-use crate::error::Result;
+use crate::error::{NodeError, Result};
 use crate::event::{Event, Events};
 use crate::job::Job;
 
@@ -31,33 +33,43 @@ pub(crate) trait Task {
     /// The replica it trains.
     type Model: Learner;
 
-    /// Rounds in the whole job.
+    /// Rounds in the whole job when no share is given back (what the learning-rate
+    /// schedule spans).
     fn total_steps(&self) -> u64;
 
-    /// Rounds between measurements: an epoch of images, `eval_every` rounds of text.
+    /// Rounds between measurements when no share is given back: an epoch of images,
+    /// `eval_every` rounds of text.
     fn period(&self) -> u64;
 
-    /// The pass over the training data that round `round` belongs to, from 1; 0 where the
-    /// task counts rounds, not epochs (the text, as `murmur train --model gpt` does).
-    fn epoch(&self, round: u64) -> u32;
+    /// The epoch as events show it: the pass over the training data, from 1, of the queue's
+    /// epoch `epoch`; 0 where the task counts rounds, not epochs (the text, as
+    /// `murmur train --model gpt` does).
+    fn shown_epoch(&self, epoch: u32) -> u32;
 
-    /// Calls `f` with this rank's share of round `round`'s global batch and the position of
-    /// its first sample in that batch; returns what `f` returned and the share's samples.
+    /// After the round that leaves `done` rounds played, of the queue's epoch `epoch`, with
+    /// the next round of epoch `next` (`None` when unknown): the index of the measurement due
+    /// then, if one is (its index picks the rank that measures).
+    fn measurement(&self, done: u64, epoch: u32, next: Option<u32>) -> Option<u64>;
+
+    /// Calls `f` with the samples of `share` (positions of the queue's epoch `epoch`) and the
+    /// position of its first sample in the round's global batch, `first`; returns what `f`
+    /// returned and the share's samples.
     fn with_share<R>(
         &mut self,
-        round: u64,
-        rank: u16,
-        world: u16,
+        epoch: u32,
+        share: &Share,
+        first: usize,
         f: impl FnOnce(<Self::Model as Learner>::Batch<'_>, usize) -> R,
     ) -> Result<(R, usize)>;
 
-    /// Anything due before round `dp.round()` is played (once per round, not again when the
-    /// round is retried).
+    /// Anything due before round `dp.round()` is played, which shard 0 cut as `round`
+    /// (once per round, not again when the round is retried).
     fn before_round(
         &mut self,
         _dp: &mut DataParallel<QuicCollective, Self::Model>,
         _events: &Events,
         _rank: u16,
+        _round: &Assignment,
     ) -> Result<()> {
         Ok(())
     }
@@ -70,41 +82,45 @@ pub(crate) trait Task {
 pub(crate) struct ImageTask {
     job: Job,
     sets: Sets,
-    world: u16,
     steps_per_epoch: u64,
     total_steps: u64,
-    /// The global batches of the epoch `batches_epoch`.
-    batches: Vec<Vec<usize>>,
-    batches_epoch: Option<u32>,
+    /// The sample order of the epoch `order_epoch`.
+    order: Vec<usize>,
+    order_epoch: Option<u32>,
 }
 
 impl ImageTask {
-    pub(crate) fn new(job: Job, sets: Sets, world: u16) -> ImageTask {
+    /// The task of `job` on `sets`, whose training split must hold the samples the servers
+    /// hand out per epoch.
+    pub(crate) fn new(job: Job, sets: Sets) -> Result<ImageTask> {
+        let handed_out = job.queue_spec()?.samples;
+        if sets.train.len() as u64 != handed_out {
+            return Err(NodeError::Job(format!(
+                "the servers hand out {handed_out} samples an epoch, and this node's {} \
+                 training split in {} holds {}: the workers must train on the same data",
+                sets.dataset.name(),
+                sets.root.display(),
+                sets.train.len()
+            )));
+        }
         let (steps_per_epoch, total_steps) = job.steps(sets.train.len());
-        ImageTask {
+        Ok(ImageTask {
             job,
             sets,
-            world,
             steps_per_epoch,
             total_steps,
-            batches: Vec::new(),
-            batches_epoch: None,
-        }
+            order: Vec::new(),
+            order_epoch: None,
+        })
     }
 
-    /// Round `round`'s global batch (sample indices), after [`ImageTask::draw_epoch`].
-    fn global(&self, round: u64) -> &[usize] {
-        &self.batches[(round % self.steps_per_epoch) as usize]
-    }
-
-    /// Draws the global batches of round `round`'s epoch, if they are not drawn yet.
-    fn draw_epoch(&mut self, round: u64) {
-        let epoch = (round / self.steps_per_epoch) as u32;
-        if self.batches_epoch != Some(epoch) {
-            let global = self.job.batch * self.world as usize;
-            self.batches = epoch_batches(self.sets.train.len(), global, self.job.seed, epoch);
-            self.batches_epoch = Some(epoch);
+    /// The samples at positions `positions` of epoch `epoch`'s order.
+    fn samples(&mut self, epoch: u32, positions: impl Iterator<Item = u64>) -> Vec<usize> {
+        if self.order_epoch != Some(epoch) {
+            self.order = epoch_order(self.sets.train.len(), self.job.seed, epoch);
+            self.order_epoch = Some(epoch);
         }
+        positions.map(|p| self.order[p as usize]).collect()
     }
 }
 
@@ -119,32 +135,39 @@ impl Task for ImageTask {
         self.steps_per_epoch
     }
 
-    fn epoch(&self, round: u64) -> u32 {
-        (round / self.steps_per_epoch) as u32 + 1
+    fn shown_epoch(&self, epoch: u32) -> u32 {
+        epoch + 1
+    }
+
+    /// At the end of each epoch (when the next round is of another), or when the next round
+    /// is unknown.
+    fn measurement(&self, _done: u64, epoch: u32, next: Option<u32>) -> Option<u64> {
+        (next != Some(epoch)).then_some(u64::from(epoch))
     }
 
     fn with_share<R>(
         &mut self,
-        round: u64,
-        rank: u16,
-        world: u16,
+        epoch: u32,
+        share: &Share,
+        first: usize,
         f: impl FnOnce(<Self::Model as Learner>::Batch<'_>, usize) -> R,
     ) -> Result<(R, usize)> {
-        self.draw_epoch(round);
-        let global = self.global(round);
-        let share = rank_share(global.len(), rank as usize, world as usize);
-        let (x, y) = self.sets.train.batch(&global[share.clone()]);
-        Ok((f((&x, &y), share.start), share.len()))
+        let samples = self.samples(epoch, share.positions());
+        let (x, y) = self.sets.train.batch(&samples);
+        Ok((f((&x, &y), first), samples.len()))
     }
 
     /// Moves LoCo's scale at the first round of every `loco_recalibrate_every`-th epoch
-    /// (after the first), by the calibration's rule on the epoch's first global batch at the
-    /// current model: every worker gets the same scale and moves before it pushes.
+    /// (after the first), by the calibration's rule on that round's global batch at the
+    /// current model: every worker gets the same scale and moves before it pushes. The
+    /// epoch's first round is the one that holds its position 0, which every worker reads
+    /// from the same assignment.
     fn before_round(
         &mut self,
         dp: &mut DataParallel<QuicCollective, Classifier>,
         events: &Events,
         rank: u16,
+        assigned: &Assignment,
     ) -> Result<()> {
         let (Some(bits), Some(every)) = (
             recalibrated_bits(&self.job),
@@ -153,13 +176,17 @@ impl Task for ImageTask {
             return Ok(());
         };
         let round = dp.round();
-        let epoch = self.epoch(round) - 1;
-        let first_of_epoch = round.is_multiple_of(self.steps_per_epoch);
+        let epoch = assigned.epoch;
+        let first_of_epoch = assigned
+            .shares
+            .iter()
+            .any(|s| s.spans.iter().any(|span| span.start == 0));
         if !first_of_epoch || epoch == 0 || !epoch.is_multiple_of(every) {
             return Ok(());
         }
-        self.draw_epoch(round);
-        let log2s = batch_log2s(&dp.replica, &self.sets, self.global(round), bits)?;
+        let positions = assigned.shares.iter().flat_map(Share::positions);
+        let global = self.samples(epoch, positions);
+        let log2s = batch_log2s(&dp.replica, &self.sets, &global, bits)?;
         let was = dp.push_log2s();
         dp.rescale(log2s)?;
         tracing::info!(
@@ -221,30 +248,46 @@ impl Task for TextTask {
         self.eval_every
     }
 
-    fn epoch(&self, _round: u64) -> u32 {
+    fn shown_epoch(&self, _epoch: u32) -> u32 {
         0
     }
 
+    /// Every `eval_every` rounds, and at the end (the queue's one epoch over).
+    fn measurement(&self, done: u64, epoch: u32, next: Option<u32>) -> Option<u64> {
+        let due = done.is_multiple_of(self.eval_every.max(1)) || next != Some(epoch);
+        due.then_some(done / self.eval_every.max(1))
+    }
+
+    /// Position `p` is window `p mod global` of round `p / global`'s draw, so that a calm
+    /// round's shares are the windows `murmur train --model gpt` takes in that round.
     fn with_share<R>(
         &mut self,
-        round: u64,
-        rank: u16,
-        world: u16,
+        _epoch: u32,
+        share: &Share,
+        first: usize,
         f: impl FnOnce(<Self::Model as Learner>::Batch<'_>, usize) -> R,
     ) -> Result<(R, usize)> {
-        let (ids, targets) = lm_batch(
-            &self.corpus.train,
-            self.global,
-            self.context,
-            self.seed,
-            round,
-        )?;
-        let share = rank_share(self.global, rank as usize, world as usize);
-        let rows = share.start * self.context..share.end * self.context;
-        Ok((
-            f((&ids[rows.clone()], &targets[rows]), share.start),
-            share.len(),
-        ))
+        let (global, context) = (self.global as u64, self.context);
+        let windows = share.samples() as usize;
+        let (mut ids, mut targets) = (
+            Vec::with_capacity(windows * context),
+            Vec::with_capacity(windows * context),
+        );
+        // The round whose windows were drawn last, with its inputs and targets.
+        type Drawn = (u64, (Vec<u32>, Vec<u32>));
+        let mut drawn: Option<Drawn> = None;
+        for position in share.positions() {
+            let (round, window) = (position / global, (position % global) as usize);
+            if drawn.as_ref().map(|(r, _)| *r) != Some(round) {
+                let batch = lm_batch(&self.corpus.train, self.global, context, self.seed, round)?;
+                drawn = Some((round, batch));
+            }
+            let (_, (round_ids, round_targets)) = drawn.as_ref().expect("drawn above");
+            let rows = window * context..(window + 1) * context;
+            ids.extend_from_slice(&round_ids[rows.clone()]);
+            targets.extend_from_slice(&round_targets[rows]);
+        }
+        Ok((f((&ids, &targets), first), windows))
     }
 
     fn measure(&self, model: &LanguageModel) -> Result<Measure> {

@@ -438,7 +438,7 @@ impl Run {
             "batch": job.batch * world as usize,
             "epochs": job.epochs,
         });
-        let task = ImageTask::new(job.clone(), sets, world);
+        let task = ImageTask::new(job.clone(), sets)?;
         self.train_with(Joined { job, rank, world }, task, clf)
     }
 
@@ -543,7 +543,7 @@ impl Run {
         state_writer: Option<&worker_state::StateWriter>,
     ) -> Result<Ending> {
         let (job, rank, world) = (&joined.job, joined.rank, joined.world);
-        let total_steps = task.total_steps();
+        let (epochs, max_rounds) = (job.queue_epochs(), job.max_steps.unwrap_or(u64::MAX));
         let mut totals = Totals::default();
         let mut measured = None;
         let stop = |totals, measured| {
@@ -562,7 +562,19 @@ impl Run {
         // A snapshot due, of the state after this many rounds, held until that state's digest
         // has been compared with the others'.
         let mut unchecked_snapshot: Option<(u64, Vec<u8>)> = None;
-        while dp.round() < total_steps {
+        // The epoch of the last round this worker knew the assignment of.
+        let mut epoch = 0;
+        loop {
+            // Shard 0 cuts each round from the job's samples; the job is done when it has
+            // handed out every epoch. A round it cut before this worker came (or whose cut
+            // this worker missed) is played without a share.
+            let assigned = dp.collective.assignment(dp.round());
+            if let Some(a) = &assigned {
+                epoch = a.epoch;
+            }
+            if epoch >= epochs || dp.round() >= max_rounds {
+                break;
+            }
             match self.control.next() {
                 Next::Stop => return stop(totals, measured),
                 Next::Pause => {
@@ -581,14 +593,17 @@ impl Run {
             }
             let step_started = Instant::now();
             let round_index = dp.round();
-            let epoch = task.epoch(round_index);
-            if prepared != Some(round_index) {
-                task.before_round(dp, &self.events, rank)?;
+            if let (Some(a), false) = (&assigned, prepared == Some(round_index)) {
+                task.before_round(dp, &self.events, rank, a)?;
                 prepared = Some(round_index);
             }
-            let (played, samples) = task.with_share(round_index, rank, world, |batch, first| {
-                play_round(dp, rank, batch, first)
-            })?;
+            let share = assigned.as_ref().and_then(|a| a.share_of(rank));
+            let (played, samples) = match share {
+                Some((share, first)) => task.with_share(epoch, share, first as usize, |b, f| {
+                    play_round(dp, rank, Some((b, f)))
+                })?,
+                None => (play_round(dp, rank, None), 0),
+            };
             let played = match played {
                 Ok(played) => played,
                 Err(RoundFailure::Fatal(e)) => return Err(e),
@@ -620,7 +635,7 @@ impl Run {
             totals.samples += samples;
             let round = Round {
                 step: dp.round(),
-                epoch,
+                epoch: task.shown_epoch(epoch),
                 loss,
                 bytes,
                 codes: dp.code_stats(),
@@ -640,14 +655,15 @@ impl Run {
             if snapshot_duty(dp.round(), job.snapshot_every, world) == Some(rank) {
                 unchecked_snapshot = Some((dp.round(), dp.replica.save_state()?));
             }
-            let last = dp.round() == total_steps;
-            let period = task.period();
-            if dp.round().is_multiple_of(period) || last {
+            let next = dp.collective.assignment(dp.round()).map(|a| a.epoch);
+            let last = next.is_some_and(|e| e >= epochs) || dp.round() >= max_rounds;
+            let due = task.measurement(dp.round(), epoch, next);
+            if let Some(index) = due.or(last.then_some(0)) {
                 let seconds = period_started.elapsed().as_secs_f64();
                 period_started = Instant::now();
                 // The replicas are identical: one rank measures for all, in turn, so that no
                 // worker's leaving stops the measurements; the last round, every worker.
-                let turn = (round_index / period) % u64::from(world.max(1));
+                let turn = index % u64::from(world.max(1));
                 if last || turn == u64::from(rank) {
                     let measure = task.measure(&dp.replica)?;
                     measured = Some(measure);
@@ -655,7 +671,7 @@ impl Run {
                         Measure::Accuracy(accuracy) => Event::Evaluated {
                             rank,
                             step: dp.round(),
-                            epoch,
+                            epoch: task.shown_epoch(epoch),
                             accuracy,
                             seconds,
                         },

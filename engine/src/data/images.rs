@@ -32,6 +32,14 @@ impl ImageDataset {
         }
     }
 
+    /// Images in the training split as published (both have 60,000): what a server hands
+    /// out per epoch without loading the files.
+    pub fn train_samples(self) -> usize {
+        match self {
+            ImageDataset::Mnist | ImageDataset::FashionMnist => 60_000,
+        }
+    }
+
     /// Loads one split from `root/<folder>/`.
     pub fn load(self, root: &Path, split: Split) -> Result<ImageSet> {
         ImageSet::load(&root.join(self.folder()), split, self.name())

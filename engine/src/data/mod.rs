@@ -31,9 +31,18 @@ pub fn default_root() -> PathBuf {
 
 /// Shuffled minibatches of indices for one epoch; the order depends only on (seed, epoch).
 pub fn epoch_batches(n: usize, batch: usize, seed: u64, epoch: u32) -> Vec<Vec<usize>> {
+    epoch_order(n, seed, epoch)
+        .chunks(batch.max(1))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// The order in which epoch `epoch` visits samples `0..n`: a seeded shuffle, the one
+/// [`epoch_batches`] cuts into batches.
+pub fn epoch_order(n: usize, seed: u64, epoch: u32) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     crate::rng::Rng::new(seed, 0x5EED_0000 ^ epoch).shuffle(&mut order);
-    order.chunks(batch.max(1)).map(<[usize]>::to_vec).collect()
+    order
 }
 
 #[cfg(test)]

@@ -262,6 +262,51 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 (loss, self.encode_and_push(host, loss, samples)?)
             }
         };
+        Ok((loss, self.pull_and_apply(round, pushed)?))
+    }
+
+    /// One round in which this rank has no share of the global batch (it joined, or came
+    /// back, after the round was cut): it pushes zeros standing for no samples, which the
+    /// servers' mean leaves out, leaves its error-feedback memories as they are, and applies
+    /// the round's replies as every rank does. Returns the bytes it moved. A round that
+    /// failed after its pushes is pushed again as [`DataParallel::step`] does.
+    pub fn step_without_share(&mut self) -> Result<RoundBytes> {
+        let round = self.round();
+        if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
+            self.unanswered = None;
+        }
+        let (samples, pushes) = match &self.unanswered {
+            Some(again) => (again.samples, again.pushes.clone()),
+            None => {
+                let rank = self.collective.rank();
+                let pushes = self
+                    .parts
+                    .iter()
+                    .zip(&self.memories)
+                    .map(|(p, m)| {
+                        let ctx = codec_context(self.seed, round, p.key).sent_by(rank);
+                        (p.key, m.codec().encode(&vec![0.0; p.len], &ctx))
+                    })
+                    .collect::<Vec<_>>();
+                (0, pushes)
+            }
+        };
+        let mut pushed = 0;
+        for (key, bytes) in &pushes {
+            pushed += bytes.len();
+            self.collective.push(round, *key, samples, bytes.clone())?;
+        }
+        self.unanswered = Some(Unanswered {
+            step: round,
+            loss: f32::NAN,
+            samples,
+            pushes,
+        });
+        self.pull_and_apply(round, pushed)
+    }
+
+    /// The second half of a round: its replies pulled and applied; the bytes it moved.
+    fn pull_and_apply(&mut self, round: u64, pushed: usize) -> Result<RoundBytes> {
         let replies = self.collective.pull(round, &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
@@ -270,14 +315,11 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             .iter()
             .map(|s| s.iter().product::<usize>())
             .sum::<usize>();
-        Ok((
-            loss,
-            RoundBytes {
-                pushed,
-                pulled,
-                f32_each_way,
-            },
-        ))
+        Ok(RoundBytes {
+            pushed,
+            pulled,
+            f32_each_way,
+        })
     }
 
     /// Encodes the partitions in parallel (each with its error-feedback memory) and pushes each

@@ -5,7 +5,7 @@
 //! each other); a reader task per shard files replies by (step, key) as they arrive; `pull`
 //! waits until the round's replies are all there, or a shard fails, or the timeout passes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -19,8 +19,8 @@ use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::transport::{client_endpoint, close, connect, hang_up, send, send_push, Incoming, Link};
 use crate::wire::{
-    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Register,
-    Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
+    Assignment, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
+    Register, Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
 };
 
 /// How a worker talks to the servers.
@@ -62,6 +62,8 @@ struct Received {
     /// Each shard's summary of a round it closed, by (step, shard).
     closed: HashMap<(u64, usize), Closed>,
     registered: HashMap<usize, Registered>,
+    /// Shard 0's assignments of rounds, by step (jobs with a sample queue).
+    assignments: BTreeMap<u64, Assignment>,
     catchups: HashMap<usize, Catchup>,
     snapshot: Option<(u64, Vec<u8>)>,
     failure: Option<String>,
@@ -400,6 +402,14 @@ impl QuicCollective {
         Ok(())
     }
 
+    /// Shard 0's assignment of round `step` (in a job with a sample queue), if this worker
+    /// has received it: with the previous round's summary, or on registering within the
+    /// round.
+    pub fn assignment(&self, step: u64) -> Option<Assignment> {
+        let received = self.inbox.received.lock().expect("inbox lock");
+        received.assignments.get(&step).cloned()
+    }
+
     /// Every shard's summary of round `step`, in shard order, once all have arrived (they
     /// follow the round's replies).
     pub fn closed(&mut self, step: u64) -> Result<Vec<Closed>> {
@@ -444,6 +454,9 @@ async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc
                     }
                     Kind::Registered => frame.message::<Registered>().map(|m| {
                         inbox.update(|r| {
+                            if let (0, Some(a)) = (shard, &m.assignment) {
+                                r.assignments.insert(m.open_step, a.clone());
+                            }
                             r.registered.insert(shard, m);
                         })
                     }),
@@ -458,6 +471,9 @@ async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc
                     }
                     Kind::Closed => frame.message::<Closed>().map(|m| {
                         inbox.update(|r| {
+                            if let (0, Some(a)) = (shard, &m.next) {
+                                r.assignments.insert(frame.step + 1, a.clone());
+                            }
                             r.closed.insert((frame.step, shard), m);
                         })
                     }),
@@ -554,9 +570,11 @@ impl Collective for QuicCollective {
             if !keys.iter().all(|k| r.replies.contains_key(&(step, *k))) {
                 return None;
             }
-            // Replies and summaries of rounds before this one are no longer needed.
+            // Replies, summaries and assignments of rounds before this one are no longer
+            // needed.
             r.replies.retain(|(s, _), _| *s >= step);
             r.closed.retain(|(s, _), _| *s >= step);
+            r.assignments.retain(|s, _| *s >= step);
             Some(
                 keys.iter()
                     .map(|k| (*k, r.replies.remove(&(step, *k)).expect("checked")))

@@ -29,7 +29,7 @@ use crate::state_file;
 use crate::wire::Closed;
 
 /// The first bytes of every file in a shard's state folder, with the format's version.
-pub const MAGIC: &[u8; 8] = b"MMSHARD2";
+pub const MAGIC: &[u8; 8] = b"MMSHARD3";
 
 /// What `state` holds: a shard between rounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +55,8 @@ pub struct SavedShard {
     pub first_logged: u64,
     /// The step of the snapshot in `snapshot`, if the shard keeps one.
     pub snapshot_step: Option<u64>,
+    /// The job's sample queue (shard 0 of a job with one), the open round's assignment in it.
+    pub queue: Option<super::queue::SampleQueue>,
 }
 
 /// A closed round as its file holds it.
@@ -276,6 +278,7 @@ mod tests {
                 &Closed {
                     participants: vec![0],
                     replicas: None,
+                    next: None,
                 },
             )
             .unwrap();
@@ -315,6 +318,7 @@ mod tests {
             assigned: Vec::new(),
             first_logged: 1,
             snapshot_step: None,
+            queue: None,
         };
         state.write_state(&shard).unwrap();
         let missing = state.load(1 << 20).err().unwrap().to_string();

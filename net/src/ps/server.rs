@@ -19,6 +19,7 @@ use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
 use super::durable::{job_digest, StateDir};
+use super::queue::QueueSpec;
 use super::quorum::QuorumRule;
 use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
@@ -74,6 +75,9 @@ pub struct JobOffer {
     pub start_with: u16,
     /// The job's description (JSON, written and read by the node library).
     pub description: String,
+    /// The samples shard 0 hands out round by round ([`super::queue`]), if the job has a
+    /// queue; without one every worker takes its own equal share of each round.
+    pub queue: Option<QueueSpec>,
 }
 
 impl Default for ServerOptions {
@@ -182,6 +186,15 @@ impl Server {
             }
             state.fix_world(job.world);
             state.start_with(job.start_with);
+            if let (0, Some(spec)) = (options.shard, job.queue) {
+                if spec.samples == 0 || spec.global == 0 {
+                    return Err(NetError::Protocol(format!(
+                        "a sample queue of {} samples, {} a round",
+                        spec.samples, spec.global
+                    )));
+                }
+                state.set_queue(spec)?;
+            }
         }
         Ok(Server {
             endpoint: endpoint.clone(),

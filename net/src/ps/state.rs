@@ -28,13 +28,16 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::durable::{Loaded, SavedShard};
+use super::queue::{QueueSpec, SampleQueue};
 use super::quorum::{PushTimes, QuorumRule};
 use bytes::Bytes;
 use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
 
 use crate::error::{NetError, Result};
-use crate::wire::{Catchup, Closed, Hello, Limits, Register, Registered, ReplicaVerdict};
+use crate::wire::{
+    Assignment, Catchup, Closed, Hello, Limits, Register, Registered, ReplicaVerdict,
+};
 
 /// A connection's identity inside the server.
 pub type PeerId = usize;
@@ -66,6 +69,8 @@ pub struct ClosedRound {
     /// The ranks whose replica digest was not the majority's (all that sent one when no
     /// digest had a majority): their replicas went astray.
     pub diverged: Vec<(u16, u64)>,
+    /// The next round's assignment (shard 0 of a job with a sample queue).
+    pub next: Option<Assignment>,
 }
 
 impl ClosedRound {
@@ -74,6 +79,7 @@ impl ClosedRound {
         Closed {
             participants: self.participants.clone(),
             replicas: self.replicas,
+            next: self.next.clone(),
         }
     }
 }
@@ -154,6 +160,10 @@ pub struct ShardState {
     digest_senders: BTreeSet<u16>,
     /// Registered ranks that start the first round (the world's size if not set).
     start_with: Option<u16>,
+    /// The job's sample positions, handed out round by round (shard 0 of a job with one).
+    queue: Option<SampleQueue>,
+    /// The samples each rank's pushes of the open round stand for.
+    samples: BTreeMap<u16, u32>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -190,7 +200,34 @@ impl ShardState {
             digests: BTreeMap::new(),
             digest_senders: BTreeSet::new(),
             start_with: None,
+            queue: None,
+            samples: BTreeMap::new(),
         }
+    }
+
+    /// Hands the job's samples out round by round ([`super::queue`]), unless a restored
+    /// state already does. Shard 0 only: refused elsewhere.
+    pub fn set_queue(&mut self, spec: QueueSpec) -> Result<()> {
+        if self.shard != 0 {
+            return protocol(format!(
+                "shard {} cannot keep the sample queue: shard 0 does",
+                self.shard
+            ));
+        }
+        if self.queue.is_none() {
+            self.queue = Some(SampleQueue::new(spec));
+        }
+        Ok(())
+    }
+
+    /// The open round's assignment, where the shard keeps the queue.
+    pub fn assignment(&self) -> Option<&Assignment> {
+        self.queue.as_ref().map(SampleQueue::open)
+    }
+
+    /// The queue's epoch and the positions of it seen so far, where the shard keeps it.
+    pub fn queue_progress(&self) -> Option<(u32, u64)> {
+        self.queue.as_ref().map(SampleQueue::progress)
     }
 
     /// Sets when rounds may close without every member (the default is
@@ -221,6 +258,7 @@ impl ShardState {
             assigned: self.assigned.iter().map(|(f, r)| (f.clone(), *r)).collect(),
             first_logged: self.log.front().map_or(self.open_step, |r| r.step),
             snapshot_step: self.snapshot.as_ref().map(|(s, _)| *s),
+            queue: self.queue.clone(),
         })
     }
 
@@ -280,8 +318,10 @@ impl ShardState {
                 late: Vec::new(),
                 replicas: summary.replicas,
                 diverged: Vec::new(),
+                next: summary.next,
             })
             .collect();
+        state.queue = saved.queue;
         state.snapshot = snapshot;
         state.assigned = saved.assigned.into_iter().collect();
         state.expected = saved.members.into_iter().collect();
@@ -466,6 +506,7 @@ impl ShardState {
                 Registered {
                     open_step: self.open_step,
                     underway: true,
+                    assignment: self.assignment().cloned(),
                 },
             )]);
         }
@@ -479,6 +520,15 @@ impl ShardState {
         for id in &waiting {
             self.peers.get_mut(id).expect("listed").active = true;
         }
+        let starting: Vec<u16> = self
+            .active_ranks()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if let Some(queue) = &mut self.queue {
+            queue.assign(&starting);
+        }
+        let assignment = self.assignment().cloned();
         Ok(waiting
             .into_iter()
             .map(|id| {
@@ -487,6 +537,7 @@ impl ShardState {
                     Registered {
                         open_step: 0,
                         underway: false,
+                        assignment: assignment.clone(),
                     },
                 )
             })
@@ -531,13 +582,31 @@ impl ShardState {
         if step != self.open_step {
             return Ok(false);
         }
-        let Some(peer) = self.peers.get_mut(&id) else {
+        let Some(rank) = self.peers.get(&id).map(|p| p.rank) else {
             return Ok(false);
         };
+        let samples = push.samples;
+        if let Some(&before) = self.samples.get(&rank) {
+            if before != samples {
+                return protocol(format!(
+                    "rank {rank}'s pushes of step {step} stand for {before} and {samples} samples"
+                ));
+            }
+        }
+        if let Some(queue) = &self.queue {
+            let share = queue.open().share_of(rank).map_or(0, |(s, _)| s.samples());
+            if samples != 0 && u64::from(samples) != share {
+                return protocol(format!(
+                    "rank {rank}'s push of step {step} stands for {samples} samples, its share is {share}"
+                ));
+            }
+        }
+        let peer = self.peers.get_mut(&id).expect("found above");
         let entry = self.keys.get_mut(&key).expect("checked before decoding");
         entry
             .insert(peer.rank as usize, push)
             .map_err(|e| NetError::Protocol(e.to_string()))?;
+        self.samples.insert(rank, samples);
         if !peer.active {
             tracing::info!(
                 "shard {}: rank {} rejoins the rounds at step {step}",
@@ -547,7 +616,6 @@ impl ShardState {
             peer.active = true;
             self.expected.remove(&peer.rank);
         }
-        let rank = peer.rank;
         if self.pushed.is_empty() {
             self.attempt += 1;
         }
@@ -687,6 +755,7 @@ impl ShardState {
                 entry.discard(*rank as usize);
             }
             self.pushed.remove(rank);
+            self.samples.remove(rank);
         }
         self.expected.clear();
         let mut round = self.close_now();
@@ -776,8 +845,21 @@ impl ShardState {
             late: Vec::new(),
             replicas: None,
             diverged: Vec::new(),
+            next: None,
         };
         (round.replicas, round.diverged) = compare_digests(&std::mem::take(&mut self.digests));
+        let samples = std::mem::take(&mut self.samples);
+        let members: Vec<u16> = self
+            .active_ranks()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if let Some(queue) = &mut self.queue {
+            queue.settle(&round.participants, |r| {
+                samples.get(&r).copied().map_or(0, u64::from)
+            });
+            round.next = Some(queue.assign(&members).clone());
+        }
         self.log.push_back(round.clone());
         while self.log.len() > self.max_log_rounds {
             self.log.pop_front();
@@ -848,6 +930,7 @@ impl ShardState {
             entry.discard(peer.rank as usize);
         }
         self.pushed.remove(&peer.rank);
+        self.samples.remove(&peer.rank);
         // One connection per rank (a newer one replaces the older before it registers).
         self.digest_senders.remove(&peer.rank);
         if peer.active && how == Departure::Reconnecting {
@@ -885,6 +968,7 @@ fn compare_digests(digests: &BTreeMap<u16, u64>) -> (Option<ReplicaVerdict>, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ps::queue::QueueSpec;
 
     fn hello(rank: u16) -> Hello {
         Hello {
@@ -1135,6 +1219,79 @@ mod tests {
         assert!(push(&mut state, 0, 1, 1.0) && push(&mut state, 1, 1, 3.0));
         let round = state.close_round().unwrap();
         assert_eq!((round.replicas, round.participants), (None, vec![0, 1]));
+    }
+
+    /// Peer `id` pushes `value` for `step`, standing for `samples`; whether it counted, or
+    /// the refusal.
+    fn push_samples(state: &mut ShardState, id: PeerId, step: u64, samples: u32) -> Result<bool> {
+        match state.check_push(id, 1, step, 2)? {
+            PushCheck::Ignore => Ok(false),
+            PushCheck::Decode(d) => {
+                let push = d.decode(samples, &bytemuck_f32(&[1.0, 1.0])).unwrap();
+                state.insert_push(id, 1, step, push)
+            }
+        }
+    }
+
+    /// Shard 0 cuts each round from the job's samples over its members, takes pushes that
+    /// stand for the whole share or for none, and gives the share of a member the round
+    /// closed without (on its quorum) to the next round, ahead of fresh samples; a newcomer
+    /// pushes for none until it gets a share of the round after.
+    #[test]
+    fn shard_0_hands_out_samples_and_takes_back_the_shares_of_the_late() {
+        let shares = |a: &Assignment| -> Vec<(u16, Vec<u64>)> {
+            a.shares
+                .iter()
+                .map(|s| (s.rank, s.positions().collect()))
+                .collect()
+        };
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(3);
+        state.start_with(2);
+        state
+            .set_queue(QueueSpec {
+                samples: 10,
+                global: 4,
+            })
+            .unwrap();
+        for rank in 0..2u16 {
+            let hello = Hello {
+                world: 3,
+                ..hello(rank)
+            };
+            state.hello(rank as PeerId, &hello).unwrap();
+            state.register(rank as PeerId, &one_key()).unwrap();
+        }
+        let round_0 = state.assignment().unwrap().clone();
+        assert_eq!(shares(&round_0), [(0, vec![0, 1]), (1, vec![2, 3])]);
+        assert!(
+            push_samples(&mut state, 0, 0, 3).is_err(),
+            "3 samples for a share of 2"
+        );
+        assert!(push_samples(&mut state, 1, 0, 2).unwrap());
+        // Rank 0 was dropped for its lie; rank 1's round closes without it.
+        state.disconnect(0, Departure::Left);
+        let round = state.close_round().expect("rank 1 is the only member");
+        assert_eq!(round.participants, [1]);
+        let round_1 = round.next.expect("shard 0 cuts the next round");
+        assert_eq!(
+            shares(&round_1),
+            [(1, vec![0, 1, 4, 5])],
+            "rank 0's share first, then fresh samples"
+        );
+        // A newcomer registers within round 1: it has no share there and pushes for none.
+        let newcomer = Hello {
+            world: 3,
+            ..hello(2)
+        };
+        state.hello(2, &newcomer).unwrap();
+        let registered = state.register(2, &one_key()).unwrap();
+        assert_eq!(registered[0].1.assignment.as_ref(), Some(&round_1));
+        assert!(push_samples(&mut state, 2, 1, 0).unwrap());
+        assert!(push_samples(&mut state, 1, 1, 4).unwrap());
+        let round_2 = state.close_round().unwrap().next.unwrap();
+        assert_eq!(shares(&round_2), [(1, vec![6, 7]), (2, vec![8, 9])]);
+        assert_eq!(state.queue_progress(), Some((0, 6)));
     }
 
     /// Frames travel on streams of their own and arrive in any order: a digest sent ahead of

@@ -1,0 +1,335 @@
+//! The job's samples, handed out round by round: shard 0 keeps the queue, cuts each round's
+//! global batch from it over the round's members, and settles it when the round closes.
+//!
+//! Positions, not samples: position `p` of epoch `e` is the `p`-th sample of that epoch's
+//! seeded order, which every worker draws for itself (the node maps positions to images or to
+//! text windows). A round takes at most `global` positions, all of one epoch: first the ones
+//! given back, then fresh ones; an epoch ends when every position of it has been seen, and a
+//! round never reaches into the next. A position counts as seen when a push that stood for
+//! it was summed into the round (its worker is among shard 0's participants with the whole
+//! share); the share of a member that was late or left goes back to the front of the queue.
+//! So over an epoch no sample is skipped and none counted twice, whatever the churn.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::wire::{Assignment, Share, Span};
+
+/// What a queue hands out: `samples` positions per epoch, at most `global` per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSpec {
+    /// Positions in one epoch (the training set's size, or a text job's windows in all).
+    pub samples: u64,
+    /// Positions in one round's global batch.
+    pub global: u32,
+}
+
+/// What one epoch of the queue came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochDone {
+    /// Positions seen: the epoch's samples, each once.
+    pub seen: u64,
+    /// Rounds the epoch took.
+    pub rounds: u64,
+    /// Positions given back (by members late or gone) and handed out again.
+    pub given_back: u64,
+}
+
+/// Shard 0's queue of the job's sample positions ([module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleQueue {
+    spec: QueueSpec,
+    /// The epoch whose positions are handed out.
+    epoch: u32,
+    /// The next fresh position of `epoch`.
+    next: u64,
+    /// Positions of `epoch` given back, handed out before fresh ones.
+    returned: VecDeque<Span>,
+    /// The open round's assignment.
+    open: Assignment,
+    /// Positions of `epoch` seen so far.
+    seen: u64,
+    /// Rounds of `epoch` cut so far.
+    rounds: u64,
+    /// Positions of `epoch` given back so far.
+    given_back: u64,
+    /// The epochs done, in order.
+    done: Vec<EpochDone>,
+}
+
+impl SampleQueue {
+    /// A queue at the start of epoch 0, with no round cut yet.
+    pub fn new(spec: QueueSpec) -> SampleQueue {
+        SampleQueue {
+            spec,
+            epoch: 0,
+            next: 0,
+            returned: VecDeque::new(),
+            open: Assignment::default(),
+            seen: 0,
+            rounds: 0,
+            given_back: 0,
+            done: Vec::new(),
+        }
+    }
+
+    /// The epochs done, in order.
+    pub fn epochs_done(&self) -> &[EpochDone] {
+        &self.done
+    }
+
+    /// What the queue hands out.
+    pub fn spec(&self) -> QueueSpec {
+        self.spec
+    }
+
+    /// The open round's assignment.
+    pub fn open(&self) -> &Assignment {
+        &self.open
+    }
+
+    /// The epoch being handed out and how many of its positions have been seen.
+    pub fn progress(&self) -> (u32, u64) {
+        (self.epoch, self.seen)
+    }
+
+    /// Settles the open round: the shares of the `participants` whose pushes stood for their
+    /// whole share are seen; every other share goes back to the front of the queue, in order.
+    /// `samples_of(rank)` is what the participant's push stood for.
+    pub fn settle(&mut self, participants: &[u16], samples_of: impl Fn(u16) -> u64) {
+        let open = std::mem::take(&mut self.open);
+        let mut back = Vec::new();
+        for share in open.shares {
+            let whole = share.samples();
+            if participants.contains(&share.rank) && samples_of(share.rank) == whole {
+                self.seen += whole;
+            } else {
+                self.given_back += whole;
+                back.extend(share.spans);
+            }
+        }
+        for span in back.into_iter().rev() {
+            self.returned.push_front(span);
+        }
+    }
+
+    /// Cuts the next round over `members` (ascending ranks; the open round must be settled):
+    /// up to `global` positions of one epoch, the first members taking one more where they do
+    /// not divide. Starts the next epoch when every position of this one has been seen. With
+    /// no members the round gets no positions.
+    pub fn assign(&mut self, members: &[u16]) -> &Assignment {
+        debug_assert!(self.open.shares.is_empty(), "settle the open round first");
+        if self.returned.is_empty() && self.next >= self.spec.samples {
+            let done = EpochDone {
+                seen: self.seen,
+                rounds: self.rounds,
+                given_back: self.given_back,
+            };
+            tracing::info!(
+                "epoch {} of the job's samples done: {} of {} seen, in {} rounds, {} given back \
+                 and handed out again",
+                self.epoch + 1,
+                done.seen,
+                self.spec.samples,
+                done.rounds,
+                done.given_back
+            );
+            self.done.push(done);
+            self.epoch += 1;
+            (self.next, self.seen, self.rounds, self.given_back) = (0, 0, 0, 0);
+        }
+        let mut taken = Vec::new();
+        let mut want = if members.is_empty() {
+            0
+        } else {
+            u64::from(self.spec.global.max(1))
+        };
+        while want > 0 {
+            let span = if let Some(front) = self.returned.front_mut() {
+                let len = u64::from(front.len).min(want);
+                let span = Span {
+                    start: front.start,
+                    len: len as u32,
+                };
+                front.start += len;
+                front.len -= len as u32;
+                if front.len == 0 {
+                    self.returned.pop_front();
+                }
+                span
+            } else if self.next < self.spec.samples {
+                let len = (self.spec.samples - self.next).min(want);
+                let span = Span {
+                    start: self.next,
+                    len: len as u32,
+                };
+                self.next += len;
+                span
+            } else {
+                break;
+            };
+            want -= u64::from(span.len);
+            taken.push(span);
+        }
+        self.rounds += u64::from(!taken.is_empty());
+        self.open = Assignment {
+            epoch: self.epoch,
+            shares: cut(taken, members),
+        };
+        &self.open
+    }
+}
+
+/// Cuts `spans` (in order) into the members' shares: equal counts, the first members taking
+/// one more where they do not divide; members left with nothing are not listed.
+fn cut(spans: Vec<Span>, members: &[u16]) -> Vec<Share> {
+    let total: u64 = spans.iter().map(|s| u64::from(s.len)).sum();
+    let count = members.len().max(1) as u64;
+    let (base, extra) = (total / count, total % count);
+    let mut spans = spans.into_iter().collect::<VecDeque<_>>();
+    let mut shares = Vec::new();
+    for (i, &rank) in members.iter().enumerate() {
+        let mut want = base + u64::from((i as u64) < extra);
+        let mut share = Share {
+            rank,
+            spans: Vec::new(),
+        };
+        while want > 0 {
+            let front = spans.front_mut().expect("the spans hold every share");
+            let len = u64::from(front.len).min(want);
+            share.spans.push(Span {
+                start: front.start,
+                len: len as u32,
+            });
+            front.start += len;
+            front.len -= len as u32;
+            if front.len == 0 {
+                spans.pop_front();
+            }
+            want -= len;
+        }
+        if !share.spans.is_empty() {
+            shares.push(share);
+        }
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use murmur_engine::rng::Rng;
+
+    fn spec(samples: u64, global: u32) -> QueueSpec {
+        QueueSpec { samples, global }
+    }
+
+    #[test]
+    fn a_calm_epoch_is_cut_in_order_and_its_last_round_is_short() {
+        let mut queue = SampleQueue::new(spec(10, 4));
+        let mut rounds = Vec::new();
+        loop {
+            let round = queue.assign(&[0, 1, 2]).clone();
+            if round.epoch == 1 {
+                break;
+            }
+            let all: Vec<u16> = round.shares.iter().map(|s| s.rank).collect();
+            queue.settle(&all, |r| round.share_of(r).unwrap().0.samples());
+            rounds.push(round);
+        }
+        let sizes: Vec<Vec<u64>> = rounds
+            .iter()
+            .map(|r| r.shares.iter().map(Share::samples).collect())
+            .collect();
+        assert_eq!(sizes, [vec![2, 1, 1], vec![2, 1, 1], vec![1, 1]]);
+        let order: Vec<u64> = rounds
+            .iter()
+            .flat_map(|r| {
+                r.shares
+                    .iter()
+                    .flat_map(|s| s.positions().collect::<Vec<_>>())
+            })
+            .collect();
+        assert_eq!(order, (0..10).collect::<Vec<_>>());
+        assert_eq!(rounds[2].share_of(1).map(|(_, before)| before), Some(1));
+        assert_eq!(
+            rounds[2].share_of(2),
+            None,
+            "two positions for three members"
+        );
+    }
+
+    /// Seeded churn: each round some members are late or gone (their shares come back) and
+    /// some push none of their share; over three epochs every position is seen exactly once
+    /// per epoch, counted from the shares that settled as seen.
+    #[test]
+    fn under_churn_every_position_is_seen_once_per_epoch() {
+        let (samples, global) = (1000u64, 64u32);
+        let mut queue = SampleQueue::new(spec(samples, global));
+        let mut rng = Rng::new(7, 1);
+        let mut seen: Vec<Vec<u32>> = vec![vec![0; samples as usize]; 3];
+        let mut rounds = 0;
+        loop {
+            let members: Vec<u16> = (0..8u16)
+                .filter(|_| !rng.next_u32().is_multiple_of(5))
+                .collect();
+            let round = queue.assign(&members).clone();
+            if round.epoch == 3 {
+                break;
+            }
+            rounds += 1;
+            let participants: Vec<u16> = members
+                .iter()
+                .copied()
+                .filter(|_| !rng.next_u32().is_multiple_of(4))
+                .collect();
+            // One participant in ten pushed without its share (it did not know it).
+            let empty: Vec<u16> = participants
+                .iter()
+                .copied()
+                .filter(|_| rng.next_u32().is_multiple_of(10))
+                .collect();
+            let samples_of = |rank: u16| {
+                if empty.contains(&rank) {
+                    0
+                } else {
+                    round.share_of(rank).map_or(0, |(s, _)| s.samples())
+                }
+            };
+            for share in &round.shares {
+                if participants.contains(&share.rank) && samples_of(share.rank) > 0 {
+                    for p in share.positions() {
+                        seen[round.epoch as usize][p as usize] += 1;
+                    }
+                }
+            }
+            assert!(round.samples() <= u64::from(global));
+            queue.settle(&participants, samples_of);
+        }
+        for (epoch, counts) in seen.iter().enumerate() {
+            assert!(
+                counts.iter().all(|&c| c == 1),
+                "epoch {epoch}: positions seen {:?} times",
+                counts.iter().filter(|&&c| c != 1).count()
+            );
+        }
+        // Calm, three epochs take 3 × 16 rounds; churn adds the rounds it gave back.
+        assert!(rounds > 48, "{rounds} rounds");
+        let done = queue.epochs_done();
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|e| e.seen == samples && e.given_back > 0));
+        assert_eq!(done.iter().map(|e| e.rounds).sum::<u64>(), rounds);
+    }
+
+    #[test]
+    fn a_round_without_members_takes_nothing() {
+        let mut queue = SampleQueue::new(spec(10, 4));
+        assert!(queue.assign(&[]).shares.is_empty());
+        queue.settle(&[], |_| 0);
+        assert_eq!(
+            queue.assign(&[3]).shares[0].positions().collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+    }
+}
