@@ -9,13 +9,16 @@ Reports, for both runs: final test accuracy, the longest a round stalled (per ro
 fastest live worker's round time, so a frozen worker's own freeze does not count), worker
 rounds missed or late (pushed after a shard's quorum closed the round without them), the
 resident memory of each shard one minute in and at the end, and the samples each epoch
-trained (pushes every shard summed) against the epoch's size. Prints a table, then the JSON.
+trained against the epoch's size: shard 0 hands the samples out and counts, per epoch, those
+whose push it summed (its log's "epoch N of the job's samples done" lines; the shares of late
+or dead workers go back to its queue). Prints a table, then the JSON.
 """
 
 import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -94,25 +97,29 @@ def run(a, churn):
     steps = [l for l in lines if l.get("loss") is not None or "bytes_up" in l]
     per_round = defaultdict(list)
     per_rank = defaultdict(set)
-    per_epoch = defaultdict(int)
     late = 0
     for l in steps:
         per_round[l["step"]].append(l.get("step_seconds", 0.0))
         per_rank[l["rank"]].add(l["step"])
         # A late push (a shard closed the round on its quorum without it) trained nothing.
-        if l.get("late"):
-            late += 1
-        else:
-            per_epoch[l.get("epoch", 0)] += 1
+        late += bool(l.get("late"))
+    # Shard 0's count (its log goes on across its restarts).
+    done = re.compile(r"epoch (\d+) of the job's samples done: (\d+) of (\d+) seen, in (\d+) "
+                      r"rounds, (\d+) given back")
+    per_epoch, given_back = {}, {}
+    with open(os.path.join(folder, "logs", "server-0.log"), errors="replace") as f:
+        for m in filter(None, map(done.search, f)):
+            per_epoch[int(m.group(1))] = int(m.group(2))
+            given_back[int(m.group(1))] = int(m.group(5))
     total = max(per_round) if per_round else 0
     stalls = {s: min(v) for s, v in per_round.items()}
     longest = max(stalls.items(), key=lambda kv: kv[1]) if stalls else (0, 0.0)
     missed = sum(total - len(per_rank.get(r, ())) for r in range(a.workers))
-    epoch_size = (a.train // (a.batch * a.workers)) * a.batch * a.workers
+    epoch_size = a.train
     # Every worker evaluates the last round: identical replicas give one accuracy.
     last_accuracy = {l["rank"]: l["accuracy"] for l in lines
                      if l.get("accuracy") is not None and l["step"] == total}
-    samples = {e: n * a.batch for e, n in sorted(per_epoch.items())}
+    samples = dict(sorted(per_epoch.items()))
     result = {
         "churn": churn,
         "seconds": round(seconds, 1),
@@ -138,6 +145,7 @@ def run(a, churn):
             for shard, v in rss.items()
         },
         "samples_per_epoch": samples,
+        "samples_given_back_per_epoch": dict(sorted(given_back.items())),
         "epoch_size": epoch_size,
         "respawned": outcome.get("respawned"),
         "servers_restarted": outcome.get("servers_restarted"),
@@ -185,10 +193,12 @@ def main():
                   f"by minute {r['server_rss_mb_by_minute'].get(shard, [])}")
     for r, name in zip(runs, names):
         counts = set(r["samples_per_epoch"].values())
-        exact = counts == {r["epoch_size"]}
+        exact = counts == {r["epoch_size"]} and len(r["samples_per_epoch"]) == a.epochs
         print(f"samples per epoch ({name}): "
               f"{min(counts, default=0)}..{max(counts, default=0)} of {r['epoch_size']}"
-              f" ({'exact' if exact else 'NOT exact'})")
+              f" over {len(r['samples_per_epoch'])} epochs"
+              f" ({'exact' if exact else 'NOT exact'}), "
+              f"{sum(r['samples_given_back_per_epoch'].values())} given back and trained later")
         if r["events"]:
             print("churn events:\n  " + "\n  ".join(r["events"]))
     print(json.dumps(runs))
