@@ -1,7 +1,8 @@
 //! Writes `seeds/frame_decode/`: one well-formed frame of every kind, encoded by the wire
 //! module as it is now, so that the seeds carry the current protocol version and message
 //! layouts (the fuzzer starts from frames that decode, not from ones refused at the header).
-//! Run after any change to `murmur_net::wire`: `cargo run --bin write_frame_seeds`.
+//! Run after any change to `murmur_net::wire`: `cargo +nightly run --bin write_frame_seeds`
+//! in `fuzz/`.
 
 use murmur_engine::comm::KeySpec;
 use murmur_net::wire::{
@@ -26,6 +27,7 @@ fn main() -> std::io::Result<()> {
     // Two members' shares of a round, one of them given back before.
     let assignment = Assignment {
         epoch: 1,
+        round: 3,
         shares: vec![
             Share {
                 rank: 0,

@@ -391,19 +391,24 @@ impl Share {
 
     /// Every position of the share, in order.
     pub fn positions(&self) -> impl Iterator<Item = u64> + '_ {
+        // Saturating: a span from a peer may name any start.
         self.spans
             .iter()
-            .flat_map(|s| s.start..s.start + u64::from(s.len))
+            .flat_map(|s| s.start..s.start.saturating_add(u64::from(s.len)))
     }
 }
 
-/// A round's global batch as shard 0 cut it: the epoch of its positions and each member's
-/// share, in rank order (members with no share are not listed).
+/// A round's global batch as shard 0 cut it: the epoch of its positions, which of the
+/// epoch's rounds it is, and each member's share in the order they were cut (members with no
+/// share are not listed).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     /// The epoch (from 0) whose positions the round covers.
     pub epoch: u32,
-    /// The members' shares, ascending by rank.
+    /// Rounds of the epoch cut before this one (0: the epoch's first).
+    pub round: u64,
+    /// The members' shares, in the order they were cut: the members that took part in the
+    /// round before first, each group ascending by rank.
     pub shares: Vec<Share>,
 }
 

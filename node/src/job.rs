@@ -531,7 +531,7 @@ impl Job {
     }
 
     /// The samples shard 0 hands out round by round ([`murmur_net::ps::queue`]),
-    /// `batch × workers` a round: an image job's training set every epoch; a gpt job's
+    /// `batch × workers` a round, `batch` to each member at most: an image job's training set every epoch; a gpt job's
     /// windows of all its rounds, as one epoch (window `p` is window `p mod global` of round
     /// `p / global`'s draw).
     pub fn queue_spec(&self) -> Result<QueueSpec> {
@@ -551,6 +551,8 @@ impl Job {
         Ok(QueueSpec {
             samples: samples as u64,
             global,
+            // Fewer members make a smaller round: a worker never computes more than its batch.
+            per_member: self.batch as u32,
         })
     }
 

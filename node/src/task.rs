@@ -114,13 +114,28 @@ impl ImageTask {
         })
     }
 
-    /// The samples at positions `positions` of epoch `epoch`'s order.
-    fn samples(&mut self, epoch: u32, positions: impl Iterator<Item = u64>) -> Vec<usize> {
+    /// The samples at positions `positions` of epoch `epoch`'s order; fails on a position
+    /// past the training split (shard 0 sent it).
+    fn samples(
+        &mut self,
+        epoch: u32,
+        mut positions: impl Iterator<Item = u64>,
+    ) -> Result<Vec<usize>> {
         if self.order_epoch != Some(epoch) {
             self.order = epoch_order(self.sets.train.len(), self.job.seed, epoch);
             self.order_epoch = Some(epoch);
         }
-        positions.map(|p| self.order[p as usize]).collect()
+        let order = &self.order;
+        positions.try_fold(Vec::new(), |mut samples, p| {
+            let sample = usize::try_from(p).ok().and_then(|p| order.get(p));
+            samples.push(*sample.ok_or_else(|| {
+                NodeError::Job(format!(
+                    "shard 0 assigned position {p} of a training split of {}",
+                    order.len()
+                ))
+            })?);
+            Ok(samples)
+        })
     }
 }
 
@@ -152,16 +167,15 @@ impl Task for ImageTask {
         first: usize,
         f: impl FnOnce(<Self::Model as Learner>::Batch<'_>, usize) -> R,
     ) -> Result<(R, usize)> {
-        let samples = self.samples(epoch, share.positions());
+        let samples = self.samples(epoch, share.positions())?;
         let (x, y) = self.sets.train.batch(&samples);
         Ok((f((&x, &y), first), samples.len()))
     }
 
     /// Moves LoCo's scale at the first round of every `loco_recalibrate_every`-th epoch
     /// (after the first), by the calibration's rule on that round's global batch at the
-    /// current model: every worker gets the same scale and moves before it pushes. The
-    /// epoch's first round is the one that holds its position 0, which every worker reads
-    /// from the same assignment.
+    /// current model: every worker gets the same scale and moves before it pushes (the
+    /// assignment, the same for all, says which round is the epoch's first).
     fn before_round(
         &mut self,
         dp: &mut DataParallel<QuicCollective, Classifier>,
@@ -177,15 +191,11 @@ impl Task for ImageTask {
         };
         let round = dp.round();
         let epoch = assigned.epoch;
-        let first_of_epoch = assigned
-            .shares
-            .iter()
-            .any(|s| s.spans.iter().any(|span| span.start == 0));
-        if !first_of_epoch || epoch == 0 || !epoch.is_multiple_of(every) {
+        if assigned.round != 0 || epoch == 0 || !epoch.is_multiple_of(every) {
             return Ok(());
         }
         let positions = assigned.shares.iter().flat_map(Share::positions);
-        let global = self.samples(epoch, positions);
+        let global = self.samples(epoch, positions)?;
         let log2s = batch_log2s(&dp.replica, &self.sets, &global, bits)?;
         let was = dp.push_log2s();
         dp.rescale(log2s)?;
@@ -254,8 +264,9 @@ impl Task for TextTask {
 
     /// Every `eval_every` rounds, and at the end (the queue's one epoch over).
     fn measurement(&self, done: u64, epoch: u32, next: Option<u32>) -> Option<u64> {
-        let due = done.is_multiple_of(self.eval_every.max(1)) || next != Some(epoch);
-        due.then_some(done / self.eval_every.max(1))
+        let every = self.eval_every.max(1);
+        let due = done.is_multiple_of(every) || next != Some(epoch);
+        due.then_some(done.saturating_sub(1) / every)
     }
 
     /// Position `p` is window `p mod global` of round `p / global`'s draw, so that a calm

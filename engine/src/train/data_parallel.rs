@@ -302,6 +302,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             samples,
             pushes,
         });
+        // Nothing was coded from a gradient this round.
+        self.codes = CodeStats::default();
         self.pull_and_apply(round, pushed)
     }
 

@@ -471,8 +471,10 @@ async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc
                     }
                     Kind::Closed => frame.message::<Closed>().map(|m| {
                         inbox.update(|r| {
-                            if let (0, Some(a)) = (shard, &m.next) {
-                                r.assignments.insert(frame.step + 1, a.clone());
+                            if let (0, Some(a), Some(next)) =
+                                (shard, &m.next, frame.step.checked_add(1))
+                            {
+                                r.assignments.insert(next, a.clone());
                             }
                             r.closed.insert((frame.step, shard), m);
                         })

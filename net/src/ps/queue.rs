@@ -3,12 +3,16 @@
 //!
 //! Positions, not samples: position `p` of epoch `e` is the `p`-th sample of that epoch's
 //! seeded order, which every worker draws for itself (the node maps positions to images or to
-//! text windows). A round takes at most `global` positions, all of one epoch: first the ones
-//! given back, then fresh ones; an epoch ends when every position of it has been seen, and a
-//! round never reaches into the next. A position counts as seen when a push that stood for
-//! it was summed into the round (its worker is among shard 0's participants with the whole
-//! share); the share of a member that was late or left goes back to the front of the queue.
-//! So over an epoch no sample is skipped and none counted twice, whatever the churn.
+//! text windows). A round takes at most `global` positions and at most `per_member` for each
+//! member, all of one epoch: first the ones given back, then fresh ones; an epoch ends when
+//! every position of it has been seen, and a round never reaches into the next. A position
+//! counts as seen when a push that stood for it was summed into the round (its worker is
+//! among shard 0's participants with the whole share); the share of a member that was late or
+//! left goes back to the front of the queue, and the next round hands it to the members that
+//! took part first (a member that keeps being late does not keep its own given-back share).
+//! So over an epoch no sample is skipped and none counted twice on shard 0's keys, whatever
+//! the churn. (Other shards close their rounds on their own quorums: a worker late on one shard
+//! and not on another trained on its share for some keys only.)
 
 use std::collections::VecDeque;
 
@@ -16,13 +20,17 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::wire::{Assignment, Share, Span};
 
-/// What a queue hands out: `samples` positions per epoch, at most `global` per round.
+/// What a queue hands out: `samples` positions per epoch, at most `global` per round and
+/// `per_member` to each member of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueSpec {
     /// Positions in one epoch (the training set's size, or a text job's windows in all).
     pub samples: u64,
     /// Positions in one round's global batch.
     pub global: u32,
+    /// The most positions one member gets in a round (its batch: fewer members make a
+    /// smaller round, not larger shares).
+    pub per_member: u32,
 }
 
 /// What one epoch of the queue came to.
@@ -54,6 +62,9 @@ pub struct SampleQueue {
     rounds: u64,
     /// Positions of `epoch` given back so far.
     given_back: u64,
+    /// The members whose shares the last settled round saw: the next round's cut starts
+    /// with them.
+    took_part: Vec<u16>,
     /// The epochs done, in order.
     done: Vec<EpochDone>,
 }
@@ -70,6 +81,7 @@ impl SampleQueue {
             seen: 0,
             rounds: 0,
             given_back: 0,
+            took_part: Vec::new(),
             done: Vec::new(),
         }
     }
@@ -100,10 +112,12 @@ impl SampleQueue {
     pub fn settle(&mut self, participants: &[u16], samples_of: impl Fn(u16) -> u64) {
         let open = std::mem::take(&mut self.open);
         let mut back = Vec::new();
+        self.took_part.clear();
         for share in open.shares {
             let whole = share.samples();
             if participants.contains(&share.rank) && samples_of(share.rank) == whole {
                 self.seen += whole;
+                self.took_part.push(share.rank);
             } else {
                 self.given_back += whole;
                 back.extend(share.spans);
@@ -114,10 +128,11 @@ impl SampleQueue {
         }
     }
 
-    /// Cuts the next round over `members` (ascending ranks; the open round must be settled):
-    /// up to `global` positions of one epoch, the first members taking one more where they do
-    /// not divide. Starts the next epoch when every position of this one has been seen. With
-    /// no members the round gets no positions.
+    /// Cuts the next round over `members` (the open round must be settled): up to `global`
+    /// positions of one epoch, at most `per_member` each, cut first for the members whose
+    /// shares the last round saw, then for the others (each group by rank), the first members
+    /// taking one more where they do not divide. Starts the next epoch when every position of
+    /// this one has been seen. With no members the round gets no positions.
     pub fn assign(&mut self, members: &[u16]) -> &Assignment {
         debug_assert!(self.open.shares.is_empty(), "settle the open round first");
         if self.returned.is_empty() && self.next >= self.spec.samples {
@@ -139,12 +154,12 @@ impl SampleQueue {
             self.epoch += 1;
             (self.next, self.seen, self.rounds, self.given_back) = (0, 0, 0, 0);
         }
+        let mut order: Vec<u16> = members.to_vec();
+        order.sort_by_key(|r| (!self.took_part.contains(r), *r));
+        order.dedup();
         let mut taken = Vec::new();
-        let mut want = if members.is_empty() {
-            0
-        } else {
-            u64::from(self.spec.global.max(1))
-        };
+        let most = u64::from(self.spec.per_member.max(1)) * order.len() as u64;
+        let mut want = most.min(u64::from(self.spec.global.max(1)));
         while want > 0 {
             let span = if let Some(front) = self.returned.front_mut() {
                 let len = u64::from(front.len).min(want);
@@ -172,10 +187,12 @@ impl SampleQueue {
             want -= u64::from(span.len);
             taken.push(span);
         }
+        let round = self.rounds;
         self.rounds += u64::from(!taken.is_empty());
         self.open = Assignment {
             epoch: self.epoch,
-            shares: cut(taken, members),
+            round,
+            shares: cut(taken, &order),
         };
         &self.open
     }
@@ -222,7 +239,11 @@ mod tests {
     use murmur_engine::rng::Rng;
 
     fn spec(samples: u64, global: u32) -> QueueSpec {
-        QueueSpec { samples, global }
+        QueueSpec {
+            samples,
+            global,
+            per_member: global,
+        }
     }
 
     #[test]
@@ -320,6 +341,35 @@ mod tests {
         assert_eq!(done.len(), 3);
         assert!(done.iter().all(|e| e.seen == samples && e.given_back > 0));
         assert_eq!(done.iter().map(|e| e.rounds).sum::<u64>(), rounds);
+    }
+
+    /// A member that is late every round (it stays a member) never holds the positions it
+    /// gave back: they go to the member that took part, and the epoch ends. Each member gets
+    /// at most its batch, however few the members.
+    #[test]
+    fn a_member_late_every_round_does_not_hold_up_the_epoch() {
+        let mut queue = SampleQueue::new(QueueSpec {
+            samples: 10,
+            global: 8,
+            per_member: 2,
+        });
+        let mut seen = vec![0; 10];
+        for round in 0.. {
+            assert!(round < 12, "the epoch does not end");
+            let cut = queue.assign(&[0, 1]).clone();
+            if cut.epoch == 1 {
+                break;
+            }
+            assert_eq!(cut.round, round);
+            assert!(cut.shares.iter().all(|s| s.samples() <= 2), "{cut:?}");
+            if let Some((share, _)) = cut.share_of(1) {
+                share.positions().for_each(|p| seen[p as usize] += 1);
+            }
+            let rank_1 = cut.share_of(1).map_or(0, |(s, _)| s.samples());
+            queue.settle(&[1], |_| rank_1);
+        }
+        assert_eq!(seen, [1; 10]);
+        assert_eq!(queue.epochs_done()[0].seen, 10);
     }
 
     #[test]

@@ -1252,6 +1252,7 @@ mod tests {
             .set_queue(QueueSpec {
                 samples: 10,
                 global: 4,
+                per_member: 4,
             })
             .unwrap();
         for rank in 0..2u16 {
