@@ -39,9 +39,10 @@ fn job() -> Job {
         server_memory: "ef".into(),
         min_compress_bytes: 0,
         snapshot_every: 20,
-        // Every round waits for every worker, so that the run without kills gives the same
-        // bits whatever the timing.
+        // Every round waits for every worker, and every round is cut equally, so that the
+        // run without kills gives the same bits whatever the timing.
         quorum: 1.0,
+        shares: "equal".into(),
         ..Job::default()
     }
 }

@@ -151,6 +151,13 @@ pub struct Job {
     /// recent median push time.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().quorum_wait))]
     pub quorum_wait: f32,
+    /// How shard 0 cuts each round over its members: `equal` (equal shares; what runs that
+    /// must be bit-identical from one run to the next need) or `speed` (in proportion to the
+    /// samples per second each one pushed lately, once one is off the median by half or
+    /// more, so that a slow worker gets a smaller share instead of being late; rounds may then
+    /// be smaller, and an epoch take more of them).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().shares))]
+    pub shares: String,
 }
 
 impl Default for Job {
@@ -188,6 +195,7 @@ impl Default for Job {
             loco_recalibrate_every: None,
             quorum: QuorumRule::default().fraction,
             quorum_wait: QuorumRule::default().wait,
+            shares: "equal".into(),
         }
     }
 }
@@ -297,6 +305,9 @@ impl Job {
         }
         if self.max_steps == Some(0) || self.train_limit == Some(0) {
             return bad("max_steps and train_limit must be at least 1 when given".into());
+        }
+        if !matches!(self.shares.as_str(), "speed" | "equal") {
+            return bad(format!("shares is speed or equal, not {:?}", self.shares));
         }
         self.quorum_rule().validate().map_err(NodeError::Job)?;
         if self.partition_bytes < 4 {
@@ -553,6 +564,7 @@ impl Job {
             global,
             // Fewer members make a smaller round: a worker never computes more than its batch.
             per_member: self.batch as u32,
+            by_speed: self.shares == "speed",
         })
     }
 
@@ -693,6 +705,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 32 && names.iter().any(|n| n == "start_with"));
+        assert!(names.len() == 33 && names.iter().any(|n| n == "start_with"));
     }
 }

@@ -50,6 +50,9 @@ pub struct SwarmConfig {
     /// (docs/benchmarks.md), so a swarm whose nodes are never started again goes without.
     /// Processes only.
     pub durable: bool,
+    /// Makes the first worker's gradients take this many times as long (its core kept busy):
+    /// one slow device in the swarm ([`WorkerConfig::slowdown`]).
+    pub slow_worker: Option<f32>,
 }
 
 /// How the nodes run.
@@ -341,6 +344,7 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             link: config.link,
             save: config.save.clone().filter(|_| index == 0),
             save_every: config.save_every,
+            slowdown: config.slow_worker.filter(|_| index == 0).unwrap_or(1.0),
             ..WorkerConfig::default()
         })?;
         let mut events = worker.events();
@@ -434,6 +438,9 @@ fn start_processes(
         if let (Some(path), 0) = (&config.save, index) {
             args.push(format!("--save={}", path.display()));
             args.extend(config.save_every.map(|n| format!("--save-every={n}")));
+        }
+        if let (Some(factor), 0) = (config.slow_worker, index) {
+            args.push(format!("--slowdown={factor}"));
         }
         // A worker started again after dying takes its own state back.
         if config.durable {

@@ -76,6 +76,9 @@ pub struct WorkerConfig {
     pub state: Option<PathBuf>,
     /// Also print every event as a JSON line on stdout (what a process launcher reads).
     pub json_events: bool,
+    /// Makes each round's gradients take this many times as long, the thread kept busy for
+    /// the rest (at least 1): a slower device, for tests and benchmarks of uneven swarms.
+    pub slowdown: f32,
 }
 
 impl Default for WorkerConfig {
@@ -94,6 +97,7 @@ impl Default for WorkerConfig {
             save_every: None,
             state: None,
             json_events: false,
+            slowdown: 1.0,
         }
     }
 }
@@ -467,6 +471,7 @@ impl Run {
         ));
         let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
         let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
+        dp.slow_down(self.config.slowdown);
         // A job already under way may hold this worker's earlier life: take its state back.
         let job_text = job.to_wire();
         let resumed_from = match &self.config.state {

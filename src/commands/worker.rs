@@ -61,6 +61,10 @@ pub struct WorkerArgs {
     /// epoch this rank evaluated (the ranks take the epochs in turn; all, the last).
     #[arg(long)]
     metrics: Option<PathBuf>,
+    /// Make each round's gradients take this many times as long, keeping the core busy for
+    /// the rest: a slower device, for trying uneven swarms.
+    #[arg(long, default_value_t = 1.0)]
+    slowdown: f32,
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
@@ -91,6 +95,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         save_every: a.save_every,
         state: a.state,
         json_events: a.json,
+        slowdown: a.slowdown,
     })?;
     let stopper = worker.stopper();
     crate::signals::on_signal(move |_| stopper.stop());

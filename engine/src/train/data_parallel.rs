@@ -60,6 +60,8 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     shapes: Vec<Vec<usize>>,
     /// The round pushed last whose replies have not been applied yet.
     unanswered: Option<Unanswered>,
+    /// How many times its own gradient time a round's compute takes ([`DataParallel::slow_down`]).
+    slowdown: f32,
 }
 
 /// A round this rank pushed, kept until its replies are applied: should they never come (a
@@ -71,6 +73,14 @@ struct Unanswered {
     loss: f32,
     samples: u32,
     pushes: Vec<(Key, Vec<u8>)>,
+}
+
+/// Keeps this thread busy for `time` ([`DataParallel::slow_down`]).
+fn hold_the_core(time: std::time::Duration) {
+    let until = std::time::Instant::now() + time;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
 }
 
 /// Refuses a gradient with non-finite values ([`Error::NonFinite`]): the codecs would send them
@@ -152,6 +162,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             specs,
             shapes,
             unanswered: None,
+            slowdown: 1.0,
         })
     }
 
@@ -254,15 +265,29 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 let samples = u32::try_from(self.replica.samples(&batch)).map_err(|_| {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
                 })?;
+                let computing = std::time::Instant::now();
                 let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                 let mut host =
                     Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
+                hold_the_core(computing.elapsed().mul_f32(self.slowdown - 1.0));
                 let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
                 (loss, self.encode_and_push(host, loss, samples)?)
             }
         };
         Ok((loss, self.pull_and_apply(round, pushed)?))
+    }
+
+    /// Makes this rank's gradients take `factor` (at least 1) times as long as they do, by
+    /// keeping its thread busy for the rest: a slower device, for tests and benchmarks of
+    /// uneven swarms. Busy, not asleep, so that on a shared machine the time is not given to
+    /// the other ranks.
+    pub fn slow_down(&mut self, factor: f32) {
+        self.slowdown = if factor.is_finite() {
+            factor.max(1.0)
+        } else {
+            1.0
+        };
     }
 
     /// One round in which this rank has no share of the global batch (it joined, or came

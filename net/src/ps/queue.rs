@@ -31,7 +31,19 @@ pub struct QueueSpec {
     /// The most positions one member gets in a round (its batch: fewer members make a
     /// smaller round, not larger shares).
     pub per_member: u32,
+    /// Whether rounds are cut in proportion to the members' measured speeds (where they
+    /// differ by half or more; [`SampleQueue::observe`]) rather than equally.
+    pub by_speed: bool,
 }
+
+/// How far a member's speed may be from the median before the cut follows the speeds: a
+/// factor of 1.5 either way. Equal machines keep equal shares (and the bits of an equal cut)
+/// through the noise of a shared machine.
+const UNEVEN: f64 = 1.5;
+
+/// The least weight a slow member keeps in the cut, as a share of the median speed: it
+/// keeps a share, and pushes that show it faster again.
+const FLOOR: f64 = 1.0 / 8.0;
 
 /// What one epoch of the queue came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,7 +57,7 @@ pub struct EpochDone {
 }
 
 /// Shard 0's queue of the job's sample positions ([module docs](self)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleQueue {
     spec: QueueSpec,
     /// The epoch whose positions are handed out.
@@ -65,6 +77,8 @@ pub struct SampleQueue {
     /// The members whose shares the last settled round saw: the next round's cut starts
     /// with them.
     took_part: Vec<u16>,
+    /// Samples per second each member pushed lately ([`SampleQueue::observe`]).
+    speeds: std::collections::BTreeMap<u16, f64>,
     /// The epochs done, in order.
     done: Vec<EpochDone>,
 }
@@ -82,8 +96,26 @@ impl SampleQueue {
             rounds: 0,
             given_back: 0,
             took_part: Vec::new(),
+            speeds: std::collections::BTreeMap::new(),
             done: Vec::new(),
         }
+    }
+
+    /// Notes how fast `rank` went on its share of the open round, `samples` positions: it
+    /// finished them in `seconds` (the round's opening to its last push), or, `late`, had not
+    /// finished them `seconds` in, when the round closed without it (at most that fast).
+    /// Speeds are a running mean, halving the weight of the past each round.
+    pub fn observe(&mut self, rank: u16, samples: u64, seconds: f64, late: bool) {
+        if samples == 0 || seconds <= 0.0 || !seconds.is_finite() {
+            return;
+        }
+        let rate = samples as f64 / seconds;
+        let speed = match (self.speeds.get(&rank), late) {
+            (Some(&known), true) => known.min(rate),
+            (Some(&known), false) => 0.5 * (known + rate),
+            (None, _) => rate,
+        };
+        self.speeds.insert(rank, speed);
     }
 
     /// The epochs done, in order.
@@ -157,6 +189,7 @@ impl SampleQueue {
         let mut order: Vec<u16> = members.to_vec();
         order.sort_by_key(|r| (!self.took_part.contains(r), *r));
         order.dedup();
+        let weights = self.weights(&order);
         let mut taken = Vec::new();
         let most = u64::from(self.spec.per_member.max(1)) * order.len() as u64;
         let mut want = most.min(u64::from(self.spec.global.max(1)));
@@ -187,27 +220,124 @@ impl SampleQueue {
             want -= u64::from(span.len);
             taken.push(span);
         }
+        let total: u64 = taken.iter().map(|s| u64::from(s.len)).sum();
+        let counts = split(total, weights.as_deref(), order.len(), self.spec.per_member);
+        // What the members' caps leave of the taken positions goes back to the front.
+        let mut extra = total - counts.iter().sum::<u64>();
+        while extra > 0 {
+            let last = taken.last_mut().expect("the taken spans hold the extra");
+            let len = u64::from(last.len).min(extra);
+            self.returned.push_front(Span {
+                start: last.start + u64::from(last.len) - len,
+                len: len as u32,
+            });
+            last.len -= len as u32;
+            if last.len == 0 {
+                taken.pop();
+            }
+            extra -= len;
+        }
         let round = self.rounds;
         self.rounds += u64::from(!taken.is_empty());
         self.open = Assignment {
             epoch: self.epoch,
             round,
-            shares: cut(taken, &order),
+            shares: cut(taken, &order, &counts),
         };
         &self.open
     }
 }
 
-/// Cuts `spans` (in order) into the members' shares: equal counts, the first members taking
-/// one more where they do not divide; members left with nothing are not listed.
-fn cut(spans: Vec<Span>, members: &[u16]) -> Vec<Share> {
-    let total: u64 = spans.iter().map(|s| u64::from(s.len)).sum();
-    let count = members.len().max(1) as u64;
-    let (base, extra) = (total / count, total % count);
+impl SampleQueue {
+    /// The members' weights in the cut, in `order`: their speeds (the median's for one not
+    /// measured yet, at least [`FLOOR`] of it), or `None` for equal shares (speeds off, none
+    /// measured, or all within [`UNEVEN`] of the median).
+    fn weights(&self, order: &[u16]) -> Option<Vec<f64>> {
+        if !self.spec.by_speed {
+            return None;
+        }
+        let mut known: Vec<f64> = order
+            .iter()
+            .filter_map(|r| self.speeds.get(r).copied())
+            .collect();
+        if known.is_empty() {
+            return None;
+        }
+        known.sort_by(f64::total_cmp);
+        let median = known[known.len() / 2];
+        if median <= 0.0 {
+            return None;
+        }
+        let weights: Vec<f64> = order
+            .iter()
+            .map(|r| self.speeds.get(r).map_or(median, |s| s.max(FLOOR * median)))
+            .collect();
+        let even = weights
+            .iter()
+            .all(|w| *w <= UNEVEN * median && *w * UNEVEN >= median);
+        (!even).then_some(weights)
+    }
+}
+
+/// How many of `total` positions each of `members` members gets, at most `cap` each.
+///
+/// Equal counts without `weights`, the first members taking one more where they do not
+/// divide. With `weights` (speeds), in proportion to them over one round time `t`, a member
+/// getting `min(cap, ⌊w t⌋)`: `t` is the time in which a member of the median speed does its
+/// whole `cap` (the round should take no longer than the typical member at its batch), or less
+/// where the positions run short, then the first members below their cap take one more while
+/// positions are left. What is not handed out goes back to the queue.
+fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u64> {
+    let cap = u64::from(cap.max(1));
+    let count = members.max(1) as u64;
+    let Some(weights) = weights else {
+        let (base, extra) = (total / count, total % count);
+        return (0..members as u64)
+            .map(|i| (base + u64::from(i < extra)).min(cap))
+            .collect();
+    };
+    let mut sorted = weights.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let fill = |t: f64| -> f64 { weights.iter().map(|w| (w * t).min(cap as f64)).sum() };
+    let at_cap = cap as f64 / median;
+    let mut t = at_cap;
+    if fill(at_cap) > total as f64 {
+        // Bisection: the same steps, and so the same bits, on every machine.
+        let (mut low, mut high) = (0.0, at_cap);
+        for _ in 0..64 {
+            let mid = 0.5 * (low + high);
+            if fill(mid) > total as f64 {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        t = low;
+    }
+    let mut counts: Vec<u64> = weights
+        .iter()
+        .map(|w| ((w * t).floor() as u64).min(cap))
+        .collect();
+    if t < at_cap {
+        let mut left = total.saturating_sub(counts.iter().sum());
+        for c in counts.iter_mut() {
+            if left > 0 && *c < cap {
+                *c += 1;
+                left -= 1;
+            }
+        }
+    }
+    counts
+}
+
+/// Cuts `spans` (in order) into the members' shares of `counts` positions each; members
+/// left with nothing are not listed.
+fn cut(spans: Vec<Span>, members: &[u16], counts: &[u64]) -> Vec<Share> {
     let mut spans = spans.into_iter().collect::<VecDeque<_>>();
     let mut shares = Vec::new();
-    for (i, &rank) in members.iter().enumerate() {
-        let mut want = base + u64::from((i as u64) < extra);
+    for (&rank, &count) in members.iter().zip(counts) {
+        let mut want = count;
         let mut share = Share {
             rank,
             spans: Vec::new(),
@@ -243,6 +373,7 @@ mod tests {
             samples,
             global,
             per_member: global,
+            by_speed: false,
         }
     }
 
@@ -352,6 +483,7 @@ mod tests {
             samples: 10,
             global: 8,
             per_member: 2,
+            by_speed: false,
         });
         let mut seen = vec![0; 10];
         for round in 0.. {
@@ -370,6 +502,63 @@ mod tests {
         }
         assert_eq!(seen, [1; 10]);
         assert_eq!(queue.epochs_done()[0].seen, 10);
+    }
+
+    /// Cut by speed: a member three times slower than the others gets a third of its batch,
+    /// so that it finishes with them; the round is that much smaller. Speeds within half of
+    /// one another keep equal shares.
+    #[test]
+    fn a_slow_member_gets_a_share_it_can_finish_in_time() {
+        let mut queue = SampleQueue::new(QueueSpec {
+            samples: 10_000,
+            global: 128,
+            per_member: 32,
+            by_speed: true,
+        });
+        let sizes = |a: &Assignment| -> Vec<(u16, u64)> {
+            a.shares.iter().map(|s| (s.rank, s.samples())).collect()
+        };
+        let members = [0, 1, 2, 3];
+        assert_eq!(
+            sizes(queue.assign(&members)),
+            [(0, 32), (1, 32), (2, 32), (3, 32)]
+        );
+        for (rank, seconds) in [(0, 1.0), (1, 1.1), (2, 0.9), (3, 1.4)] {
+            queue.observe(rank, 32, seconds, false);
+        }
+        queue.settle(&members, |_| 32);
+        assert_eq!(
+            sizes(queue.assign(&members)),
+            [(0, 32), (1, 32), (2, 32), (3, 32)],
+            "within half of one another: equal"
+        );
+        // Rank 3 goes three times slower; the running means follow within a few rounds.
+        let mut cut = Assignment::default();
+        for _ in 0..5 {
+            for (rank, seconds) in [(0, 1.0), (1, 1.0), (2, 1.0), (3, 3.0)] {
+                let samples = cut.share_of(rank).map_or(32, |(s, _)| s.samples());
+                queue.observe(rank, samples, seconds * samples as f64 / 32.0, false);
+            }
+            queue.settle(&members, |r| {
+                cut.share_of(r).map_or(32, |(s, _)| s.samples())
+            });
+            cut = queue.assign(&members).clone();
+        }
+        let slow = cut.share_of(3).unwrap().0.samples();
+        assert!((9..=12).contains(&slow), "{:?}", sizes(&cut));
+        assert!(
+            cut.shares[..3].iter().all(|s| s.samples() >= 31),
+            "{:?}",
+            sizes(&cut)
+        );
+        // Late with its share: at most as fast as the round's close allowed.
+        queue.observe(3, slow, 4.0 * slow as f64 / 32.0, true);
+        queue.settle(&[0, 1, 2], |_| 32);
+        let after = queue.assign(&members).clone();
+        let slower = after.share_of(3).map_or(0, |(s, _)| s.samples());
+        assert!(slower < slow, "{:?} after {:?}", sizes(&after), sizes(&cut));
+        // The late share came back first, to members that took part.
+        assert_eq!(after.shares[0].rank, 0);
     }
 
     #[test]

@@ -164,6 +164,8 @@ pub struct ShardState {
     queue: Option<SampleQueue>,
     /// The samples each rank's pushes of the open round stand for.
     samples: BTreeMap<u16, u32>,
+    /// How long after the open round's opening each rank finished it.
+    finished_after: BTreeMap<u16, Duration>,
 }
 
 fn protocol<T>(message: String) -> Result<T> {
@@ -202,6 +204,7 @@ impl ShardState {
             start_with: None,
             queue: None,
             samples: BTreeMap::new(),
+            finished_after: BTreeMap::new(),
         }
     }
 
@@ -622,6 +625,7 @@ impl ShardState {
         *self.pushed.entry(rank).or_default() += 1;
         if let (true, Some(opened)) = (self.finished(rank), self.opened) {
             self.push_times.record(opened.elapsed());
+            self.finished_after.insert(rank, opened.elapsed());
         }
         Ok(true)
     }
@@ -644,6 +648,7 @@ impl ShardState {
             let first = self.digests.insert(rank, digest).is_none();
             if let (true, true, Some(opened)) = (first, self.finished(rank), self.opened) {
                 self.push_times.record(opened.elapsed());
+                self.finished_after.insert(rank, opened.elapsed());
             }
         }
         Ok(())
@@ -756,6 +761,7 @@ impl ShardState {
             }
             self.pushed.remove(rank);
             self.samples.remove(rank);
+            self.finished_after.remove(rank);
         }
         self.expected.clear();
         let mut round = self.close_now();
@@ -849,11 +855,31 @@ impl ShardState {
         };
         (round.replicas, round.diverged) = compare_digests(&std::mem::take(&mut self.digests));
         let samples = std::mem::take(&mut self.samples);
+        let finished_after = std::mem::take(&mut self.finished_after);
         let members: Vec<u16> = self
             .active_ranks()
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        if let (Some(queue), Some(opened)) = (&mut self.queue, self.opened) {
+            // How fast each member went on its share, for the next cut (by speed).
+            let closed_after = opened.elapsed().as_secs_f64();
+            let shares: Vec<(u16, u64)> = queue
+                .open()
+                .shares
+                .iter()
+                .map(|s| (s.rank, s.samples()))
+                .collect();
+            for (rank, share) in shares {
+                match finished_after.get(&rank) {
+                    Some(after) if samples.get(&rank).map(|&n| u64::from(n)) == Some(share) => {
+                        queue.observe(rank, share, after.as_secs_f64(), false)
+                    }
+                    Some(_) => {}
+                    None => queue.observe(rank, share, closed_after, true),
+                }
+            }
+        }
         if let Some(queue) = &mut self.queue {
             queue.settle(&round.participants, |r| {
                 samples.get(&r).copied().map_or(0, u64::from)
@@ -931,6 +957,7 @@ impl ShardState {
         }
         self.pushed.remove(&peer.rank);
         self.samples.remove(&peer.rank);
+        self.finished_after.remove(&peer.rank);
         // One connection per rank (a newer one replaces the older before it registers).
         self.digest_senders.remove(&peer.rank);
         if peer.active && how == Departure::Reconnecting {
@@ -1253,6 +1280,7 @@ mod tests {
                 samples: 10,
                 global: 4,
                 per_member: 4,
+                by_speed: false,
             })
             .unwrap();
         for rank in 0..2u16 {

@@ -140,8 +140,10 @@ pub fn run(a: SwarmGptArgs) -> anyhow::Result<()> {
         memory: "ef".into(),
         server_memory: "ef".into(),
         min_compress_bytes: 0,
-        // Every round waits for every worker: the arms compare algorithms, not churn.
+        // Every round waits for every worker, cut equally: the arms compare algorithms, not
+        // churn or the machine's timing, and rerun to the same bits.
         quorum: 1.0,
+        shares: "equal".into(),
         ..Job::default()
     };
     if job.batch * a.workers as usize != a.batch {
@@ -228,6 +230,7 @@ fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<
             save: None,
             save_every: None,
             durable: false,
+            slow_worker: None,
         },
         Launch::Threads,
     )?;

@@ -60,6 +60,10 @@ pub struct LaunchArgs {
     /// the run.
     #[arg(long)]
     respawn: bool,
+    /// Make the first worker's gradients take this many times as long, its core kept busy:
+    /// one slow device in the swarm (try it with `--shares speed` and with the default).
+    #[arg(long, value_name = "FACTOR")]
+    slow_worker: Option<f32>,
 }
 
 /// Most times --respawn starts one node again (a worker that keeps dying is let go; a shard
@@ -116,6 +120,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             save_every: a.save_every,
             // Nodes started again pick up their saved state.
             durable: a.respawn,
+            slow_worker: a.slow_worker,
         },
         Launch::Processes {
             exe: std::env::current_exe()?,

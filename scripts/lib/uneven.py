@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A swarm with one slow worker (issue 20, item 8): a local swarm (`murmur swarm`, one process
+per node, loopback) trains the MNIST MLP with four workers, all fast; then with the first
+worker three times slower (`--slow-worker 3`: its gradients take three times as long, its core
+kept busy for the rest), once with equal shares (the default, `--shares equal`: the slow
+worker's share is late every round, closed on the quorum without it and given back) and once
+with shares by speed (`--shares speed`: shard 0 cuts each round in proportion to the samples
+per second each worker pushed lately). Every arm trains the same samples (shard 0 hands out each epoch
+exactly once), so samples per second compare the arms directly.
+
+The nodes share this machine's cores: the slow worker's busy time competes with the others
+for them, so the fast workers run slower in the uneven arms than they would on machines of
+their own. Prints a table, then the JSON.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+ARMS = {
+    "all fast": ([], "equal"),
+    "one 3x slow, equal shares": (["--slow-worker", "3"], "equal"),
+    "one 3x slow, shares by speed": (["--slow-worker", "3"], "speed"),
+}
+
+
+def run(a, name):
+    extra, shares = ARMS[name]
+    folder = tempfile.mkdtemp(prefix="murmur-uneven-")
+    metrics = os.path.join(folder, "metrics.jsonl")
+    cmd = [a.bin, "swarm", "--dir", folder, "--workers", "4", "--servers", "1",
+           "--epochs", str(a.epochs), "--train-limit", str(a.train), "--batch", str(a.batch),
+           "--device", "cpu", "--codec", a.codec, "--shares", shares, "--quiet",
+           "--metrics", metrics] + extra
+    # One thread per worker: the workers share the machine's cores.
+    env = dict(os.environ, RAYON_NUM_THREADS="1")
+    started = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.time() - started
+    lines = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+    per_round = defaultdict(list)
+    late = 0
+    for l in lines:
+        if "bytes_up" in l:
+            per_round[l["step"]].append(l.get("step_seconds", 0.0))
+            late += bool(l.get("late"))
+    # A round lasts as long as its slowest worker's step (each waits for the round's close).
+    train_s = sum(max(v) for v in per_round.values())
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+    samples = a.epochs * a.train
+    result = {
+        "arm": name,
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 1),
+        "train_s": round(train_s, 1),
+        "rounds": len(per_round),
+        "samples": samples,
+        "samples_per_s": round(samples / train_s, 1) if train_s else None,
+        "worker_rounds_late": late,
+        "final_test_accuracy": outcome.get("final_test_accuracy"),
+    }
+    if proc.returncode != 0:
+        result["stderr_tail"] = proc.stderr.strip().splitlines()[-15:]
+    subprocess.run(["rm", "-rf", folder])
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", default="target/release/murmur")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--train", type=int, default=20000, help="training samples")
+    p.add_argument("--batch", type=int, default=64, help="the job's batch per worker")
+    p.add_argument("--codec", default="topk:0.1")
+    p.add_argument("--arms", default=";".join(ARMS),
+                   help="separated by ;, of: " + "; ".join(ARMS))
+    a = p.parse_args()
+    runs = [run(a, name.strip()) for name in a.arms.split(";")]
+    fast = next((r["samples_per_s"] for r in runs if r["arm"] == "all fast"), None)
+    print(f"{'arm':32}{'samples/s':>11}{'of fast':>9}{'rounds':>8}{'late':>6}{'accuracy':>10}")
+    for r in runs:
+        ratio = f"{r['samples_per_s'] / fast:.2f}" if fast and r["samples_per_s"] else "-"
+        acc = r["final_test_accuracy"]
+        print(f"{r['arm']:32}{r['samples_per_s'] or 0:>11.1f}{ratio:>9}{r['rounds']:>8}"
+              f"{r['worker_rounds_late']:>6}{(acc or 0) * 100:>9.2f}%")
+    print(json.dumps(runs))
+    if any(r["exit_code"] != 0 for r in runs):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# A swarm with one slow worker (issue 20): four workers train the MNIST MLP all fast, then
+# with one three times slower, with equal shares and with shares by speed; samples per second
+# and accuracy of each (scripts/lib/uneven.py; --help for its options). About 5 minutes on 2
+# cores with the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-gpu.sh >/dev/null
+scripts/fetch-data.sh mnist
+cargo build --release --quiet
+exec python3 scripts/lib/uneven.py "$@"
