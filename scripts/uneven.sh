@@ -5,7 +5,6 @@
 # cores with the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-gpu.sh >/dev/null
 scripts/fetch-data.sh mnist
 cargo build --release --quiet
 exec python3 scripts/lib/uneven.py "$@"

@@ -59,6 +59,10 @@ pub enum Event {
         f32_each_way: usize,
         /// This worker's samples per second since it started.
         samples_per_second: f64,
+        /// The samples of its share of the round (0: shard 0 gave it none, and it pushed zeros
+        /// standing for none).
+        #[serde(default)]
+        samples: usize,
         /// Seconds the round took here, from taking its batch to applying the reply.
         #[serde(default)]
         seconds: f64,
@@ -220,6 +224,7 @@ mod tests {
             pulled: 0,
             f32_each_way: 0,
             samples_per_second: 0.0,
+            samples: 0,
             seconds: 0.0,
             lr: 0.0,
             saturated: None,

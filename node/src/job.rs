@@ -152,10 +152,11 @@ pub struct Job {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().quorum_wait))]
     pub quorum_wait: f32,
     /// How shard 0 cuts each round over its members: `equal` (equal shares; what runs that
-    /// must be bit-identical from one run to the next need) or `speed` (in proportion to the
-    /// samples per second each one pushed lately, once one is off the median by half or
-    /// more, so that a slow worker gets a smaller share instead of being late; rounds may then
-    /// be smaller, and an epoch take more of them).
+    /// must be bit-identical from one run to the next need) or `speed` (by the samples per
+    /// second each one pushed lately, once one is off the median by a factor of 1.5, so that
+    /// a slow worker gets a smaller share instead of being late; rounds are then smaller, an
+    /// epoch takes more of them, and the learning-rate schedule, which spans the rounds of
+    /// equal cuts, reaches its end early and holds its last value; `max_steps` counts rounds).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().shares))]
     pub shares: String,
 }

@@ -64,6 +64,9 @@ pub struct Metrics {
     /// after the round's quorum deadline: its samples did not count there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late: Option<bool>,
+    /// The samples of the worker's share of the round (swarm workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
 }
 
 /// A present loss that JSON wrote as null (serde_json writes NaN so) is NaN, not absent.
@@ -86,6 +89,7 @@ impl Metrics {
                 seconds,
                 lr,
                 late,
+                samples,
                 ..
             } => Some(Metrics {
                 step,
@@ -97,6 +101,7 @@ impl Metrics {
                 step_seconds: Some(seconds),
                 lr: Some(lr),
                 late: late.then_some(true),
+                samples: Some(samples as u64),
                 ..Metrics::default()
             }),
             Event::Evaluated {
@@ -226,6 +231,7 @@ mod tests {
             pulled: 300,
             f32_each_way: 4000,
             samples_per_second: 1.0,
+            samples: 32,
             seconds: 0.125,
             lr: 0.5,
             saturated: None,

@@ -142,6 +142,12 @@ impl Worker {
         config.budget.validate()?;
         config.link.validate()?;
         positive_seconds("join_timeout_s", config.join_timeout_s)?;
+        if !(1.0..=1000.0).contains(&config.slowdown) {
+            return Err(NodeError::Config(format!(
+                "slowdown is a factor from 1 to 1000, not {}",
+                config.slowdown
+            )));
+        }
         if config.save_every == Some(0) {
             return Err(NodeError::Config("save_every must be at least 1".into()));
         }
@@ -303,6 +309,8 @@ struct Round {
     step: u64,
     /// From 1.
     epoch: u32,
+    /// The samples of this worker's share.
+    samples: usize,
     loss: f32,
     bytes: RoundBytes,
     codes: CodeStats,
@@ -641,6 +649,7 @@ impl Run {
             let round = Round {
                 step: dp.round(),
                 epoch: task.shown_epoch(epoch),
+                samples,
                 loss,
                 bytes,
                 codes: dp.code_stats(),
@@ -713,6 +722,7 @@ impl Run {
             pulled: round.bytes.pulled,
             f32_each_way: round.bytes.f32_each_way,
             samples_per_second: totals.samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            samples: round.samples,
             seconds: round.seconds,
             lr: round.lr,
             saturated: round.codes.saturated,

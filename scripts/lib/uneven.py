@@ -2,10 +2,10 @@
 """A swarm with one slow worker (issue 20, item 8): a local swarm (`murmur swarm`, one process
 per node, loopback) trains the MNIST MLP with four workers, all fast; then with the first
 worker three times slower (`--slow-worker 3`: its gradients take three times as long, its core
-kept busy for the rest), once with equal shares (the default, `--shares equal`: the slow
-worker's share is late every round, closed on the quorum without it and given back) and once
-with shares by speed (`--shares speed`: shard 0 cuts each round in proportion to the samples
-per second each worker pushed lately). Every arm trains the same samples (shard 0 hands out each epoch
+kept busy for the rest), once with equal shares (the default, `--shares equal`: every round
+waits for the slow worker, or, where rounds are long enough for the quorum's wait to pass,
+closes without it and gives its share back) and once with shares by speed (`--shares speed`:
+shard 0 cuts each round by the samples per second each worker pushed lately). Every arm trains the same samples (shard 0 hands out each epoch
 exactly once), so samples per second compare the arms directly.
 
 The nodes share this machine's cores: the slow worker's busy time competes with the others
@@ -44,10 +44,12 @@ def run(a, name):
     wall = time.time() - started
     lines = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
     per_round = defaultdict(list)
+    shares = defaultdict(list)
     late = 0
     for l in lines:
         if "bytes_up" in l:
             per_round[l["step"]].append(l.get("step_seconds", 0.0))
+            shares[l["rank"]].append(l.get("samples", 0))
             late += bool(l.get("late"))
     # A round lasts as long as its slowest worker's step (each waits for the round's close).
     train_s = sum(max(v) for v in per_round.values())
@@ -62,6 +64,9 @@ def run(a, name):
         "samples": samples,
         "samples_per_s": round(samples / train_s, 1) if train_s else None,
         "worker_rounds_late": late,
+        # Each rank's mean share a round (the slow worker's is the smallest where the cut
+        # follows the speeds).
+        "mean_share_by_rank": {r: round(sum(v) / len(v), 1) for r, v in sorted(shares.items())},
         "final_test_accuracy": outcome.get("final_test_accuracy"),
     }
     if proc.returncode != 0:
@@ -82,12 +87,14 @@ def main():
     a = p.parse_args()
     runs = [run(a, name.strip()) for name in a.arms.split(";")]
     fast = next((r["samples_per_s"] for r in runs if r["arm"] == "all fast"), None)
-    print(f"{'arm':32}{'samples/s':>11}{'of fast':>9}{'rounds':>8}{'late':>6}{'accuracy':>10}")
+    print(f"{'arm':32}{'samples/s':>11}{'of fast':>9}{'rounds':>8}{'late':>6}{'accuracy':>10}"
+          "  mean share by rank")
     for r in runs:
         ratio = f"{r['samples_per_s'] / fast:.2f}" if fast and r["samples_per_s"] else "-"
         acc = r["final_test_accuracy"]
         print(f"{r['arm']:32}{r['samples_per_s'] or 0:>11.1f}{ratio:>9}{r['rounds']:>8}"
-              f"{r['worker_rounds_late']:>6}{(acc or 0) * 100:>9.2f}%")
+              f"{r['worker_rounds_late']:>6}{(acc or 0) * 100:>9.2f}%  "
+              f"{' '.join(str(v) for v in r['mean_share_by_rank'].values())}")
     print(json.dumps(runs))
     if any(r["exit_code"] != 0 for r in runs):
         sys.exit(1)

@@ -269,7 +269,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                 let mut host =
                     Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
-                hold_the_core(computing.elapsed().mul_f32(self.slowdown - 1.0));
+                hold_the_core(computing.elapsed().mul_f64(f64::from(self.slowdown) - 1.0));
                 let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
                 (loss, self.encode_and_push(host, loss, samples)?)
@@ -281,10 +281,10 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// Makes this rank's gradients take `factor` (at least 1) times as long as they do, by
     /// keeping its thread busy for the rest: a slower device, for tests and benchmarks of
     /// uneven swarms. Busy, not asleep, so that on a shared machine the time is not given to
-    /// the other ranks.
+    /// the other ranks. Factors outside 1 to 1000 are held to those bounds.
     pub fn slow_down(&mut self, factor: f32) {
         self.slowdown = if factor.is_finite() {
-            factor.max(1.0)
+            factor.clamp(1.0, 1000.0)
         } else {
             1.0
         };

@@ -31,18 +31,18 @@ pub struct QueueSpec {
     /// The most positions one member gets in a round (its batch: fewer members make a
     /// smaller round, not larger shares).
     pub per_member: u32,
-    /// Whether rounds are cut in proportion to the members' measured speeds (where they
-    /// differ by half or more; [`SampleQueue::observe`]) rather than equally.
+    /// Whether rounds are cut by the members' measured speeds (where one is off the median by
+    /// a factor of 1.5 or more; [`SampleQueue::observe`]) rather than equally.
     pub by_speed: bool,
 }
 
 /// How far a member's speed may be from the median before the cut follows the speeds: a
-/// factor of 1.5 either way. Equal machines keep equal shares (and the bits of an equal cut)
-/// through the noise of a shared machine.
+/// factor of 1.5 either way. Machines alike keep equal shares through the noise of a shared
+/// machine.
 const UNEVEN: f64 = 1.5;
 
-/// The least weight a slow member keeps in the cut, as a share of the median speed: it
-/// keeps a share, and pushes that show it faster again.
+/// The least weight a slow member keeps in the cut, as a share of the median speed: however
+/// slow it was measured, it keeps a part of a round, and pushes that show it faster again.
 const FLOOR: f64 = 1.0 / 8.0;
 
 /// What one epoch of the queue came to.
@@ -106,7 +106,7 @@ impl SampleQueue {
     /// finished them `seconds` in, when the round closed without it (at most that fast).
     /// Speeds are a running mean, halving the weight of the past each round.
     pub fn observe(&mut self, rank: u16, samples: u64, seconds: f64, late: bool) {
-        if samples == 0 || seconds <= 0.0 || !seconds.is_finite() {
+        if !self.spec.by_speed || samples == 0 || seconds <= 0.0 || !seconds.is_finite() {
             return;
         }
         let rate = samples as f64 / seconds;
@@ -249,6 +249,12 @@ impl SampleQueue {
 }
 
 impl SampleQueue {
+    /// Forgets what was measured of `rank` (it left the job): if it comes back, it is
+    /// measured afresh.
+    pub fn forget(&mut self, rank: u16) {
+        self.speeds.remove(&rank);
+    }
+
     /// The members' weights in the cut, in `order`: their speeds (the median's for one not
     /// measured yet, at least [`FLOOR`] of it), or `None` for equal shares (speeds off, none
     /// measured, or all within [`UNEVEN`] of the median).
@@ -282,51 +288,39 @@ impl SampleQueue {
 /// How many of `total` positions each of `members` members gets, at most `cap` each.
 ///
 /// Equal counts without `weights`, the first members taking one more where they do not
-/// divide. With `weights` (speeds), in proportion to them over one round time `t`, a member
-/// getting `min(cap, ⌊w t⌋)`: `t` is the time in which a member of the median speed does its
-/// whole `cap` (the round should take no longer than the typical member at its batch), or less
-/// where the positions run short, then the first members below their cap take one more while
-/// positions are left. What is not handed out goes back to the queue.
+/// divide; also where the positions are too few for every member's part by speed (an epoch's
+/// end). With `weights` (speeds): a member at least as fast as the median does its whole
+/// `cap`, a slower one what it does in the same time, `⌊cap · w / median⌋`, and at least one
+/// position (so that its speed is measured again). The round then ends about when the median
+/// member's does; what is not handed out goes back to the queue.
 fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u64> {
     let cap = u64::from(cap.max(1));
-    let count = members.max(1) as u64;
-    let Some(weights) = weights else {
+    let equal = || {
+        let count = members.max(1) as u64;
         let (base, extra) = (total / count, total % count);
-        return (0..members as u64)
+        (0..members as u64)
             .map(|i| (base + u64::from(i < extra)).min(cap))
-            .collect();
+            .collect::<Vec<u64>>()
     };
+    let Some(weights) = weights else {
+        return equal();
+    };
+    // The upper median, for an even count.
     let mut sorted = weights.to_vec();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
-    let fill = |t: f64| -> f64 { weights.iter().map(|w| (w * t).min(cap as f64)).sum() };
-    let at_cap = cap as f64 / median;
-    let mut t = at_cap;
-    if fill(at_cap) > total as f64 {
-        // Bisection: the same steps, and so the same bits, on every machine.
-        let (mut low, mut high) = (0.0, at_cap);
-        for _ in 0..64 {
-            let mid = 0.5 * (low + high);
-            if fill(mid) > total as f64 {
-                high = mid;
-            } else {
-                low = mid;
-            }
-        }
-        t = low;
-    }
-    let mut counts: Vec<u64> = weights
+    let counts: Vec<u64> = weights
         .iter()
-        .map(|w| ((w * t).floor() as u64).min(cap))
-        .collect();
-    if t < at_cap {
-        let mut left = total.saturating_sub(counts.iter().sum());
-        for c in counts.iter_mut() {
-            if left > 0 && *c < cap {
-                *c += 1;
-                left -= 1;
+        .map(|&w| {
+            if w >= median {
+                cap
+            } else {
+                ((cap as f64 * (w / median)).floor() as u64).clamp(1, cap)
             }
-        }
+        })
+        .collect();
+    if counts.iter().sum::<u64>() > total {
+        return equal();
     }
     counts
 }
@@ -559,6 +553,20 @@ mod tests {
         assert!(slower < slow, "{:?} after {:?}", sizes(&after), sizes(&cut));
         // The late share came back first, to members that took part.
         assert_eq!(after.shares[0].rank, 0);
+    }
+
+    /// A member as fast as the median does its whole batch (no rounding loses a position),
+    /// every member keeps at least one position, and too few positions are cut equally.
+    #[test]
+    fn the_cut_by_speed_keeps_whole_batches_and_every_member() {
+        assert_eq!(
+            split(128, Some(&[49.0, 49.0, 49.0, 10.0]), 4, 32),
+            [32, 32, 32, 6]
+        );
+        assert_eq!(split(128, Some(&[49.0, 1.0]), 2, 32), [32, 1]);
+        assert_eq!(split(2, Some(&[1.0, 9.0]), 2, 1), [1, 1]);
+        assert_eq!(split(3, Some(&[49.0, 49.0, 10.0]), 3, 32), [1, 1, 1]);
+        assert_eq!(split(7, None, 3, 32), [3, 2, 2]);
     }
 
     #[test]

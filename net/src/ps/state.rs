@@ -624,8 +624,9 @@ impl ShardState {
         }
         *self.pushed.entry(rank).or_default() += 1;
         if let (true, Some(opened)) = (self.finished(rank), self.opened) {
-            self.push_times.record(opened.elapsed());
-            self.finished_after.insert(rank, opened.elapsed());
+            let after = opened.elapsed();
+            self.push_times.record(after);
+            self.finished_after.insert(rank, after);
         }
         Ok(true)
     }
@@ -647,8 +648,9 @@ impl ShardState {
             let rank = peer.rank;
             let first = self.digests.insert(rank, digest).is_none();
             if let (true, true, Some(opened)) = (first, self.finished(rank), self.opened) {
-                self.push_times.record(opened.elapsed());
-                self.finished_after.insert(rank, opened.elapsed());
+                let after = opened.elapsed();
+                self.push_times.record(after);
+                self.finished_after.insert(rank, after);
             }
         }
         Ok(())
@@ -825,6 +827,7 @@ impl ShardState {
     fn close_now(&mut self) -> ClosedRound {
         use rayon::prelude::*;
         let step = self.open_step;
+        let closed_after = self.opened.map(|o| o.elapsed().as_secs_f64());
         // Every key closes, even when another fails: one bad key must not leave the others
         // open (a key left behind would refuse every later push as the wrong step).
         let closed: Vec<_> = self
@@ -861,9 +864,10 @@ impl ShardState {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        if let (Some(queue), Some(opened)) = (&mut self.queue, self.opened) {
-            // How fast each member went on its share, for the next cut (by speed).
-            let closed_after = opened.elapsed().as_secs_f64();
+        if let (Some(queue), Some(closed_after)) = (&mut self.queue, closed_after) {
+            // How fast each member went on its share, for the next cut (by speed); a member
+            // that left is not measured. A member late in this round also starts the next one
+            // late, and is measured slow again: its share shrinks until it keeps up.
             let shares: Vec<(u16, u64)> = queue
                 .open()
                 .shares
@@ -876,7 +880,10 @@ impl ShardState {
                         queue.observe(rank, share, after.as_secs_f64(), false)
                     }
                     Some(_) => {}
-                    None => queue.observe(rank, share, closed_after, true),
+                    None if members.contains(&rank) => {
+                        queue.observe(rank, share, closed_after, true)
+                    }
+                    None => {}
                 }
             }
         }
@@ -958,6 +965,9 @@ impl ShardState {
         self.pushed.remove(&peer.rank);
         self.samples.remove(&peer.rank);
         self.finished_after.remove(&peer.rank);
+        if let (Some(queue), Departure::Left) = (&mut self.queue, how) {
+            queue.forget(peer.rank);
+        }
         // One connection per rank (a newer one replaces the older before it registers).
         self.digest_senders.remove(&peer.rank);
         if peer.active && how == Departure::Reconnecting {
