@@ -307,46 +307,65 @@ fn a_loco_scale_recalibrated_mid_run_moves_pushes_and_replies_alike() {
     assert_eq!(late.push_log2s(), Some(11));
 }
 
-/// Shares of unequal size weigh by their samples: two ranks holding 6 and 2 samples of a
-/// batch of 8 take the step one process takes on all 8 (up to rounding), where a plain mean
-/// of the two shares' gradients would count each of the 2 samples three times as much.
-#[test]
-fn unequal_shares_weigh_as_the_whole_batch() {
-    let device = Device::Cpu;
+/// Eight samples of six features in three classes, made up from `mix`, and the CPU
+/// classifier's configuration the tests below train on them.
+fn eight_samples(mix: usize) -> (Vec<f32>, Vec<u32>, ClassifierConfig) {
+    let x = (0..FEATURES * 8)
+        .map(|i| ((i * mix % 23) as f32 - 11.0) / 7.0)
+        .collect();
+    let y = (0..8u32).map(|i| (i * 5 + 1) % CLASSES as u32).collect();
     let config = ClassifierConfig {
         hidden: vec![16],
         seed: 9,
         ..ClassifierConfig::default()
     };
-    let (features, classes, samples) = (6, 3, 8);
-    let x: Vec<f32> = (0..features * samples)
-        .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-        .collect();
-    let y: Vec<u32> = (0..samples as u32).map(|i| (i * 5 + 1) % classes).collect();
-    let mut whole = Classifier::new(&device, features, classes as usize, &config).unwrap();
-    whole.step(&x, &y).unwrap();
-    let cut = 6;
+    (x, y, config)
+}
+
+const FEATURES: usize = 6;
+const CLASSES: usize = 3;
+
+/// Two in-process ranks, each trained by `rank` on its own thread from the same classifier
+/// with f32 pushes and replies and worker memory `memory`; their replicas, in rank order.
+fn two_ranks(
+    config: &ClassifierConfig,
+    memory: &str,
+    rank: impl Fn(usize, &mut DataParallel<murmur_engine::comm::local::LocalCollective>) + Sync,
+) -> Vec<Classifier> {
     let plan = PartitionPlan {
         min_compress_bytes: usize::MAX,
         ..PartitionPlan::default()
     };
-    let ranks: Vec<Classifier> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let joins: Vec<_> = local_collectives(2)
             .into_iter()
             .map(|c| {
-                let (x, y, config, plan, device) = (&x, &y, &config, &plan, &device);
+                let (plan, rank) = (&plan, &rank);
                 s.spawn(move || {
-                    let rank = murmur_engine::comm::Collective::rank(&c);
-                    let share = if rank == 0 { 0..cut } else { cut..samples };
-                    let clf = Classifier::new(device, features, classes as usize, config).unwrap();
-                    let mut dp = DataParallel::new(clf, c, plan, "none").unwrap();
-                    let rows = &x[share.start * features..share.end * features];
-                    dp.step((rows, &y[share.clone()]), share.start).unwrap();
+                    let r = murmur_engine::comm::Collective::rank(&c);
+                    let clf = Classifier::new(&Device::Cpu, FEATURES, CLASSES, config).unwrap();
+                    let mut dp = DataParallel::new(clf, c, plan, memory).unwrap();
+                    rank(r, &mut dp);
                     dp.replica
                 })
             })
             .collect();
         joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+/// Shares of unequal size weigh by their samples: two ranks holding 6 and 2 samples of a
+/// batch of 8 take the step one process takes on all 8 (up to rounding), where a plain mean
+/// of the two shares' gradients would count each of the 2 samples three times as much.
+#[test]
+fn unequal_shares_weigh_as_the_whole_batch() {
+    let (x, y, config) = eight_samples(37);
+    let mut whole = Classifier::new(&Device::Cpu, FEATURES, CLASSES, &config).unwrap();
+    whole.step(&x, &y).unwrap();
+    let ranks = two_ranks(&config, "none", |rank, dp| {
+        let share = if rank == 0 { 0..6 } else { 6..8 };
+        let rows = &x[share.start * FEATURES..share.end * FEATURES];
+        dp.step((rows, &y[share.clone()]), share.start).unwrap();
     });
     assert_eq!(bits(&ranks[0]), bits(&ranks[1]), "replicas agree");
     let values = |c: &Classifier| bits(c).into_iter().map(f32::from_bits).collect::<Vec<_>>();
@@ -363,44 +382,17 @@ fn unequal_shares_weigh_as_the_whole_batch() {
 /// replica follows it exactly.
 #[test]
 fn a_rank_without_a_share_changes_nothing() {
-    let device = Device::Cpu;
-    let config = ClassifierConfig {
-        hidden: vec![16],
-        seed: 9,
-        ..ClassifierConfig::default()
-    };
-    let (features, classes, samples) = (6, 3u32, 8);
-    let x: Vec<f32> = (0..features * samples)
-        .map(|i| ((i * 29 % 17) as f32 - 8.0) / 5.0)
-        .collect();
-    let y: Vec<u32> = (0..samples as u32).map(|i| (i * 2 + 1) % classes).collect();
-    let mut whole = Classifier::new(&device, features, classes as usize, &config).unwrap();
-    let plan = PartitionPlan {
-        min_compress_bytes: usize::MAX,
-        ..PartitionPlan::default()
-    };
-    let ranks: Vec<Classifier> = std::thread::scope(|s| {
-        let joins: Vec<_> = local_collectives(2)
-            .into_iter()
-            .map(|c| {
-                let (x, y, config, plan, device) = (&x, &y, &config, &plan, &device);
-                s.spawn(move || {
-                    let rank = murmur_engine::comm::Collective::rank(&c);
-                    let clf = Classifier::new(device, features, classes as usize, config).unwrap();
-                    let mut dp = DataParallel::new(clf, c, plan, "ef").unwrap();
-                    for _ in 0..3 {
-                        if rank == 0 {
-                            dp.step((x, y), 0).unwrap();
-                        } else {
-                            dp.step_without_share().unwrap();
-                        }
-                    }
-                    dp.replica
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    let (x, y, config) = eight_samples(29);
+    let ranks = two_ranks(&config, "ef", |rank, dp| {
+        for _ in 0..3 {
+            if rank == 0 {
+                dp.step((&x, &y), 0).unwrap();
+            } else {
+                dp.step_without_share().unwrap();
+            }
+        }
     });
+    let mut whole = Classifier::new(&Device::Cpu, FEATURES, CLASSES, &config).unwrap();
     for _ in 0..3 {
         whole.step(&x, &y).unwrap();
     }
