@@ -559,6 +559,8 @@ impl Run {
         let (epochs, max_rounds) = (job.queue_epochs(), job.max_steps.unwrap_or(u64::MAX));
         let mut totals = Totals::default();
         let mut measured = None;
+        // The round after which this worker measured last.
+        let mut measured_at = None;
         let stop = |totals, measured| {
             Ok(Ending {
                 totals,
@@ -679,23 +681,8 @@ impl Run {
                 // worker's leaving stops the measurements; the last round, every worker.
                 let turn = index % u64::from(world.max(1));
                 if last || turn == u64::from(rank) {
-                    let measure = task.measure(&dp.replica)?;
-                    measured = Some(measure);
-                    self.events.emit(match measure {
-                        Measure::Accuracy(accuracy) => Event::Evaluated {
-                            rank,
-                            step: dp.round(),
-                            epoch: task.shown_epoch(epoch),
-                            accuracy,
-                            seconds,
-                        },
-                        Measure::ValidLoss(valid_loss) => Event::Validated {
-                            rank,
-                            step: dp.round(),
-                            valid_loss,
-                            seconds,
-                        },
-                    });
+                    measured = Some(self.measure(task, dp, rank, epoch, seconds)?);
+                    measured_at = Some(dp.round());
                 }
             }
             // The round went through, but a shard's link failed before its summary came.
@@ -705,11 +692,46 @@ impl Run {
             }
             self.control.rest(step_started.elapsed());
         }
+        // Every worker measures the final replica: where the last round's summary was lost,
+        // this worker learnt that the job was over only after it reconnected.
+        if measured_at != Some(dp.round()) && dp.round() > 0 {
+            let seconds = period_started.elapsed().as_secs_f64();
+            measured = Some(self.measure(task, dp, rank, epoch, seconds)?);
+        }
         Ok(Ending {
             totals,
             measured,
             stopped: false,
         })
+    }
+
+    /// Measures the replica and reports it (after round `dp.round()`, of the queue's epoch
+    /// `epoch`, `seconds` after the last measurement).
+    fn measure<T: Task>(
+        &self,
+        task: &T,
+        dp: &DataParallel<QuicCollective, T::Model>,
+        rank: u16,
+        epoch: u32,
+        seconds: f64,
+    ) -> Result<Measure> {
+        let measure = task.measure(&dp.replica)?;
+        self.events.emit(match measure {
+            Measure::Accuracy(accuracy) => Event::Evaluated {
+                rank,
+                step: dp.round(),
+                epoch: task.shown_epoch(epoch),
+                accuracy,
+                seconds,
+            },
+            Measure::ValidLoss(valid_loss) => Event::Validated {
+                rank,
+                step: dp.round(),
+                valid_loss,
+                seconds,
+            },
+        });
+        Ok(measure)
     }
 
     fn report_step(&self, rank: u16, round: Round, totals: &Totals, started: Instant) {
