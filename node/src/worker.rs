@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use murmur_engine::train::{
-    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes,
+    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes, MAX_SLOWDOWN,
 };
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
@@ -142,9 +142,9 @@ impl Worker {
         config.budget.validate()?;
         config.link.validate()?;
         positive_seconds("join_timeout_s", config.join_timeout_s)?;
-        if !(1.0..=1000.0).contains(&config.slowdown) {
+        if !(1.0..=MAX_SLOWDOWN).contains(&config.slowdown) {
             return Err(NodeError::Config(format!(
-                "slowdown is a factor from 1 to 1000, not {}",
+                "slowdown is a factor from 1 to {MAX_SLOWDOWN}, not {}",
                 config.slowdown
             )));
         }

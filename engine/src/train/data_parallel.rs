@@ -75,6 +75,9 @@ struct Unanswered {
     pushes: Vec<(Key, Vec<u8>)>,
 }
 
+/// The most [`DataParallel::slow_down`] slows a rank.
+pub const MAX_SLOWDOWN: f32 = 1000.0;
+
 /// Keeps this thread busy for `time` ([`DataParallel::slow_down`]).
 fn hold_the_core(time: std::time::Duration) {
     let until = std::time::Instant::now() + time;
@@ -247,20 +250,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// anything: `batch` must be the round's own, as it was.
     pub fn step(&mut self, batch: M::Batch<'_>, first_sample: usize) -> Result<(f32, RoundBytes)> {
         let round = self.round();
-        if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
-            self.unanswered = None;
-        }
-        let (loss, pushed) = match &self.unanswered {
-            // Kept whatever happens to the pushes: only applied replies end it.
-            Some(again) => {
-                let mut pushed = 0;
-                for (key, bytes) in &again.pushes {
-                    pushed += bytes.len();
-                    self.collective
-                        .push(round, *key, again.samples, bytes.clone())?;
-                }
-                (again.loss, pushed)
-            }
+        let (loss, pushed) = match self.push_again(round)? {
+            Some(again) => again,
             None => {
                 let samples = u32::try_from(self.replica.samples(&batch)).map_err(|_| {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
@@ -281,10 +272,10 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// Makes this rank's gradients take `factor` (at least 1) times as long as they do, by
     /// keeping its thread busy for the rest: a slower device, for tests and benchmarks of
     /// uneven swarms. Busy, not asleep, so that on a shared machine the time is not given to
-    /// the other ranks. Factors outside 1 to 1000 are held to those bounds.
+    /// the other ranks. Factors outside 1 to [`MAX_SLOWDOWN`] are held to those bounds.
     pub fn slow_down(&mut self, factor: f32) {
         self.slowdown = if factor.is_finite() {
-            factor.clamp(1.0, 1000.0)
+            factor.clamp(1.0, MAX_SLOWDOWN)
         } else {
             1.0
         };
@@ -297,39 +288,50 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// failed after its pushes is pushed again as [`DataParallel::step`] does.
     pub fn step_without_share(&mut self) -> Result<RoundBytes> {
         let round = self.round();
-        if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
-            self.unanswered = None;
+        if let Some((_, pushed)) = self.push_again(round)? {
+            return self.pull_and_apply(round, pushed);
         }
-        let (samples, pushes) = match &self.unanswered {
-            Some(again) => (again.samples, again.pushes.clone()),
-            None => {
-                let rank = self.collective.rank();
-                let pushes = self
-                    .parts
-                    .iter()
-                    .zip(&self.memories)
-                    .map(|(p, m)| {
-                        let ctx = codec_context(self.seed, round, p.key).sent_by(rank);
-                        (p.key, m.codec().encode(&vec![0.0; p.len], &ctx))
-                    })
-                    .collect::<Vec<_>>();
-                (0, pushes)
-            }
-        };
-        let mut pushed = 0;
-        for (key, bytes) in &pushes {
-            pushed += bytes.len();
-            self.collective.push(round, *key, samples, bytes.clone())?;
-        }
+        let rank = self.collective.rank();
+        let pushes: Vec<(Key, Vec<u8>)> = self
+            .parts
+            .iter()
+            .zip(&self.memories)
+            .map(|(p, m)| {
+                let ctx = codec_context(self.seed, round, p.key).sent_by(rank);
+                (p.key, m.codec().encode(&vec![0.0; p.len], &ctx))
+            })
+            .collect();
+        // Kept before pushing, as encode_and_push keeps its own: only applied replies end it.
         self.unanswered = Some(Unanswered {
             step: round,
             loss: f32::NAN,
-            samples,
+            samples: 0,
             pushes,
         });
         // Nothing was coded from a gradient this round.
         self.codes = CodeStats::default();
+        let (_, pushed) = self.push_again(round)?.expect("kept above");
         self.pull_and_apply(round, pushed)
+    }
+
+    /// Pushes again, with the same bytes, the pushes of round `round` kept since they were
+    /// first sent (kept whatever happens to them: only applied replies end them); drops those
+    /// of another round. Returns the kept round's loss and the bytes pushed, or `None` when
+    /// this round has none kept.
+    fn push_again(&mut self, round: u64) -> Result<Option<(f32, usize)>> {
+        if self.unanswered.as_ref().is_some_and(|u| u.step != round) {
+            self.unanswered = None;
+        }
+        let Some(again) = &self.unanswered else {
+            return Ok(None);
+        };
+        let mut pushed = 0;
+        for (key, bytes) in &again.pushes {
+            pushed += bytes.len();
+            self.collective
+                .push(round, *key, again.samples, bytes.clone())?;
+        }
+        Ok(Some((again.loss, pushed)))
     }
 
     /// The second half of a round: its replies pulled and applied; the bytes it moved.

@@ -8,7 +8,9 @@ mod schedule;
 mod state;
 
 pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
-pub use data_parallel::{rank_share, rank_slice, CodeStats, DataParallel, RoundBytes};
+pub use data_parallel::{
+    rank_share, rank_slice, CodeStats, DataParallel, RoundBytes, MAX_SLOWDOWN,
+};
 pub use language_model::{LanguageModel, LmConfig};
 pub use learner::Learner;
 pub use schedule::{clip_global_norm, WarmupCosine};

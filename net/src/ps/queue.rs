@@ -190,12 +190,39 @@ impl SampleQueue {
         order.sort_by_key(|r| (!self.took_part.contains(r), *r));
         order.dedup();
         let weights = self.weights(&order);
-        let mut taken = Vec::new();
         let most = u64::from(self.spec.per_member.max(1)) * order.len() as u64;
-        let mut want = most.min(u64::from(self.spec.global.max(1)));
-        while want > 0 {
+        let available = self.returned.iter().map(|s| u64::from(s.len)).sum::<u64>()
+            + self.spec.samples.saturating_sub(self.next);
+        let total = most.min(u64::from(self.spec.global.max(1))).min(available);
+        let counts = split(total, weights.as_deref(), order.len(), self.spec.per_member);
+        let shares: Vec<Share> = order
+            .iter()
+            .zip(counts)
+            .filter(|(_, count)| *count > 0)
+            .map(|(&rank, count)| Share {
+                rank,
+                spans: self.take(count),
+            })
+            .collect();
+        let round = self.rounds;
+        self.rounds += u64::from(!shares.is_empty());
+        self.open = Assignment {
+            epoch: self.epoch,
+            round,
+            shares,
+        };
+        &self.open
+    }
+}
+
+impl SampleQueue {
+    /// Takes `n` positions (at most those left in the epoch): the ones given back first, then
+    /// fresh ones, as spans in order.
+    fn take(&mut self, mut n: u64) -> Vec<Span> {
+        let mut spans = Vec::new();
+        while n > 0 {
             let span = if let Some(front) = self.returned.front_mut() {
-                let len = u64::from(front.len).min(want);
+                let len = u64::from(front.len).min(n);
                 let span = Span {
                     start: front.start,
                     len: len as u32,
@@ -207,7 +234,8 @@ impl SampleQueue {
                 }
                 span
             } else if self.next < self.spec.samples {
-                let len = (self.spec.samples - self.next).min(want);
+                // At most `n`, which a round's size (a u32) bounds.
+                let len = (self.spec.samples - self.next).min(n);
                 let span = Span {
                     start: self.next,
                     len: len as u32,
@@ -217,38 +245,12 @@ impl SampleQueue {
             } else {
                 break;
             };
-            want -= u64::from(span.len);
-            taken.push(span);
+            n -= u64::from(span.len);
+            spans.push(span);
         }
-        let total: u64 = taken.iter().map(|s| u64::from(s.len)).sum();
-        let counts = split(total, weights.as_deref(), order.len(), self.spec.per_member);
-        // What the members' caps leave of the taken positions goes back to the front.
-        let mut extra = total - counts.iter().sum::<u64>();
-        while extra > 0 {
-            let last = taken.last_mut().expect("the taken spans hold the extra");
-            let len = u64::from(last.len).min(extra);
-            self.returned.push_front(Span {
-                start: last.start + u64::from(last.len) - len,
-                len: len as u32,
-            });
-            last.len -= len as u32;
-            if last.len == 0 {
-                taken.pop();
-            }
-            extra -= len;
-        }
-        let round = self.rounds;
-        self.rounds += u64::from(!taken.is_empty());
-        self.open = Assignment {
-            epoch: self.epoch,
-            round,
-            shares: cut(taken, &order, &counts),
-        };
-        &self.open
+        spans
     }
-}
 
-impl SampleQueue {
     /// Forgets what was measured of `rank` (it left the job): if it comes back, it is
     /// measured afresh.
     pub fn forget(&mut self, rank: u16) {
@@ -292,7 +294,7 @@ impl SampleQueue {
 /// end). With `weights` (speeds): a member at least as fast as the median does its whole
 /// `cap`, a slower one what it does in the same time, `⌊cap · w / median⌋`, and at least one
 /// position (so that its speed is measured again). The round then ends about when the median
-/// member's does; what is not handed out goes back to the queue.
+/// member's does; what is not handed out stays in the queue.
 fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u64> {
     let cap = u64::from(cap.max(1));
     let equal = || {
@@ -323,38 +325,6 @@ fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u
         return equal();
     }
     counts
-}
-
-/// Cuts `spans` (in order) into the members' shares of `counts` positions each; members
-/// left with nothing are not listed.
-fn cut(spans: Vec<Span>, members: &[u16], counts: &[u64]) -> Vec<Share> {
-    let mut spans = spans.into_iter().collect::<VecDeque<_>>();
-    let mut shares = Vec::new();
-    for (&rank, &count) in members.iter().zip(counts) {
-        let mut want = count;
-        let mut share = Share {
-            rank,
-            spans: Vec::new(),
-        };
-        while want > 0 {
-            let front = spans.front_mut().expect("the spans hold every share");
-            let len = u64::from(front.len).min(want);
-            share.spans.push(Span {
-                start: front.start,
-                len: len as u32,
-            });
-            front.start += len;
-            front.len -= len as u32;
-            if front.len == 0 {
-                spans.pop_front();
-            }
-            want -= len;
-        }
-        if !share.spans.is_empty() {
-            shares.push(share);
-        }
-    }
-    shares
 }
 
 #[cfg(test)]

@@ -589,20 +589,23 @@ impl ShardState {
             return Ok(false);
         };
         let samples = push.samples;
-        if let Some(&before) = self.samples.get(&rank) {
-            if before != samples {
+        match (self.samples.get(&rank), &self.queue) {
+            (Some(&before), _) if before != samples => {
                 return protocol(format!(
                     "rank {rank}'s pushes of step {step} stand for {before} and {samples} samples"
                 ));
             }
-        }
-        if let Some(queue) = &self.queue {
-            let share = queue.open().share_of(rank).map_or(0, |(s, _)| s.samples());
-            if samples != 0 && u64::from(samples) != share {
-                return protocol(format!(
-                    "rank {rank}'s push of step {step} stands for {samples} samples, its share is {share}"
-                ));
+            // The rank's first push of the round is checked against its share; the others
+            // against the first.
+            (None, Some(queue)) => {
+                let share = queue.open().share_of(rank).map_or(0, |(s, _)| s.samples());
+                if samples != 0 && u64::from(samples) != share {
+                    return protocol(format!(
+                        "rank {rank}'s push of step {step} stands for {samples} samples, its share is {share}"
+                    ));
+                }
             }
+            _ => {}
         }
         let peer = self.peers.get_mut(&id).expect("found above");
         let entry = self.keys.get_mut(&key).expect("checked before decoding");
@@ -1077,11 +1080,21 @@ mod tests {
     fn two_ranks() -> ShardState {
         let mut state = ShardState::new(0, Limits::default(), 10);
         state.fix_world(2);
-        for rank in 0..2u16 {
-            state.hello(rank as PeerId, &hello(rank)).unwrap();
+        join(&mut state, 0..2, 2);
+        state
+    }
+
+    /// Ranks `ranks` of a world of `world` say hello (each as the peer of its number) and
+    /// register [`one_key`].
+    fn join(state: &mut ShardState, ranks: std::ops::Range<u16>, world: u16) {
+        for rank in ranks {
+            let hello = Hello {
+                world,
+                ..hello(rank)
+            };
+            state.hello(rank as PeerId, &hello).unwrap();
             state.register(rank as PeerId, &one_key()).unwrap();
         }
-        state
     }
 
     fn one_key() -> Register {
@@ -1131,14 +1144,7 @@ mod tests {
         let ceiling = Duration::from_secs(30);
         let mut state = ShardState::new(0, Limits::default(), 10);
         state.fix_world(3);
-        for rank in 0..3u16 {
-            let hello = Hello {
-                world: 3,
-                ..hello(rank)
-            };
-            state.hello(rank as PeerId, &hello).unwrap();
-            state.register(rank as PeerId, &one_key()).unwrap();
-        }
+        join(&mut state, 0..3, 3);
         // Round 0: everyone, so that the shard has push times.
         for rank in 0..3 {
             assert!(push(&mut state, rank, 0, 1.0));
@@ -1293,14 +1299,7 @@ mod tests {
                 by_speed: false,
             })
             .unwrap();
-        for rank in 0..2u16 {
-            let hello = Hello {
-                world: 3,
-                ..hello(rank)
-            };
-            state.hello(rank as PeerId, &hello).unwrap();
-            state.register(rank as PeerId, &one_key()).unwrap();
-        }
+        join(&mut state, 0..2, 3);
         let round_0 = state.assignment().unwrap().clone();
         assert_eq!(shares(&round_0), [(0, vec![0, 1]), (1, vec![2, 3])]);
         assert!(
