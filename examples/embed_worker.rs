@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             save: None,
             save_every: None,
             durable: false,
+            emulated_seconds_per_sample: None,
             slow_worker: None,
         },
         Launch::Threads,

@@ -48,6 +48,7 @@ fn a_swarm_trains_on_through_a_killed_worker_and_a_killed_shard() {
             save: None,
             save_every: None,
             durable: true,
+            emulated_seconds_per_sample: None,
             slow_worker: None,
         },
         Launch::Processes {

@@ -399,3 +399,34 @@ fn a_rank_without_a_share_changes_nothing() {
     assert_eq!(bits(&ranks[0]), bits(&whole), "the sharer's steps alone");
     assert_eq!(bits(&ranks[1]), bits(&whole), "the replicas agree");
 }
+
+/// An emulated device sets a round's compute time (samples × its pace, whatever the machine
+/// would take), so the same bits come out; a pace the machine cannot keep is counted, not hidden.
+#[test]
+fn an_emulated_device_paces_the_rounds_and_counts_overruns() {
+    let (x, y, config) = eight_samples(0);
+    let rounds = |pace: Option<f64>| {
+        let clf = Classifier::new(&Device::Cpu, FEATURES, CLASSES, &config).unwrap();
+        let c = local_collectives(1).pop().unwrap();
+        let mut dp = DataParallel::new(clf, c, &PartitionPlan::default(), "ef").unwrap();
+        dp.emulate_device(pace);
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            dp.step((&x, &y), 0).unwrap();
+        }
+        (
+            started.elapsed(),
+            dp.emulation_overruns(),
+            bits(&dp.replica),
+        )
+    };
+    let (free, none, plain) = rounds(None);
+    // 8 samples at 10 ms each: 80 ms a round.
+    let (paced, overruns, emulated) = rounds(Some(0.01));
+    assert!(paced >= std::time::Duration::from_millis(240), "{paced:?}");
+    assert!(paced > free, "{paced:?} against {free:?}");
+    assert_eq!((none, overruns), (0, 0));
+    assert_eq!(emulated, plain, "emulation changes no bits");
+    // A nanosecond a sample: no machine keeps that pace.
+    assert_eq!(rounds(Some(1e-9)).1, 3);
+}

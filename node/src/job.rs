@@ -151,12 +151,14 @@ pub struct Job {
     /// recent median push time.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().quorum_wait))]
     pub quorum_wait: f32,
-    /// How shard 0 cuts each round over its members: `equal` (equal shares; what runs that
-    /// must be bit-identical from one run to the next need) or `speed` (by the samples per
+    /// How shard 0 cuts each round over its members: `speed` (the default: by the samples per
     /// second each one pushed lately, once one is off the median by a factor of 1.5, so that
-    /// a slow worker gets a smaller share instead of being late; rounds are then smaller, an
-    /// epoch takes more of them, and the learning-rate schedule, which spans the rounds of
-    /// equal cuts, reaches its end early and holds its last value; `max_steps` counts rounds).
+    /// a slow worker gets a smaller share instead of being late; members alike get equal
+    /// shares) or `equal` (equal shares whatever the speeds; what runs that must be
+    /// bit-identical from one run to the next need, since measured speeds differ from run to
+    /// run). Where the cut follows the speeds, rounds are smaller, an epoch takes more of them,
+    /// and the learning-rate schedule, which spans the rounds of equal cuts, reaches its end
+    /// early and holds its last value; `max_steps` counts rounds.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().shares))]
     pub shares: String,
 }
@@ -196,7 +198,7 @@ impl Default for Job {
             loco_recalibrate_every: None,
             quorum: QuorumRule::default().fraction,
             quorum_wait: QuorumRule::default().wait,
-            shares: "equal".into(),
+            shares: "speed".into(),
         }
     }
 }

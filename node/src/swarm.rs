@@ -50,9 +50,20 @@ pub struct SwarmConfig {
     /// (docs/benchmarks.md), so a swarm whose nodes are never started again goes without.
     /// Processes only.
     pub durable: bool,
-    /// Makes the first worker's gradients take this many times as long (its core kept busy):
-    /// one slow device in the swarm ([`WorkerConfig::slowdown`]).
-    pub slow_worker: Option<f32>,
+    /// Every worker computes as a device that takes this many seconds a sample
+    /// ([`WorkerConfig::emulated_seconds_per_sample`]); `None`: as fast as each goes.
+    pub emulated_seconds_per_sample: Option<f64>,
+    /// Makes the first worker's emulated device this many times slower than the others' (at
+    /// least 1): one slow device in the swarm. Needs `emulated_seconds_per_sample`.
+    pub slow_worker: Option<f64>,
+}
+
+impl SwarmConfig {
+    /// Seconds a sample of worker `index`'s emulated device, if the devices are emulated.
+    fn emulated_pace(&self, index: usize) -> Option<f64> {
+        let slower = self.slow_worker.filter(|_| index == 0).unwrap_or(1.0);
+        self.emulated_seconds_per_sample.map(|pace| pace * slower)
+    }
 }
 
 /// How the nodes run.
@@ -159,6 +170,21 @@ impl LocalSwarm {
             return Err(NodeError::Config("a swarm needs at least 1 server".into()));
         }
         config.job.validate()?;
+        match (config.slow_worker, config.emulated_seconds_per_sample) {
+            (Some(factor), _) if !(factor >= 1.0 && factor.is_finite()) => {
+                return Err(NodeError::Config(format!(
+                    "slow_worker is a factor of at least 1, not {factor}"
+                )))
+            }
+            (Some(_), None) => {
+                return Err(NodeError::Config(
+                    "slow_worker needs emulated_seconds_per_sample: the slow device is \
+                     emulated beside emulated others"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
         prepare(&config.dir, config.servers, config.job.workers)?;
         let logs = config.dir.join("logs");
         let (tx, events) = mpsc::channel();
@@ -344,7 +370,7 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             link: config.link,
             save: config.save.clone().filter(|_| index == 0),
             save_every: config.save_every,
-            slowdown: config.slow_worker.filter(|_| index == 0).unwrap_or(1.0),
+            emulated_seconds_per_sample: config.emulated_pace(index),
             ..WorkerConfig::default()
         })?;
         let mut events = worker.events();
@@ -439,8 +465,8 @@ fn start_processes(
             args.push(format!("--save={}", path.display()));
             args.extend(config.save_every.map(|n| format!("--save-every={n}")));
         }
-        if let (Some(factor), 0) = (config.slow_worker, index) {
-            args.push(format!("--slowdown={factor}"));
+        if let Some(pace) = config.emulated_pace(index) {
+            args.push(format!("--emulate-device-ms={}", pace * 1e3));
         }
         // A worker started again after dying takes its own state back.
         if config.durable {

@@ -17,7 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use murmur_engine::train::{
-    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes, MAX_SLOWDOWN,
+    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes,
+    MAX_EMULATED_SECONDS_PER_SAMPLE,
 };
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
@@ -76,9 +77,11 @@ pub struct WorkerConfig {
     pub state: Option<PathBuf>,
     /// Also print every event as a JSON line on stdout (what a process launcher reads).
     pub json_events: bool,
-    /// Makes each round's gradients take this many times as long, the thread kept busy for
-    /// the rest (at least 1): a slower device, for tests and benchmarks of uneven swarms.
-    pub slowdown: f32,
+    /// Computes as a device that takes this many seconds a sample would (the thread asleep
+    /// for what the real compute leaves; [`DataParallel::emulate_device`]): for benchmarks and
+    /// tests of swarms of uneven devices on one machine. `None` (the default): as fast as
+    /// the device goes.
+    pub emulated_seconds_per_sample: Option<f64>,
 }
 
 impl Default for WorkerConfig {
@@ -97,7 +100,7 @@ impl Default for WorkerConfig {
             save_every: None,
             state: None,
             json_events: false,
-            slowdown: 1.0,
+            emulated_seconds_per_sample: None,
         }
     }
 }
@@ -142,11 +145,13 @@ impl Worker {
         config.budget.validate()?;
         config.link.validate()?;
         positive_seconds("join_timeout_s", config.join_timeout_s)?;
-        if !(1.0..=MAX_SLOWDOWN).contains(&config.slowdown) {
-            return Err(NodeError::Config(format!(
-                "slowdown is a factor from 1 to {MAX_SLOWDOWN}, not {}",
-                config.slowdown
-            )));
+        if let Some(pace) = config.emulated_seconds_per_sample {
+            if !(pace > 0.0 && pace <= MAX_EMULATED_SECONDS_PER_SAMPLE) {
+                return Err(NodeError::Config(format!(
+                    "emulated_seconds_per_sample is above 0 and at most \
+                     {MAX_EMULATED_SECONDS_PER_SAMPLE}, not {pace}"
+                )));
+            }
         }
         if config.save_every == Some(0) {
             return Err(NodeError::Config("save_every must be at least 1".into()));
@@ -479,7 +484,7 @@ impl Run {
         ));
         let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
         let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
-        dp.slow_down(self.config.slowdown);
+        dp.emulate_device(self.config.emulated_seconds_per_sample);
         // A job already under way may hold this worker's earlier life: take its state back.
         let job_text = job.to_wire();
         let resumed_from = match &self.config.state {
@@ -511,6 +516,14 @@ impl Run {
             None => None,
         };
         let ending = self.train_rounds(&joined, &mut task, &mut dp, state_writer.as_ref())?;
+        if dp.emulation_overruns() > 0 {
+            tracing::warn!(
+                "{} of {} rounds computed longer than the emulated device would have: its \
+                 rounds were the machine's, not the device's",
+                dp.emulation_overruns(),
+                dp.round()
+            );
+        }
         if let Some(path) = &self.config.save {
             write_atomically(path, &dp.replica.save_state()?)?;
         }

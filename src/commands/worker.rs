@@ -61,10 +61,11 @@ pub struct WorkerArgs {
     /// epoch this rank evaluated (the ranks take the epochs in turn; all, the last).
     #[arg(long)]
     metrics: Option<PathBuf>,
-    /// Make each round's gradients take this many times as long, keeping the core busy for
-    /// the rest: a slower device, for trying uneven swarms.
-    #[arg(long, default_value_t = 1.0)]
-    slowdown: f32,
+    /// Compute as a device that takes this many milliseconds a sample would, sleeping for
+    /// what the real compute leaves: for trying swarms of uneven devices on one machine
+    /// (emulate a device slower than the machine; overrun rounds are logged).
+    #[arg(long, value_name = "MS")]
+    emulate_device_ms: Option<f64>,
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
@@ -95,7 +96,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         save_every: a.save_every,
         state: a.state,
         json_events: a.json,
-        slowdown: a.slowdown,
+        emulated_seconds_per_sample: a.emulate_device_ms.map(|ms| ms / 1e3),
     })?;
     let stopper = worker.stopper();
     crate::signals::on_signal(move |_| stopper.stop());

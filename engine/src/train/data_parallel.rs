@@ -60,8 +60,17 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     shapes: Vec<Vec<usize>>,
     /// The round pushed last whose replies have not been applied yet.
     unanswered: Option<Unanswered>,
-    /// How many times its own gradient time a round's compute takes ([`DataParallel::slow_down`]).
-    slowdown: f32,
+    /// The emulated device this rank computes on, if any ([`DataParallel::emulate_device`]).
+    device: Option<EmulatedDevice>,
+}
+
+/// A device of a set speed, emulated on whatever computes ([`DataParallel::emulate_device`]).
+#[derive(Debug, Clone, Copy)]
+struct EmulatedDevice {
+    /// Seconds one sample's gradients take on it.
+    seconds_per_sample: f64,
+    /// Rounds whose real compute took longer than the emulated device would have.
+    overruns: u64,
 }
 
 /// A round this rank pushed, kept until its replies are applied: should they never come (a
@@ -75,16 +84,8 @@ struct Unanswered {
     pushes: Vec<(Key, Vec<u8>)>,
 }
 
-/// The most [`DataParallel::slow_down`] slows a rank.
-pub const MAX_SLOWDOWN: f32 = 1000.0;
-
-/// Keeps this thread busy for `time` ([`DataParallel::slow_down`]).
-fn hold_the_core(time: std::time::Duration) {
-    let until = std::time::Instant::now() + time;
-    while std::time::Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
+/// The slowest device [`DataParallel::emulate_device`] emulates: ten seconds a sample.
+pub const MAX_EMULATED_SECONDS_PER_SAMPLE: f64 = 10.0;
 
 /// Refuses a gradient with non-finite values ([`Error::NonFinite`]): the codecs would send them
 /// as zeros (their encoders read a non-finite value as zero), hiding the fault.
@@ -165,7 +166,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             specs,
             shapes,
             unanswered: None,
-            slowdown: 1.0,
+            device: None,
         })
     }
 
@@ -260,7 +261,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                 let mut host =
                     Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
-                hold_the_core(computing.elapsed().mul_f64(f64::from(self.slowdown) - 1.0));
+                self.wait_for_device(computing, samples, round);
                 let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
                 (loss, self.encode_and_push(host, loss, samples)?)
@@ -269,16 +270,50 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         Ok((loss, self.pull_and_apply(round, pushed)?))
     }
 
-    /// Makes this rank's gradients take `factor` (at least 1) times as long as they do, by
-    /// keeping its thread busy for the rest: a slower device, for tests and benchmarks of
-    /// uneven swarms. Busy, not asleep, so that on a shared machine the time is not given to
-    /// the other ranks. Factors outside 1 to [`MAX_SLOWDOWN`] are held to those bounds.
-    pub fn slow_down(&mut self, factor: f32) {
-        self.slowdown = if factor.is_finite() {
-            factor.clamp(1.0, MAX_SLOWDOWN)
-        } else {
-            1.0
+    /// Makes this rank compute as a device of `seconds_per_sample` would: a round's gradients
+    /// take `samples × seconds_per_sample` of wall time, the thread asleep for what the real
+    /// compute leaves (`None`: as fast as it goes). For benchmarks and tests of swarms of
+    /// uneven devices on one machine: give every rank an emulated device slower than the
+    /// machine, and the round times follow the devices, not the cores the nodes share (a
+    /// rank's sleep gives its core to the others, as a GPU that computes leaves the host
+    /// idle). A round whose real compute overruns the emulated time is counted and logged
+    /// (the first one), since the emulation then no longer holds. Values outside 0 to
+    /// [`MAX_EMULATED_SECONDS_PER_SAMPLE`] are held to those bounds.
+    pub fn emulate_device(&mut self, seconds_per_sample: Option<f64>) {
+        self.device = seconds_per_sample
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(|s| EmulatedDevice {
+                seconds_per_sample: s.min(MAX_EMULATED_SECONDS_PER_SAMPLE),
+                overruns: 0,
+            });
+    }
+
+    /// Rounds whose real compute overran the emulated device ([`DataParallel::emulate_device`]).
+    pub fn emulation_overruns(&self) -> u64 {
+        self.device.map_or(0, |d| d.overruns)
+    }
+
+    /// Sleeps until a round's compute, begun at `computing` on `samples`, has taken what the
+    /// emulated device would take, if one is set.
+    fn wait_for_device(&mut self, computing: std::time::Instant, samples: u32, round: u64) {
+        let Some(device) = &mut self.device else {
+            return;
         };
+        let due =
+            std::time::Duration::from_secs_f64(device.seconds_per_sample * f64::from(samples));
+        let took = computing.elapsed();
+        match due.checked_sub(took) {
+            Some(rest) => std::thread::sleep(rest),
+            None => {
+                if device.overruns == 0 {
+                    tracing::warn!(
+                        "round {round}'s gradients took {took:?}, longer than the emulated \
+                         device's {due:?}: the emulation does not hold (emulate a slower device)"
+                    );
+                }
+                device.overruns += 1;
+            }
+        }
     }
 
     /// One round in which this rank has no share of the global batch (it joined, or came

@@ -9,7 +9,7 @@ mod state;
 
 pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
 pub use data_parallel::{
-    rank_share, rank_slice, CodeStats, DataParallel, RoundBytes, MAX_SLOWDOWN,
+    rank_share, rank_slice, CodeStats, DataParallel, RoundBytes, MAX_EMULATED_SECONDS_PER_SAMPLE,
 };
 pub use language_model::{LanguageModel, LmConfig};
 pub use learner::Learner;

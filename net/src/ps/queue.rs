@@ -31,15 +31,21 @@ pub struct QueueSpec {
     /// The most positions one member gets in a round (its batch: fewer members make a
     /// smaller round, not larger shares).
     pub per_member: u32,
-    /// Whether rounds are cut by the members' measured speeds (where one is off the median by
-    /// a factor of 1.5 or more; [`SampleQueue::observe`]) rather than equally.
+    /// Whether rounds are cut by the members' measured speeds (where one is 1.5 times slower
+    /// than the median or more, and 0.1 s a batch; [`SampleQueue::observe`]) rather than
+    /// equally.
     pub by_speed: bool,
 }
 
-/// How far a member's speed may be from the median before the cut follows the speeds: a
-/// factor of 1.5 either way. Machines alike keep equal shares through the noise of a shared
-/// machine.
+/// How much slower than the median a member must be before the cut follows its speed: a
+/// factor of 1.5. Machines alike keep equal shares through the noise of a shared machine.
 const UNEVEN: f64 = 1.5;
+
+/// How much longer than the median member's a member's whole batch must take before the cut
+/// follows its speed, in seconds: in rounds of a few milliseconds a factor of 1.5 is the
+/// jitter of a shared machine or link, not a slower device, and a smaller share would gain
+/// nothing.
+const NOTICEABLE: f64 = 0.1;
 
 /// The least weight a slow member keeps in the cut, as a share of the median speed: however
 /// slow it was measured, it keeps a part of a round, and pushes that show it faster again.
@@ -257,9 +263,11 @@ impl SampleQueue {
         self.speeds.remove(&rank);
     }
 
-    /// The members' weights in the cut, in `order`: their speeds (the median's for one not
-    /// measured yet, at least [`FLOOR`] of it), or `None` for equal shares (speeds off, none
-    /// measured, or all within [`UNEVEN`] of the median).
+    /// The members' weights in the cut, in `order`, or `None` for equal shares (speeds off,
+    /// none measured, or no member slow). A member is slow where it is at least [`UNEVEN`]
+    /// times slower than the median and its whole batch would take it [`NOTICEABLE`] longer
+    /// than the median member's; a slow member weighs its speed (at least [`FLOOR`] of the
+    /// median), every other member the median's (the whole batch), measured or not.
     fn weights(&self, order: &[u16]) -> Option<Vec<f64>> {
         if !self.spec.by_speed {
             return None;
@@ -276,14 +284,17 @@ impl SampleQueue {
         if median <= 0.0 {
             return None;
         }
+        let batch = f64::from(self.spec.per_member.max(1));
+        let slow =
+            |speed: f64| speed * UNEVEN < median && batch / speed - batch / median >= NOTICEABLE;
         let weights: Vec<f64> = order
             .iter()
-            .map(|r| self.speeds.get(r).map_or(median, |s| s.max(FLOOR * median)))
+            .map(|r| match self.speeds.get(r) {
+                Some(&speed) if slow(speed) => speed.max(FLOOR * median),
+                _ => median,
+            })
             .collect();
-        let even = weights
-            .iter()
-            .all(|w| *w <= UNEVEN * median && *w * UNEVEN >= median);
-        (!even).then_some(weights)
+        weights.iter().any(|w| *w < median).then_some(weights)
     }
 }
 
@@ -523,6 +534,40 @@ mod tests {
         assert!(slower < slow, "{:?} after {:?}", sizes(&after), sizes(&cut));
         // The late share came back first, to members that took part.
         assert_eq!(after.shares[0].rank, 0);
+    }
+
+    /// A member three times slower, but by milliseconds a batch, keeps its whole batch (in
+    /// rounds that short, the jitter of a shared machine); by seconds, it gets a third.
+    #[test]
+    fn a_member_slower_by_milliseconds_keeps_its_batch() {
+        let cut = |per_member: u32| {
+            let mut queue = SampleQueue::new(QueueSpec {
+                samples: 100_000,
+                global: 2 * per_member,
+                per_member,
+                by_speed: true,
+            });
+            let members = [0, 1];
+            queue.assign(&members);
+            // 3,200 and 1,067 samples a second.
+            queue.observe(
+                0,
+                u64::from(per_member),
+                f64::from(per_member) / 3200.0,
+                false,
+            );
+            queue.observe(
+                1,
+                u64::from(per_member),
+                f64::from(per_member) / 1067.0,
+                false,
+            );
+            queue.settle(&members, |_| u64::from(per_member));
+            let a = queue.assign(&members);
+            a.shares.iter().map(|s| s.samples()).collect::<Vec<_>>()
+        };
+        assert_eq!(cut(32), [32, 32], "20 ms a batch apart: equal");
+        assert_eq!(cut(3200), [3200, 1067], "2 s a batch apart: by speed");
     }
 
     /// A member as fast as the median does its whole batch (no rounding loses a position),

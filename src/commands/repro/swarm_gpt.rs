@@ -230,6 +230,7 @@ fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<
             save: None,
             save_every: None,
             durable: false,
+            emulated_seconds_per_sample: None,
             slow_worker: None,
         },
         Launch::Threads,

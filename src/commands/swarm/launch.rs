@@ -60,10 +60,16 @@ pub struct LaunchArgs {
     /// the run.
     #[arg(long)]
     respawn: bool,
-    /// Make the first worker's gradients take this many times as long, its core kept busy:
-    /// one slow device in the swarm (try it with `--shares speed` and with the default).
-    #[arg(long, value_name = "FACTOR")]
-    slow_worker: Option<f32>,
+    /// Every worker computes as a device that takes this many milliseconds a sample would,
+    /// sleeping for what the real compute leaves: swarms of uneven devices measured on one
+    /// machine, whose shared cores would otherwise set the pace (emulate a device slower than
+    /// the machine; overrun rounds are logged).
+    #[arg(long, value_name = "MS")]
+    emulate_device_ms: Option<f64>,
+    /// Make the first worker's emulated device this many times slower: one slow device in
+    /// the swarm (try it with the default shares by speed and with `--shares equal`).
+    #[arg(long, value_name = "FACTOR", requires = "emulate_device_ms")]
+    slow_worker: Option<f64>,
 }
 
 /// Most times --respawn starts one node again (a worker that keeps dying is let go; a shard
@@ -120,6 +126,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             save_every: a.save_every,
             // Nodes started again pick up their saved state.
             durable: a.respawn,
+            emulated_seconds_per_sample: a.emulate_device_ms.map(|ms| ms / 1e3),
             slow_worker: a.slow_worker,
         },
         Launch::Processes {
