@@ -430,3 +430,51 @@ fn an_emulated_device_paces_the_rounds_and_counts_overruns() {
     // A nanosecond a sample: no machine keeps that pace.
     assert_eq!(rounds(Some(1e-9)).1, 3);
 }
+
+/// A rank on the GPU and one on the CPU take the same update bit for bit, because the update
+/// runs on the CPU for both: the GPU computes gradients but never compiles the optimizer's
+/// kernels, so a driver that fuses their multiply-adds (lavapipe does not) cannot split the
+/// replicas. AdamW with clipping, the most arithmetic an update has.
+#[test]
+fn a_gpu_rank_and_a_cpu_rank_take_the_update_on_the_cpu_alike() {
+    let (x, y, mut config) = eight_samples(11);
+    config.optimizer = murmur_engine::train::OptimizerKind::AdamW;
+    config.clip = Some(0.05);
+    // A device of its own: the tests in this binary share the other one.
+    let gpu = Device::gpu().expect("GPU tests need an adapter (scripts/test.sh installs lavapipe)");
+    let plan = PartitionPlan {
+        min_compress_bytes: usize::MAX,
+        ..PartitionPlan::default()
+    };
+    let replicas: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(2)
+            .into_iter()
+            .zip([gpu.clone(), Device::Cpu])
+            .map(|(c, device)| {
+                let (plan, config, x, y) = (&plan, &config, &x, &y);
+                s.spawn(move || {
+                    let r = murmur_engine::comm::Collective::rank(&c);
+                    let clf = Classifier::new(&device, FEATURES, CLASSES, config).unwrap();
+                    let mut dp = DataParallel::new(clf, c, plan, "ef").unwrap();
+                    let share = rank_share(8, r, 2);
+                    for _ in 0..4 {
+                        let rows = &x[share.start * FEATURES..share.end * FEATURES];
+                        dp.step((rows, &y[share.clone()]), share.start).unwrap();
+                    }
+                    bits(&dp.replica)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert_eq!(
+        replicas[0], replicas[1],
+        "the GPU rank and the CPU rank differ"
+    );
+    let shaders = gpu.as_gpu().unwrap().shaders_compiled();
+    assert!(!shaders.is_empty(), "the GPU rank computed nothing");
+    assert!(
+        !shaders.contains(&"optim.wgsl"),
+        "the update ran on the GPU: {shaders:?}"
+    );
+}

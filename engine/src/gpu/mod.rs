@@ -210,6 +210,12 @@ impl Gpu {
         self.pool.trim();
     }
 
+    /// The shaders compiled so far, by file name (`optim.wgsl`, ...), sorted: the kinds of work
+    /// the device has been given.
+    pub fn shaders_compiled(&self) -> Vec<&'static str> {
+        self.pipelines.shaders()
+    }
+
     /// Number of pipelines compiled so far.
     pub fn pipelines_compiled(&self) -> usize {
         self.pipelines.len()

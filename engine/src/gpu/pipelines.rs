@@ -42,6 +42,14 @@ impl PipelineCache {
         }
     }
 
+    /// The shaders compiled so far, by name, sorted.
+    pub fn shaders(&self) -> Vec<&'static str> {
+        let modules = self.modules.lock().expect("module cache lock");
+        let mut names: Vec<&'static str> = modules.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+
     fn module(&self, shader: &'static Shader) -> wgpu::ShaderModule {
         let mut modules = self.modules.lock().expect("module cache lock");
         modules

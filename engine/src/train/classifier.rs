@@ -5,6 +5,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::host_update::HostUpdate;
 use super::schedule::{clip_global_norm, WarmupCosine};
 use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
@@ -158,10 +159,13 @@ pub struct Classifier {
     pub data: Value,
     /// The optimizer that steps the network's parameters.
     pub optimizer: Box<dyn Optimizer>,
-    /// The device the parameters and the optimizer state live on.
+    /// The device the parameters live on, and the optimizer state unless the optimizer steps
+    /// on the CPU ([`Classifier::update_on_cpu`]).
     pub device: Device,
     /// Training steps taken.
     pub steps: u64,
+    /// The CPU copies the optimizer steps, once [`Classifier::update_on_cpu`] asked for it.
+    host: Option<HostUpdate>,
 }
 
 impl Classifier {
@@ -202,7 +206,20 @@ impl Classifier {
             optimizer,
             device: device.clone(),
             steps: 0,
+            host: None,
         })
+    }
+
+    /// Steps the optimizer on the CPU from now on, whatever device the model computes on: its
+    /// state moves to the CPU, and each step uploads the new parameters. Data-parallel replicas
+    /// do this so that workers on different devices take the same update bit for bit
+    /// ([`HostUpdate`]'s reasons). A model on the CPU is left as it is.
+    pub fn update_on_cpu(&mut self) -> Result<()> {
+        if let Device::Gpu(_) = self.device {
+            let params = self.model.parameters();
+            self.host = Some(HostUpdate::start(&params, self.optimizer.as_mut())?);
+        }
+        Ok(())
     }
 
     /// Mean loss and parameter gradients of one batch (`x [batch, features]`, labels) whose
@@ -236,15 +253,21 @@ impl Classifier {
     /// Applies gradients with the optimizer, after clipping them and setting the step's
     /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
-        let mut grads = grads.to_vec();
+        let mut grads = match self.host {
+            Some(_) => HostUpdate::grads(grads)?,
+            None => grads.to_vec(),
+        };
         if let Some(max_norm) = self.config.clip {
             clip_global_norm(&mut grads, max_norm)?;
         }
         if let Some(schedule) = &self.config.schedule {
             self.optimizer.set_lr(schedule.lr(self.steps));
         }
-        self.optimizer
-            .step(&mut self.model.parameters_mut(), &grads)?;
+        let params = &mut self.model.parameters_mut();
+        match &mut self.host {
+            Some(host) => host.step(self.optimizer.as_mut(), &grads, params)?,
+            None => self.optimizer.step(params, &grads)?,
+        }
         self.steps += 1;
         Ok(())
     }
@@ -313,6 +336,9 @@ impl Classifier {
         let saved = Saved::from_bytes(bytes, &self.device)?;
         saved.expect_run(self.model.name(), &self.describe()?)?;
         self.steps = saved.restore(&mut self.model, Some(self.optimizer.as_mut()))?;
+        if self.host.is_some() {
+            self.update_on_cpu()?;
+        }
         Ok(())
     }
 

@@ -42,7 +42,8 @@ pub struct CodeStats {
 /// its optimizer) and the collective it exchanges compressed gradients through, partition by
 /// partition.
 pub struct DataParallel<C: Collective, M: Learner = Classifier> {
-    /// This rank's replica, bit-identical on every rank.
+    /// This rank's replica, bit-identical on every rank whatever its device (its optimizer
+    /// steps on the CPU).
     pub replica: M,
     /// The collective the rank pushes and pulls through.
     pub collective: C,
@@ -121,12 +122,15 @@ pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
 impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// Registers the model's partitions with the collective. `worker_memory` is the error
     /// feedback of compressed partitions on this rank (`none`, `ef`, `loco-ema...`).
+    /// The replica's optimizer steps on the CPU from here on ([`Learner::update_on_cpu`]), so
+    /// that ranks on different devices stay bit-identical.
     pub fn new(
-        replica: M,
+        mut replica: M,
         mut collective: C,
         plan: &PartitionPlan,
         worker_memory: &str,
     ) -> Result<Self> {
+        replica.update_on_cpu()?;
         let sizes: Vec<usize> = replica.parameters().iter().map(|p| p.numel()).collect();
         let parts = plan.partitions(&sizes);
         let specs = plan.key_specs(&parts);
@@ -552,11 +556,11 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 DecodeMode::Set,
             )?;
         }
-        let device = self.replica.device().clone();
+        // On the CPU, where the replica's optimizer steps.
         let grads = avg
             .into_iter()
             .zip(&self.shapes)
-            .map(|(v, s)| Tensor::from_vec(&device, s, v))
+            .map(|(v, s)| Tensor::from_vec(&Device::Cpu, s, v))
             .collect::<Result<Vec<_>>>()?;
         self.replica.apply(&grads)?;
         // The round is answered (or replayed past): nothing of it is pushed again.

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::host_update::HostUpdate;
 use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
 use crate::checkpoint::Precision;
@@ -70,10 +71,13 @@ pub struct LanguageModel {
     pub optimizer: AdamW,
     /// The configuration the model was built from.
     pub config: LmConfig,
-    /// The device the parameters and the optimizer state live on.
+    /// The device the parameters live on, and the optimizer state unless the optimizer steps
+    /// on the CPU ([`LanguageModel::update_on_cpu`]).
     pub device: Device,
     /// Training steps taken.
     pub steps: u64,
+    /// The CPU copies the optimizer steps, once [`LanguageModel::update_on_cpu`] asked for it.
+    host: Option<HostUpdate>,
 }
 
 impl LanguageModel {
@@ -97,6 +101,7 @@ impl LanguageModel {
             config: config.clone(),
             device: device.clone(),
             steps: 0,
+            host: None,
         })
     }
 
@@ -189,14 +194,32 @@ impl LanguageModel {
     /// configuration's global norm, at the schedule's learning rate for this step. Returns
     /// the global norm before clipping and the learning rate.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<(Tensor, f32)> {
-        let mut grads = grads.to_vec();
+        let mut grads = match self.host {
+            Some(_) => HostUpdate::grads(grads)?,
+            None => grads.to_vec(),
+        };
         let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
         let lr = self.config.schedule.lr(self.steps);
         self.optimizer.set_lr(lr);
-        self.optimizer
-            .step(&mut self.model.parameters_mut(), &grads)?;
+        let params = &mut self.model.parameters_mut();
+        match &mut self.host {
+            Some(host) => host.step(&mut self.optimizer, &grads, params)?,
+            None => self.optimizer.step(params, &grads)?,
+        }
         self.steps += 1;
         Ok((grad_norm, lr))
+    }
+
+    /// Steps the optimizer on the CPU from now on, whatever device the model computes on: its
+    /// state moves to the CPU, and each step uploads the new parameters. Data-parallel replicas
+    /// do this so that workers on different devices take the same update bit for bit
+    /// ([`HostUpdate`]'s reasons). A model on the CPU is left as it is.
+    pub fn update_on_cpu(&mut self) -> Result<()> {
+        if let Device::Gpu(_) = self.device {
+            let params = self.model.parameters();
+            self.host = Some(HostUpdate::start(&params, &mut self.optimizer)?);
+        }
+        Ok(())
     }
 
     /// Mean loss in nats per byte over consecutive full-context windows of `text` (at most
@@ -286,6 +309,9 @@ impl LanguageModel {
         let saved = Saved::from_bytes(bytes, &self.device)?;
         saved.expect_run(MODEL, &self.describe()?)?;
         self.steps = saved.restore(&mut self.model, Some(&mut self.optimizer))?;
+        if self.host.is_some() {
+            self.update_on_cpu()?;
+        }
         Ok(())
     }
 

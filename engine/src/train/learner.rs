@@ -44,6 +44,11 @@ pub trait Learner {
     /// the model's configuration asks for).
     fn apply(&mut self, grads: &[Tensor]) -> Result<()>;
 
+    /// Steps the optimizer on the CPU from now on, whatever device the model computes on, so
+    /// that replicas on different devices take the same update bit for bit (a model on the
+    /// CPU is left as it is). [`Learner::apply`] then takes gradients on the CPU.
+    fn update_on_cpu(&mut self) -> Result<()>;
+
     /// Parameters, optimizer state and step count as checkpoint bytes.
     fn save_state(&self) -> Result<Vec<u8>>;
 
@@ -88,6 +93,10 @@ impl Learner for Classifier {
 
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         Classifier::apply(self, grads)
+    }
+
+    fn update_on_cpu(&mut self) -> Result<()> {
+        Classifier::update_on_cpu(self)
     }
 
     fn save_state(&self) -> Result<Vec<u8>> {
@@ -138,6 +147,10 @@ impl Learner for LanguageModel {
 
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         LanguageModel::apply(self, grads).map(drop)
+    }
+
+    fn update_on_cpu(&mut self) -> Result<()> {
+        LanguageModel::update_on_cpu(self)
     }
 
     fn save_state(&self) -> Result<Vec<u8>> {

@@ -2,6 +2,7 @@
 
 mod classifier;
 mod data_parallel;
+mod host_update;
 mod language_model;
 mod learner;
 mod schedule;
