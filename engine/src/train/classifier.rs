@@ -213,7 +213,8 @@ impl Classifier {
     /// Steps the optimizer on the CPU from now on, whatever device the model computes on: its
     /// state moves to the CPU, and each step uploads the new parameters. Data-parallel replicas
     /// do this so that workers on different devices take the same update bit for bit
-    /// ([`HostUpdate`]'s reasons). A model on the CPU is left as it is.
+    /// (a GPU driver may fuse the multiply-adds of the optimizer's kernel; the CPU path is the
+    /// reference every device agrees with). A model on the CPU is left as it is.
     pub fn update_on_cpu(&mut self) -> Result<()> {
         if let Device::Gpu(_) = self.device {
             let params = self.model.parameters();
