@@ -107,6 +107,41 @@ impl SampleQueue {
         }
     }
 
+    /// Checks that a queue read back from a file holds together: every position of the epoch
+    /// is exactly one of seen, given back, in the open round's shares or not yet handed out;
+    /// no span reaches past the epoch; the speeds are finite. Counts from such a queue then
+    /// never overflow, and no round hands out a position the epoch does not have.
+    pub fn check(&self) -> Result<(), String> {
+        let spec = self.spec;
+        if spec.samples == 0 || spec.global == 0 || spec.per_member == 0 {
+            return Err(format!("its spec hands out nothing: {spec:?}"));
+        }
+        let within = |span: &Span| {
+            span.start
+                .checked_add(u64::from(span.len))
+                .is_some_and(|end| end <= spec.samples)
+        };
+        let open = self.open.shares.iter().flat_map(|s| &s.spans);
+        if !self.returned.iter().chain(open.clone()).all(within) {
+            return Err("a span reaches past the epoch".into());
+        }
+        let accounted = total(self.returned.iter())
+            .zip(total(open))
+            .and_then(|(returned, open)| returned.checked_add(open))
+            .and_then(|held| held.checked_add(self.seen))
+            .and_then(|held| held.checked_add(spec.samples.checked_sub(self.next)?));
+        if accounted != Some(spec.samples) {
+            return Err(format!(
+                "its positions do not add up to the epoch's {}",
+                spec.samples
+            ));
+        }
+        if !self.speeds.values().all(|s| s.is_finite() && *s >= 0.0) {
+            return Err("a speed is not a finite rate".into());
+        }
+        Ok(())
+    }
+
     /// Notes how fast `rank` went on its share of the open round, `samples` positions: it
     /// finished them in `seconds` (the round's opening to its last push), or, `late`, had not
     /// finished them `seconds` in, when the round closed without it (at most that fast).
@@ -157,7 +192,7 @@ impl SampleQueue {
                 self.seen += whole;
                 self.took_part.push(share.rank);
             } else {
-                self.given_back += whole;
+                self.given_back = self.given_back.saturating_add(whole);
                 back.extend(share.spans);
             }
         }
@@ -211,7 +246,7 @@ impl SampleQueue {
             })
             .collect();
         let round = self.rounds;
-        self.rounds += u64::from(!shares.is_empty());
+        self.rounds = self.rounds.saturating_add(u64::from(!shares.is_empty()));
         self.open = Assignment {
             epoch: self.epoch,
             round,
@@ -296,6 +331,11 @@ impl SampleQueue {
             .collect();
         weights.iter().any(|w| *w < median).then_some(weights)
     }
+}
+
+/// The positions `spans` hold, or `None` past a u64.
+fn total<'a>(mut spans: impl Iterator<Item = &'a Span>) -> Option<u64> {
+    spans.try_fold(0u64, |sum, s| sum.checked_add(u64::from(s.len)))
 }
 
 /// How many of `total` positions each of `members` members gets, at most `cap` each.
@@ -402,6 +442,8 @@ mod tests {
                 .filter(|_| !rng.next_u32().is_multiple_of(5))
                 .collect();
             let round = queue.assign(&members).clone();
+            // Every state a shard may save holds together.
+            queue.check().unwrap();
             if round.epoch == 3 {
                 break;
             }
@@ -433,6 +475,7 @@ mod tests {
             }
             assert!(round.samples() <= u64::from(global));
             queue.settle(&participants, samples_of);
+            queue.check().unwrap();
         }
         for (epoch, counts) in seen.iter().enumerate() {
             assert!(
@@ -582,6 +625,34 @@ mod tests {
         assert_eq!(split(2, Some(&[1.0, 9.0]), 2, 1), [1, 1]);
         assert_eq!(split(3, Some(&[49.0, 49.0, 10.0]), 3, 32), [1, 1, 1]);
         assert_eq!(split(7, None, 3, 32), [3, 2, 2]);
+    }
+
+    /// A queue read back from a doctored state file is refused before it hands out a
+    /// position the epoch does not have or counts past a u64 (the state fuzz target found
+    /// the overflow).
+    #[test]
+    fn a_queue_that_does_not_add_up_is_refused() {
+        let mut queue = SampleQueue::new(spec(100, 8));
+        queue.assign(&[0, 1]);
+        assert_eq!(queue.check(), Ok(()));
+        let doctored = |change: &dyn Fn(&mut SampleQueue)| {
+            let mut q = queue.clone();
+            change(&mut q);
+            q.check()
+        };
+        assert!(doctored(&|q| q.seen = u64::MAX - 3).is_err());
+        assert!(doctored(&|q| q.next = 101).is_err());
+        assert!(doctored(&|q| q.open.shares[0].spans[0].start = 99).is_err());
+        assert!(doctored(&|q| q.returned.push_back(Span {
+            start: u64::MAX,
+            len: 2
+        }))
+        .is_err());
+        assert!(doctored(&|q| {
+            q.speeds.insert(0, f64::NAN);
+        })
+        .is_err());
+        assert!(doctored(&|q| q.spec.per_member = 0).is_err());
     }
 
     #[test]

@@ -324,6 +324,11 @@ impl ShardState {
                 next: summary.next,
             })
             .collect();
+        if let Some(queue) = &saved.queue {
+            queue
+                .check()
+                .map_err(|why| NetError::State(format!("the sample queue: {why}")))?;
+        }
         state.queue = saved.queue;
         state.snapshot = snapshot;
         state.assigned = saved.assigned.into_iter().collect();
