@@ -20,6 +20,7 @@ Prints a table, then the JSON.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,11 +35,15 @@ ARMS = {
 
 
 def overruns(logs):
-    """Workers whose real compute overran their emulated device, from their logs."""
+    """Rounds in which a worker's real compute overran its emulated device, summed over the
+    workers: each logs how many at its end ("N of M rounds computed longer than ...")."""
     count = 0
     for name in os.listdir(logs) if os.path.isdir(logs) else []:
         with open(os.path.join(logs, name), errors="replace") as f:
-            count += sum("longer than the emulated device" in line for line in f)
+            for line in f:
+                m = re.search(r"(\d+) of \d+ rounds computed longer than the emulated device",
+                              line)
+                count += int(m.group(1)) if m else 0
     return count
 
 

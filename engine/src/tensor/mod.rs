@@ -236,6 +236,15 @@ impl Tensor {
         if self.device.same(device) {
             return Ok(self.clone());
         }
+        // From the host: uploaded from the tensor's own elements, without a copy first.
+        if let (Device::Gpu(gpu), Storage::F32(v)) = (device, &self.storage) {
+            return Ok(Tensor {
+                shape: self.shape.clone(),
+                dtype: DType::F32,
+                storage: Storage::Gpu(gpu.upload(bytemuck::cast_slice(v.as_slice()))?),
+                device: device.clone(),
+            });
+        }
         match self.dtype {
             DType::F32 => Tensor::from_vec(device, &self.shape, self.to_vec()?),
             DType::U32 => Tensor::from_u32(device, &self.shape, self.to_vec_u32()?),

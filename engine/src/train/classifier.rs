@@ -5,7 +5,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::host_update::HostUpdate;
+use super::host_update::{self, HostUpdate};
 use super::schedule::{clip_global_norm, WarmupCosine};
 use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
@@ -216,10 +216,8 @@ impl Classifier {
     /// (a GPU driver may fuse the multiply-adds of the optimizer's kernel; the CPU path is the
     /// reference every device agrees with). A model on the CPU is left as it is.
     pub fn update_on_cpu(&mut self) -> Result<()> {
-        if let Device::Gpu(_) = self.device {
-            let params = self.model.parameters();
-            self.host = Some(HostUpdate::start(&params, self.optimizer.as_mut())?);
-        }
+        let params = self.model.parameters();
+        self.host = HostUpdate::for_device(&self.device, &params, self.optimizer.as_mut())?;
         Ok(())
     }
 
@@ -254,21 +252,19 @@ impl Classifier {
     /// Applies gradients with the optimizer, after clipping them and setting the step's
     /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
-        let mut grads = match self.host {
-            Some(_) => HostUpdate::grads(grads)?,
-            None => grads.to_vec(),
-        };
+        let mut grads = host_update::grads(&self.host, grads)?;
         if let Some(max_norm) = self.config.clip {
             clip_global_norm(&mut grads, max_norm)?;
         }
         if let Some(schedule) = &self.config.schedule {
             self.optimizer.set_lr(schedule.lr(self.steps));
         }
-        let params = &mut self.model.parameters_mut();
-        match &mut self.host {
-            Some(host) => host.step(self.optimizer.as_mut(), &grads, params)?,
-            None => self.optimizer.step(params, &grads)?,
-        }
+        host_update::step(
+            &mut self.host,
+            self.optimizer.as_mut(),
+            &mut self.model.parameters_mut(),
+            &grads,
+        )?;
         self.steps += 1;
         Ok(())
     }

@@ -8,6 +8,8 @@
 //! encode them there) and the servers' mean comes back there, so a replica steps a CPU copy of
 //! its parameters with the CPU path's optimizer (the reference arithmetic every device agrees
 //! with) and uploads the result: the update's bits are defined in one place.
+//!
+//! The models hold an `Option<HostUpdate>` and step through [`step`] whether or not it is set.
 
 use crate::error::Result;
 use crate::optim::{Optimizer, OptimizerState};
@@ -19,50 +21,59 @@ pub(crate) struct HostUpdate {
 }
 
 impl HostUpdate {
-    /// Copies `params` to the CPU and moves `optimizer`'s state there. Call again whenever
-    /// the device's parameters or the optimizer's state were replaced (a restored checkpoint).
-    pub(crate) fn start(params: &[&Tensor], optimizer: &mut dyn Optimizer) -> Result<HostUpdate> {
+    /// For a model on `device`: `None` on the CPU (its own parameters are the host's);
+    /// elsewhere, CPU copies of `params`, with `optimizer`'s state moved to the CPU. Called
+    /// again whenever the device's parameters or the optimizer's state were replaced (a
+    /// restored checkpoint).
+    pub(crate) fn for_device(
+        device: &Device,
+        params: &[&Tensor],
+        optimizer: &mut dyn Optimizer,
+    ) -> Result<Option<HostUpdate>> {
+        if let Device::Cpu = device {
+            return Ok(None);
+        }
         let state = optimizer.export();
         let tensors = state
             .tensors
             .iter()
-            .map(|(name, t)| Ok((name.clone(), on_cpu(t)?)))
+            .map(|(name, t)| Ok((name.clone(), t.to(&Device::Cpu)?)))
             .collect::<Result<Vec<_>>>()?;
         optimizer.import(OptimizerState {
             steps: state.steps,
             tensors,
         })?;
-        Ok(HostUpdate {
-            params: params.iter().map(|p| on_cpu(p)).collect::<Result<_>>()?,
-        })
-    }
-
-    /// `grads` on the CPU, for the clipping and the step (the host's own when they are there).
-    pub(crate) fn grads(grads: &[Tensor]) -> Result<Vec<Tensor>> {
-        grads.iter().map(on_cpu).collect()
-    }
-
-    /// One `optimizer` step of the CPU copies with `grads` (on the CPU), then the device's
-    /// parameters, `device_params`, replaced by the result.
-    pub(crate) fn step(
-        &mut self,
-        optimizer: &mut dyn Optimizer,
-        grads: &[Tensor],
-        device_params: &mut [&mut Tensor],
-    ) -> Result<()> {
-        optimizer.step(&mut self.params.iter_mut().collect::<Vec<_>>(), grads)?;
-        for (on_device, host) in device_params.iter_mut().zip(&self.params) {
-            let device = on_device.device().clone();
-            **on_device = Tensor::from_vec(&device, host.shape(), host.to_vec()?)?;
-        }
-        Ok(())
+        let params = params
+            .iter()
+            .map(|p| p.to(&Device::Cpu))
+            .collect::<Result<_>>()?;
+        Ok(Some(HostUpdate { params }))
     }
 }
 
-/// `t` on the CPU: itself where it is there, else a copy read back from its device.
-fn on_cpu(t: &Tensor) -> Result<Tensor> {
-    match t.device() {
-        Device::Cpu => Ok(t.clone()),
-        Device::Gpu(_) => Tensor::from_vec(&Device::Cpu, t.shape(), t.to_vec()?),
+/// `grads` where the step takes them: on the CPU when `host` is set (the host's own when they
+/// are there), else as they are.
+pub(crate) fn grads(host: &Option<HostUpdate>, grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    match host {
+        Some(_) => grads.iter().map(|g| g.to(&Device::Cpu)).collect(),
+        None => Ok(grads.to_vec()),
     }
+}
+
+/// One `optimizer` step with `grads` (from [`grads`]): of the CPU copies, which then replace
+/// the device's `params`, when `host` is set; else of `params` themselves.
+pub(crate) fn step(
+    host: &mut Option<HostUpdate>,
+    optimizer: &mut dyn Optimizer,
+    params: &mut [&mut Tensor],
+    grads: &[Tensor],
+) -> Result<()> {
+    let Some(host) = host else {
+        return optimizer.step(params, grads);
+    };
+    optimizer.step(&mut host.params.iter_mut().collect::<Vec<_>>(), grads)?;
+    for (on_device, on_host) in params.iter_mut().zip(&host.params) {
+        **on_device = on_host.to(on_device.device())?;
+    }
+    Ok(())
 }

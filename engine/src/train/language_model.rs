@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::host_update::HostUpdate;
+use super::host_update::{self, HostUpdate};
 use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
 use crate::checkpoint::Precision;
@@ -194,18 +194,16 @@ impl LanguageModel {
     /// configuration's global norm, at the schedule's learning rate for this step. Returns
     /// the global norm before clipping and the learning rate.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<(Tensor, f32)> {
-        let mut grads = match self.host {
-            Some(_) => HostUpdate::grads(grads)?,
-            None => grads.to_vec(),
-        };
+        let mut grads = host_update::grads(&self.host, grads)?;
         let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
         let lr = self.config.schedule.lr(self.steps);
         self.optimizer.set_lr(lr);
-        let params = &mut self.model.parameters_mut();
-        match &mut self.host {
-            Some(host) => host.step(&mut self.optimizer, &grads, params)?,
-            None => self.optimizer.step(params, &grads)?,
-        }
+        host_update::step(
+            &mut self.host,
+            &mut self.optimizer,
+            &mut self.model.parameters_mut(),
+            &grads,
+        )?;
         self.steps += 1;
         Ok((grad_norm, lr))
     }
@@ -216,10 +214,8 @@ impl LanguageModel {
     /// (a GPU driver may fuse the multiply-adds of the optimizer's kernel; the CPU path is the
     /// reference every device agrees with). A model on the CPU is left as it is.
     pub fn update_on_cpu(&mut self) -> Result<()> {
-        if let Device::Gpu(_) = self.device {
-            let params = self.model.parameters();
-            self.host = Some(HostUpdate::start(&params, &mut self.optimizer)?);
-        }
+        let params = self.model.parameters();
+        self.host = HostUpdate::for_device(&self.device, &params, &mut self.optimizer)?;
         Ok(())
     }
 

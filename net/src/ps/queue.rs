@@ -230,12 +230,13 @@ impl SampleQueue {
         let mut order: Vec<u16> = members.to_vec();
         order.sort_by_key(|r| (!self.took_part.contains(r), *r));
         order.dedup();
-        let weights = self.weights(&order);
+        let parts = self.parts(&order);
         let most = u64::from(self.spec.per_member.max(1)) * order.len() as u64;
-        let available = self.returned.iter().map(|s| u64::from(s.len)).sum::<u64>()
+        // A queue in use holds together (SampleQueue::check), so the sum stays below a u64.
+        let available = total(self.returned.iter()).unwrap_or(u64::MAX)
             + self.spec.samples.saturating_sub(self.next);
         let total = most.min(u64::from(self.spec.global.max(1))).min(available);
-        let counts = split(total, weights.as_deref(), order.len(), self.spec.per_member);
+        let counts = split(total, parts.as_deref(), order.len(), self.spec.per_member);
         let shares: Vec<Share> = order
             .iter()
             .zip(counts)
@@ -298,12 +299,13 @@ impl SampleQueue {
         self.speeds.remove(&rank);
     }
 
-    /// The members' weights in the cut, in `order`, or `None` for equal shares (speeds off,
-    /// none measured, or no member slow). A member is slow where it is at least [`UNEVEN`]
-    /// times slower than the median and its whole batch would take it [`NOTICEABLE`] longer
-    /// than the median member's; a slow member weighs its speed (at least [`FLOOR`] of the
-    /// median), every other member the median's (the whole batch), measured or not.
-    fn weights(&self, order: &[u16]) -> Option<Vec<f64>> {
+    /// The part of a whole batch each member of `order` can do in the time the median member
+    /// does its own, or `None` for equal shares (speeds off, none measured, or no member
+    /// slow). A member is slow where it is at least [`UNEVEN`] times slower than the median
+    /// and its whole batch would take it [`NOTICEABLE`] longer than the median member's; a
+    /// slow member's part is its speed over the median's (at least [`FLOOR`]), every other
+    /// member's 1, measured or not.
+    fn parts(&self, order: &[u16]) -> Option<Vec<f64>> {
         if !self.spec.by_speed {
             return None;
         }
@@ -322,14 +324,14 @@ impl SampleQueue {
         let batch = f64::from(self.spec.per_member.max(1));
         let slow =
             |speed: f64| speed * UNEVEN < median && batch / speed - batch / median >= NOTICEABLE;
-        let weights: Vec<f64> = order
+        let parts: Vec<f64> = order
             .iter()
             .map(|r| match self.speeds.get(r) {
-                Some(&speed) if slow(speed) => speed.max(FLOOR * median),
-                _ => median,
+                Some(&speed) if slow(speed) => speed.max(FLOOR * median) / median,
+                _ => 1.0,
             })
             .collect();
-        weights.iter().any(|w| *w < median).then_some(weights)
+        parts.iter().any(|p| *p < 1.0).then_some(parts)
     }
 }
 
@@ -340,13 +342,13 @@ fn total<'a>(mut spans: impl Iterator<Item = &'a Span>) -> Option<u64> {
 
 /// How many of `total` positions each of `members` members gets, at most `cap` each.
 ///
-/// Equal counts without `weights`, the first members taking one more where they do not
-/// divide; also where the positions are too few for every member's part by speed (an epoch's
-/// end). With `weights` (speeds): a member at least as fast as the median does its whole
-/// `cap`, a slower one what it does in the same time, `⌊cap · w / median⌋`, and at least one
-/// position (so that its speed is measured again). The round then ends about when the median
-/// member's does; what is not handed out stays in the queue.
-fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u64> {
+/// Equal counts without `parts`, the first members taking one more where they do not divide;
+/// also where the positions are too few for every member's part by speed (an epoch's end).
+/// With `parts` ([`SampleQueue::parts`]): a member whose part is 1 does its whole `cap`, a
+/// slower one `⌊cap · part⌋`, and at least one position (so that its speed is measured
+/// again). The round then ends about when the median member's does; what is not handed out
+/// stays in the queue.
+fn split(total: u64, parts: Option<&[f64]>, members: usize, cap: u32) -> Vec<u64> {
     let cap = u64::from(cap.max(1));
     let equal = || {
         let count = members.max(1) as u64;
@@ -355,22 +357,12 @@ fn split(total: u64, weights: Option<&[f64]>, members: usize, cap: u32) -> Vec<u
             .map(|i| (base + u64::from(i < extra)).min(cap))
             .collect::<Vec<u64>>()
     };
-    let Some(weights) = weights else {
+    let Some(parts) = parts else {
         return equal();
     };
-    // The upper median, for an even count.
-    let mut sorted = weights.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let counts: Vec<u64> = weights
+    let counts: Vec<u64> = parts
         .iter()
-        .map(|&w| {
-            if w >= median {
-                cap
-            } else {
-                ((cap as f64 * (w / median)).floor() as u64).clamp(1, cap)
-            }
-        })
+        .map(|&part| ((cap as f64 * part).floor() as u64).clamp(1, cap))
         .collect();
     if counts.iter().sum::<u64>() > total {
         return equal();
@@ -618,12 +610,12 @@ mod tests {
     #[test]
     fn the_cut_by_speed_keeps_whole_batches_and_every_member() {
         assert_eq!(
-            split(128, Some(&[49.0, 49.0, 49.0, 10.0]), 4, 32),
+            split(128, Some(&[1.0, 1.0, 1.0, 10.0 / 49.0]), 4, 32),
             [32, 32, 32, 6]
         );
-        assert_eq!(split(128, Some(&[49.0, 1.0]), 2, 32), [32, 1]);
-        assert_eq!(split(2, Some(&[1.0, 9.0]), 2, 1), [1, 1]);
-        assert_eq!(split(3, Some(&[49.0, 49.0, 10.0]), 3, 32), [1, 1, 1]);
+        assert_eq!(split(128, Some(&[1.0, 1.0 / 49.0]), 2, 32), [32, 1]);
+        assert_eq!(split(2, Some(&[1.0 / 9.0, 1.0]), 2, 1), [1, 1]);
+        assert_eq!(split(3, Some(&[1.0, 1.0, 10.0 / 49.0]), 3, 32), [1, 1, 1]);
         assert_eq!(split(7, None, 3, 32), [3, 2, 2]);
     }
 
