@@ -24,6 +24,9 @@ pub(crate) struct Played {
     /// The link failed after the round's replies were applied (its summaries did not come):
     /// the round counts, and the worker reconnects before the next one.
     pub lost_after: Option<String>,
+    /// The ranks whose pushes shard 0 summed into the round (empty when its summary did not
+    /// come): live members, every worker told the same.
+    pub participants: Vec<u16>,
 }
 
 /// Why a round did not go through.
@@ -71,6 +74,7 @@ pub(crate) fn play_round<M: Learner>(
                 counted: None,
                 confirmed: false,
                 lost_after: Some(e.to_string()),
+                participants: Vec::new(),
             })
         }
     };
@@ -81,6 +85,9 @@ pub(crate) fn play_round<M: Learner>(
         counted: Some(summaries.iter().all(|c| c.participants.contains(&rank))),
         confirmed,
         lost_after: None,
+        participants: summaries
+            .first()
+            .map_or_else(Vec::new, |c| c.participants.clone()),
     })
 }
 
