@@ -302,3 +302,47 @@ fn a_rescaled_loco_memory_keeps_its_error_on_the_new_grid() {
         assert_eq!((after / step).fract(), 0.0);
     }
 }
+
+/// A late push taken back: the residual then holds the whole compensated gradient
+/// `q = g + e`, as if nothing had been sent, so the next push carries it. Exactly for a
+/// sparsifier (each element is either sent or kept); within two roundings for a quantizer.
+#[test]
+fn a_late_push_taken_back_leaves_the_whole_gradient_in_the_memory() {
+    let n = 1000;
+    for spec in ["topk:0.01", "sign"] {
+        let mut fb =
+            Feedback::new(parse(spec).unwrap(), Memory::Residual, n, &Device::Cpu).unwrap();
+        // A round that counted, so that the memory holds something before the late one.
+        fb.encode(&gradient(n, 0), &ctx(0)).unwrap();
+        let e_before = fb.error().unwrap();
+        let g = gradient(n, 1);
+        let payload = fb.encode(&g, &ctx(1)).unwrap();
+        let sent = fb.codec().decode(&payload, n, &ctx(1)).unwrap();
+        fb.take_back(&sent).unwrap();
+        let e = fb.error().unwrap();
+        for i in 0..n {
+            let q = clean(g[i] + e_before[i]);
+            if spec.starts_with("topk") {
+                assert_eq!(e[i].to_bits(), q.to_bits(), "{spec} element {i}");
+            } else {
+                assert!(
+                    (e[i] - q).abs() <= 2.0 * f32::EPSILON * (q.abs() + sent[i].abs()),
+                    "{spec} element {i}: {} against {q}",
+                    e[i]
+                );
+            }
+        }
+    }
+    // Only a residual can take a push back; a wrong length is refused, not indexed past.
+    let mut none =
+        Feedback::new(parse("topk:0.01").unwrap(), Memory::None, n, &Device::Cpu).unwrap();
+    assert!(none.take_back(&vec![0.0; n]).is_err());
+    let mut ef = Feedback::new(
+        parse("topk:0.01").unwrap(),
+        Memory::Residual,
+        n,
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert!(ef.take_back(&vec![0.0; n + 1]).is_err());
+}

@@ -161,6 +161,13 @@ pub struct Job {
     /// early and holds its last value; `max_steps` counts rounds.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().shares))]
     pub shares: String,
+    /// What a worker does with a push that reached a shard after the round closed without it:
+    /// `requeue` (the default: the push is dropped and its samples go back to shard 0's queue,
+    /// trained again in a later round) or `fold` (the worker adds what it sent back into its
+    /// error-feedback memory, so its next push carries the gradient, and the samples count as
+    /// seen once that push is summed; needs `memory` ef). docs/benchmarks.md compares them.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().late_pushes))]
+    pub late_pushes: String,
 }
 
 impl Default for Job {
@@ -199,6 +206,7 @@ impl Default for Job {
             quorum: QuorumRule::default().fraction,
             quorum_wait: QuorumRule::default().wait,
             shares: "speed".into(),
+            late_pushes: "requeue".into(),
         }
     }
 }
@@ -312,6 +320,18 @@ impl Job {
         if !matches!(self.shares.as_str(), "speed" | "equal") {
             return bad(format!("shares is speed or equal, not {:?}", self.shares));
         }
+        match self.late_pushes.as_str() {
+            "requeue" => {}
+            "fold" if self.memory == "ef" => {}
+            "fold" => {
+                return bad(format!(
+                    "late_pushes fold needs memory ef (a residual the late push is added back \
+                     to), not {:?}",
+                    self.memory
+                ))
+            }
+            other => return bad(format!("late_pushes is requeue or fold, not {other:?}")),
+        }
         self.quorum_rule().validate().map_err(NodeError::Job)?;
         if self.partition_bytes < 4 {
             return bad("partition_bytes must be at least 4".into());
@@ -349,6 +369,12 @@ impl Job {
             }
         }
         Ok(())
+    }
+
+    /// Whether the job's workers fold a late push into their error feedback
+    /// ([`Job::late_pushes`] `fold`).
+    pub fn folds_late_pushes(&self) -> bool {
+        self.late_pushes == "fold"
     }
 
     /// Whether this job trains the byte-level GPT (else the MLP classifier).
@@ -616,6 +642,11 @@ mod tests {
             ("workers = 0", "workers"),
             ("dataset = \"imagenet\"", "dataset"),
             ("memory = \"nope\"", "memory"),
+            ("late_pushes = \"keep\"", "late_pushes"),
+            (
+                "late_pushes = \"fold\"\nmemory = \"none\"",
+                "needs memory ef",
+            ),
         ] {
             let err = Job::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
@@ -708,6 +739,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 33 && names.iter().any(|n| n == "start_with"));
+        assert!(names.len() == 34 && names.iter().any(|n| n == "start_with"));
     }
 }

@@ -27,6 +27,8 @@ pub(crate) struct Played {
     /// The ranks whose pushes shard 0 summed into the round (empty when its summary did not
     /// come): live members, every worker told the same.
     pub participants: Vec<u16>,
+    /// The shards that closed the round without this worker's push, by index.
+    pub late_on: Vec<usize>,
 }
 
 /// Why a round did not go through.
@@ -75,6 +77,7 @@ pub(crate) fn play_round<M: Learner>(
                 confirmed: false,
                 lost_after: Some(e.to_string()),
                 participants: Vec::new(),
+                late_on: Vec::new(),
             })
         }
     };
@@ -88,6 +91,12 @@ pub(crate) fn play_round<M: Learner>(
         participants: summaries
             .first()
             .map_or_else(Vec::new, |c| c.participants.clone()),
+        late_on: summaries
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.participants.contains(&rank))
+            .map(|(shard, _)| shard)
+            .collect(),
     })
 }
 

@@ -106,6 +106,7 @@ impl ServerNode {
                 start_with: config.job.start_with.unwrap_or(config.job.workers),
                 description: config.job.to_wire(),
                 queue: Some(config.job.queue_spec()?),
+                fold_late: config.job.folds_late_pushes(),
             }),
             snapshots,
             state_dir: config.state.clone(),

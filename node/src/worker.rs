@@ -647,6 +647,15 @@ impl Run {
                 }
             };
             let (loss, bytes, lost_after) = (played.loss, played.bytes, played.lost_after);
+            // A push a shard closed the round without: dropped (its samples are trained
+            // again), or folded back into the error feedback, as the job says.
+            if job.folds_late_pushes() && !played.late_on.is_empty() {
+                let late = dp.collective.keys_on(&played.late_on);
+                let folded = dp.take_back_late_pushes(round_index, |k| late.contains(&k))?;
+                tracing::debug!(
+                    "round {round_index}: {folded} late partitions folded into error feedback"
+                );
+            }
             // A snapshot waits for the check of the replica it holds: the digest of the state
             // after round s is compared in round s + 1, and a replica gone astray must not
             // replace the servers' good snapshot.
@@ -855,7 +864,10 @@ mod tests {
         );
         // Rank 0 has left (or was late): its turns go to the ranks that took part.
         let without_0 = [1, 2];
-        let duties: Vec<_> = (0..=6).step_by(2).map(|r| snapshot_duty(r, 2, &without_0)).collect();
+        let duties: Vec<_> = (0..=6)
+            .step_by(2)
+            .map(|r| snapshot_duty(r, 2, &without_0))
+            .collect();
         assert_eq!(duties, [Some(1), Some(2), Some(1), Some(2)]);
         assert_eq!(snapshot_duty(4, 2, &[]), None, "no summary, no duty");
         assert_eq!(

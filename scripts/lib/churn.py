@@ -34,7 +34,7 @@ def run(a, churn):
     metrics = os.path.join(folder, "metrics.jsonl")
     cmd = [a.bin, "swarm", "--dir", folder, "--workers", str(a.workers), "--servers",
            str(a.servers), "--epochs", str(a.epochs), "--device", a.device, "--codec", a.codec,
-           "--quiet", "--respawn", "--metrics", metrics]
+           "--quiet", "--respawn", "--metrics", metrics, "--late-pushes", a.late_pushes]
     # One thread per worker: the workers share the machine's cores.
     env = dict(os.environ, RAYON_NUM_THREADS="1")
     rng = random.Random(a.seed)
@@ -171,6 +171,8 @@ def main():
     p.add_argument("--every-max", type=float, default=60)
     p.add_argument("--batch", type=int, default=128, help="the job's batch per worker")
     p.add_argument("--train", type=int, default=60000, help="training samples")
+    p.add_argument("--late-pushes", choices=["requeue", "fold"], default="requeue",
+                   help="what the workers do with a push that came after its round closed")
     p.add_argument("--arms", choices=["both", "calm", "churn"], default="both",
                    help="both (the benchmark), or one run alone (for a quick look at memory)")
     a = p.parse_args()

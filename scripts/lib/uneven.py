@@ -31,7 +31,12 @@ ARMS = {
     "all fast": ([], "speed"),
     "one 3x slow, shares by speed": (["--slow-worker", "3"], "speed"),
     "one 3x slow, equal shares": (["--slow-worker", "3"], "equal"),
+    # Late every round: its pushes folded into its error feedback instead of dropped.
+    "one 3x slow, equal shares, fold": (["--slow-worker", "3", "--late-pushes", "fold"],
+                                        "equal"),
 }
+# The arms run when none are named (the fold arm is the late-push comparison's, run by name).
+DEFAULT_ARMS = ["all fast", "one 3x slow, shares by speed", "one 3x slow, equal shares"]
 
 
 def overruns(logs):
@@ -104,7 +109,7 @@ def main():
     p.add_argument("--codec", default="topk:0.1")
     p.add_argument("--device-ms", type=float, default=1.0,
                    help="milliseconds a sample of the emulated fast device")
-    p.add_argument("--arms", default=";".join(ARMS),
+    p.add_argument("--arms", default=";".join(DEFAULT_ARMS),
                    help="separated by ;, of: " + "; ".join(ARMS))
     a = p.parse_args()
     runs = [run(a, name.strip()) for name in a.arms.split(";")]

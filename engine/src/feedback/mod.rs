@@ -384,6 +384,37 @@ impl Feedback {
         Ok(())
     }
 
+    /// Takes back a payload this memory encoded whose push the servers did not sum (it came
+    /// after its round closed): adds what it decodes to, `sent`, to the residual, so that the
+    /// memory holds the whole compensated gradient again, `q = D(C(q)) + e`, and the next push
+    /// sends it (a late push folded into error feedback). Residual memories on the CPU only:
+    /// LoCo's moving average has no such inverse, and data-parallel workers keep their memories
+    /// on the CPU.
+    pub fn take_back(&mut self, sent: &[f32]) -> Result<()> {
+        if sent.len() != self.n {
+            return Err(Error::Shape {
+                op: "error feedback take-back",
+                detail: format!(
+                    "memory holds {} elements, payload has {}",
+                    self.n,
+                    sent.len()
+                ),
+            });
+        }
+        match &mut self.state {
+            State::Residual(e) => {
+                e.iter_mut()
+                    .zip(sent)
+                    .for_each(|(e, &v)| *e = clean(*e + v));
+                Ok(())
+            }
+            _ => Err(Error::Config(format!(
+                "only an error-feedback residual on the CPU can take a late push back, not {:?}",
+                self.memory
+            ))),
+        }
+    }
+
     /// Switches to `codec` after its quantizer's scale moved by `2^shift` (a LoCo scale
     /// recalibrated mid-job): a LoCo memory's `s_e` moves with it, keeping `s_e / s`, and its
     /// int8 error is requantized at the new `s_e`, `clamp(rne(e_q · 2^shift))`, so the error it

@@ -61,6 +61,9 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     shapes: Vec<Vec<usize>>,
     /// The round pushed last whose replies have not been applied yet.
     unanswered: Option<Unanswered>,
+    /// The round whose replies were applied last, with what this rank pushed in it (for
+    /// [`DataParallel::take_back_late_pushes`]).
+    answered: Option<Unanswered>,
     /// The emulated device this rank computes on, if any ([`DataParallel::emulate_device`]).
     device: Option<EmulatedDevice>,
 }
@@ -170,6 +173,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             specs,
             shapes,
             unanswered: None,
+            answered: None,
             device: None,
         })
     }
@@ -564,8 +568,48 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             .collect::<Result<Vec<_>>>()?;
         self.replica.apply(&grads)?;
         // The round is answered (or replayed past): nothing of it is pushed again.
-        self.unanswered = None;
+        self.answered = self.unanswered.take();
         Ok(())
+    }
+
+    /// Folds this rank's pushes of round `step` (the round whose replies were applied last)
+    /// that the servers did not sum back into their error-feedback memories: `late(key)` says
+    /// whether the key's shard closed the round without this rank. Each such partition's
+    /// memory takes back what its payload decodes to ([`Feedback::take_back`]), so that the
+    /// next push carries this round's gradient instead of losing it. Returns the partitions
+    /// folded. Needs residual memories (`ef`) on the compressed partitions; a partition sent
+    /// uncompressed has no memory and its late push is dropped (BytePS's small tensors: the
+    /// MLP's biases). A round this rank replayed or played without a share folds nothing.
+    pub fn take_back_late_pushes(
+        &mut self,
+        step: u64,
+        late: impl Fn(Key) -> bool,
+    ) -> Result<usize> {
+        let Some(answered) = self
+            .answered
+            .take()
+            .filter(|a| a.step == step && a.samples > 0)
+        else {
+            return Ok(0);
+        };
+        let rank = self.collective.rank();
+        let mut folded = 0;
+        for (key, bytes) in answered.pushes.iter().filter(|(key, _)| late(*key)) {
+            let Some(i) = self.parts.iter().position(|p| p.key == *key) else {
+                continue;
+            };
+            let memory = &mut self.memories[i];
+            if memory.memory() == Memory::None {
+                // Sent uncompressed (below the job's min_compress_bytes), without a memory:
+                // its late push is dropped.
+                continue;
+            }
+            let ctx = codec_context(self.seed, step, *key).sent_by(rank);
+            let sent = memory.codec().decode(bytes, self.parts[i].len, &ctx)?;
+            memory.take_back(&sent)?;
+            folded += 1;
+        }
+        Ok(folded)
     }
 }
 

@@ -402,6 +402,15 @@ impl QuicCollective {
         Ok(())
     }
 
+    /// The registered keys that live on the shards `shards` (indices in `--connect` order).
+    pub fn keys_on(&self, shards: &[usize]) -> Vec<Key> {
+        self.owners
+            .iter()
+            .filter(|(_, (shard, _))| shards.contains(shard))
+            .map(|(key, _)| *key)
+            .collect()
+    }
+
     /// Shard 0's assignment of round `step` (in a job with a sample queue), if this worker
     /// has received it: with the previous round's summary, or on registering within the
     /// round.

@@ -87,6 +87,10 @@ pub struct SampleQueue {
     speeds: std::collections::BTreeMap<u16, f64>,
     /// The epochs done, in order.
     done: Vec<EpochDone>,
+    /// Shares of `epoch` whose late pushes their members are folding into their error
+    /// feedback ([`SampleQueue::settle_folding`]): seen once the member's next push is summed
+    /// (or the epoch ends), given back if the member leaves first.
+    folding: Vec<Share>,
 }
 
 impl SampleQueue {
@@ -104,11 +108,13 @@ impl SampleQueue {
             took_part: Vec::new(),
             speeds: std::collections::BTreeMap::new(),
             done: Vec::new(),
+            folding: Vec::new(),
         }
     }
 
     /// Checks that a queue read back from a file holds together: every position of the epoch
-    /// is exactly one of seen, given back, in the open round's shares or not yet handed out;
+    /// is exactly one of seen, given back, in the open round's shares, being folded or not yet
+    /// handed out;
     /// no span reaches past the epoch; the speeds are finite. Counts from such a queue then
     /// never overflow, and no round hands out a position the epoch does not have.
     pub fn check(&self) -> Result<(), String> {
@@ -122,12 +128,21 @@ impl SampleQueue {
                 .is_some_and(|end| end <= spec.samples)
         };
         let open = self.open.shares.iter().flat_map(|s| &s.spans);
-        if !self.returned.iter().chain(open.clone()).all(within) {
+        let folding = self.folding.iter().flat_map(|s| &s.spans);
+        if !self
+            .returned
+            .iter()
+            .chain(open.clone())
+            .chain(folding.clone())
+            .all(within)
+        {
             return Err("a span reaches past the epoch".into());
         }
         let accounted = total(self.returned.iter())
             .zip(total(open))
             .and_then(|(returned, open)| returned.checked_add(open))
+            .zip(total(folding))
+            .and_then(|(held, folding)| held.checked_add(folding))
             .and_then(|held| held.checked_add(self.seen))
             .and_then(|held| held.checked_add(spec.samples.checked_sub(self.next)?));
         if accounted != Some(spec.samples) {
@@ -183,14 +198,36 @@ impl SampleQueue {
     /// whole share are seen; every other share goes back to the front of the queue, in order.
     /// `samples_of(rank)` is what the participant's push stood for.
     pub fn settle(&mut self, participants: &[u16], samples_of: impl Fn(u16) -> u64) {
+        self.settle_folding(participants, &[], samples_of);
+    }
+
+    /// Settles the open round as [`SampleQueue::settle`] does, except for the `folding`
+    /// members (late but still members, in a job whose workers fold a late push into their
+    /// error feedback): their shares are not computed again but held, and count as seen once
+    /// the member's next push is summed (it carries the folded gradient), or when the epoch
+    /// ends; a member that leaves first gives them back ([`SampleQueue::forget`]).
+    pub fn settle_folding(
+        &mut self,
+        participants: &[u16],
+        folding: &[u16],
+        samples_of: impl Fn(u16) -> u64,
+    ) {
         let open = std::mem::take(&mut self.open);
         let mut back = Vec::new();
         self.took_part.clear();
+        // A summed push carries what its member folded before.
+        let (carried, held): (Vec<Share>, Vec<Share>) = std::mem::take(&mut self.folding)
+            .into_iter()
+            .partition(|f| participants.contains(&f.rank));
+        self.folding = held;
+        self.seen += carried.iter().map(Share::samples).sum::<u64>();
         for share in open.shares {
             let whole = share.samples();
             if participants.contains(&share.rank) && samples_of(share.rank) == whole {
                 self.seen += whole;
                 self.took_part.push(share.rank);
+            } else if folding.contains(&share.rank) {
+                self.folding.push(share);
             } else {
                 self.given_back = self.given_back.saturating_add(whole);
                 back.extend(share.spans);
@@ -209,6 +246,9 @@ impl SampleQueue {
     pub fn assign(&mut self, members: &[u16]) -> &Assignment {
         debug_assert!(self.open.shares.is_empty(), "settle the open round first");
         if self.returned.is_empty() && self.next >= self.spec.samples {
+            // The shares still being folded are in their members' memories: the epoch ends
+            // with them.
+            self.seen += self.folding.drain(..).map(|f| f.samples()).sum::<u64>();
             let done = EpochDone {
                 seen: self.seen,
                 rounds: self.rounds,
@@ -294,9 +334,20 @@ impl SampleQueue {
     }
 
     /// Forgets what was measured of `rank` (it left the job): if it comes back, it is
-    /// measured afresh.
+    /// measured afresh; the shares it was folding go back to the front of the queue.
     pub fn forget(&mut self, rank: u16) {
         self.speeds.remove(&rank);
+        // What it was folding left with its memory: given back, to be trained again.
+        let (gone, kept): (Vec<Share>, Vec<Share>) = std::mem::take(&mut self.folding)
+            .into_iter()
+            .partition(|f| f.rank == rank);
+        self.folding = kept;
+        for share in gone.into_iter().rev() {
+            self.given_back = self.given_back.saturating_add(share.samples());
+            for span in share.spans.into_iter().rev() {
+                self.returned.push_front(span);
+            }
+        }
     }
 
     /// The part of a whole batch each member of `order` can do in the time the median member
@@ -482,6 +533,58 @@ mod tests {
         assert_eq!(done.len(), 3);
         assert!(done.iter().all(|e| e.seen == samples && e.given_back > 0));
         assert_eq!(done.iter().map(|e| e.rounds).sum::<u64>(), rounds);
+    }
+
+    /// A job whose workers fold late pushes: a late member's share is held (not handed out
+    /// again), seen once that member's next push is summed, given back if it leaves first,
+    /// and seen at the epoch's end if it is still being folded then. Every position is
+    /// accounted for at every step (the check a restored queue must pass).
+    #[test]
+    fn a_folded_share_is_seen_when_its_member_takes_part_again_or_given_back_if_it_leaves() {
+        let mut queue = SampleQueue::new(spec(24, 6));
+        let whole = |round: &Assignment| {
+            let round = round.clone();
+            move |r: u16| round.share_of(r).map_or(0, |(s, _)| s.samples())
+        };
+        // Round 0: rank 2 is late; it folds.
+        let r0 = queue.assign(&[0, 1, 2]).clone();
+        queue.settle_folding(&[0, 1], &[2], whole(&r0));
+        queue.check().unwrap();
+        assert_eq!(queue.progress(), (0, 4), "the folded share is not seen yet");
+        let r1 = queue.assign(&[0, 1, 2]).clone();
+        assert!(
+            r1.shares.iter().all(|s| s.spans[0].start >= 6),
+            "the folded share is not handed out again: {r1:?}"
+        );
+        // Round 1: rank 2 takes part: its push carried the fold.
+        queue.settle_folding(&[0, 1, 2], &[], whole(&r1));
+        queue.check().unwrap();
+        assert_eq!(queue.progress(), (0, 12));
+        // Round 2: rank 1 is late and folds, then leaves: its share comes back.
+        let r2 = queue.assign(&[0, 1, 2]).clone();
+        queue.settle_folding(&[0, 2], &[1], whole(&r2));
+        queue.check().unwrap();
+        queue.forget(1);
+        queue.check().unwrap();
+        assert_eq!(queue.progress(), (0, 16));
+        let r3 = queue.assign(&[0, 2]).clone();
+        let given_back = r2.share_of(1).unwrap().0.spans.clone();
+        assert_eq!(
+            r3.shares[0].spans[0], given_back[0],
+            "handed out first: {r3:?}"
+        );
+        queue.settle_folding(&[0, 2], &[], whole(&r3));
+        // Round 4 ends the epoch with rank 0 still folding its share.
+        let mut last = queue.assign(&[0, 2]).clone();
+        while last.epoch == 0 {
+            queue.settle_folding(&[2], &[0], whole(&last));
+            queue.check().unwrap();
+            last = queue.assign(&[0, 2]).clone();
+        }
+        let done = queue.epochs_done()[0];
+        assert_eq!(done.seen, 24, "{done:?}");
+        assert_eq!(done.given_back, 2, "rank 1's folded share only: {done:?}");
+        queue.check().unwrap();
     }
 
     /// A member that is late every round (it stays a member) never holds the positions it

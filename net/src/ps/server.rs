@@ -78,6 +78,10 @@ pub struct JobOffer {
     /// The samples shard 0 hands out round by round ([`super::queue`]), if the job has a
     /// queue; without one every worker takes its own equal share of each round.
     pub queue: Option<QueueSpec>,
+    /// Whether the job's workers fold a push that came after its round closed into their
+    /// error feedback (the queue holds the share until the member's next push is summed)
+    /// rather than drop it (the share goes back to the queue at once).
+    pub fold_late: bool,
 }
 
 impl Default for ServerOptions {
@@ -186,6 +190,7 @@ impl Server {
             }
             state.fix_world(job.world);
             state.start_with(job.start_with);
+            state.set_fold_late(job.fold_late);
             if let (0, Some(spec)) = (options.shard, job.queue) {
                 if spec.samples == 0 || spec.global == 0 {
                     return Err(NetError::Protocol(format!(

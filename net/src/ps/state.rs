@@ -162,6 +162,10 @@ pub struct ShardState {
     start_with: Option<u16>,
     /// The job's sample positions, handed out round by round (shard 0 of a job with one).
     queue: Option<SampleQueue>,
+    /// Whether the job's workers fold a push that came too late into their error feedback
+    /// (the queue then counts a late member's share as seen) rather than drop it (its share
+    /// goes back to the queue). Set from the job on every start, not saved.
+    fold_late: bool,
     /// The samples each rank's pushes of the open round stand for.
     samples: BTreeMap<u16, u32>,
     /// How long after the open round's opening each rank finished it.
@@ -203,6 +207,7 @@ impl ShardState {
             digest_senders: BTreeSet::new(),
             start_with: None,
             queue: None,
+            fold_late: false,
             samples: BTreeMap::new(),
             finished_after: BTreeMap::new(),
         }
@@ -237,6 +242,13 @@ impl ShardState {
     /// [`QuorumRule::default`]).
     pub fn set_quorum(&mut self, rule: QuorumRule) {
         self.quorum = rule;
+    }
+
+    /// Says whether the job's workers fold their late pushes into their error feedback
+    /// (`true`) or drop them (`false`, the default): what the queue does with a late member's
+    /// share ([`super::queue::SampleQueue::settle_folding`]).
+    pub fn set_fold_late(&mut self, fold: bool) {
+        self.fold_late = fold;
     }
 
     /// The shard as a state folder keeps it ([`super::durable`]), for the job whose
@@ -774,7 +786,7 @@ impl ShardState {
             self.finished_after.remove(rank);
         }
         self.expected.clear();
-        let mut round = self.close_now();
+        let mut round = self.close_now(&late);
         round.late = late;
         self.quorum_rounds += u64::from(!round.late.is_empty());
         round
@@ -828,11 +840,12 @@ impl ShardState {
         if !self.round_complete() {
             return None;
         }
-        Some(self.close_now())
+        Some(self.close_now(&[]))
     }
 
-    /// Closes the open round over the pushes it holds.
-    fn close_now(&mut self) -> ClosedRound {
+    /// Closes the open round over the pushes it holds; `late` are the members it closes
+    /// without.
+    fn close_now(&mut self, late: &[u16]) -> ClosedRound {
         use rayon::prelude::*;
         let step = self.open_step;
         let closed_after = self.opened.map(|o| o.elapsed().as_secs_f64());
@@ -896,7 +909,8 @@ impl ShardState {
             }
         }
         if let Some(queue) = &mut self.queue {
-            queue.settle(&round.participants, |r| {
+            let folding: &[u16] = if self.fold_late { late } else { &[] };
+            queue.settle_folding(&round.participants, folding, |r| {
                 samples.get(&r).copied().map_or(0, u64::from)
             });
             round.next = Some(queue.assign(&members).clone());
