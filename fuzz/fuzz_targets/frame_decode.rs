@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::wire::{
-    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Register,
+    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
     Registered, ReplicaDigest, Welcome, HEADER, split_push,
 };
 
@@ -69,6 +69,9 @@ fuzz_target!(|data: &[u8]| {
         }
         Kind::Closed => {
             let _ = frame.message::<Closed>();
+        }
+        Kind::Participants => {
+            let _ = frame.message::<Participants>();
         }
         _ => {}
     }

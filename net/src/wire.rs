@@ -71,6 +71,10 @@ pub enum Kind {
     /// Server → every registered worker, after a round's replies: [`Closed`], who took part
     /// and (shard 0) whether the replicas agreed.
     Closed = 14,
+    /// Worker → shards other than 0, on receiving shard 0's [`Closed`] of round `step`:
+    /// [`Participants`], the ranks shard 0 summed. Those shards close the round over the same
+    /// ranks, so that a worker's push counts on every shard or on none.
+    Participants = 15,
 }
 
 impl Kind {
@@ -89,6 +93,7 @@ impl Kind {
             12 => Kind::Welcome,
             13 => Kind::Digest,
             14 => Kind::Closed,
+            15 => Kind::Participants,
             _ => return None,
         })
     }
@@ -471,6 +476,14 @@ pub struct Closed {
     /// From shard 0 of a job with a sample queue: the next round's assignment, cut when this
     /// one closed.
     pub next: Option<Assignment>,
+}
+
+/// Shard 0's participants of a round, as a worker relays them to the other shards
+/// ([`Kind::Participants`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Participants {
+    /// The ranks whose pushes shard 0 summed into the round, ascending.
+    pub ranks: Vec<u16>,
 }
 
 /// The replica digests of one round, as shard 0 compared them.

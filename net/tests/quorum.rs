@@ -1,6 +1,7 @@
 //! Rounds that close on a quorum: a member that falls behind does not hold the others, and
-//! comes back in step, with the same bits, without leaving; and the servers' participant sets
-//! replayed in-process give the run's bits.
+//! comes back in step, with the same bits, without leaving; the servers' participant sets
+//! replayed in-process give the run's bits; and every shard closes a round over shard 0's
+//! participants.
 
 mod common;
 
@@ -9,8 +10,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use murmur_engine::comm::local::{local_collectives, replay_collectives, Participants};
 use murmur_engine::comm::partition::shard_of;
+use murmur_engine::comm::{Collective, Key};
+use murmur_engine::compress::parse;
 use murmur_net::identity::Swarm;
 use murmur_net::ps::ServerOptions;
+use murmur_net::transport::{client_endpoint, connect, receive, send, Link};
+use murmur_net::wire::{Frame, Hello, Kind, Limits, Register};
 
 /// Ranks 0 and 1 of 3 train on while rank 2 stops for 3 s in the middle of the run with its
 /// connections open (a busy GPU, a slow disk: it is alive, only late). With the default
@@ -98,4 +103,130 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     assert_eq!(replayed[0], results[0].0, "the replay differs from the run");
     let everyone = train_in_process(local_collectives(world as usize), &plan, steps);
     assert_ne!(everyone[0], results[0].0, "no round closed without rank 2");
+}
+
+/// A key on each of two shards.
+fn key_on(shard: usize) -> Key {
+    (1..).find(|k| shard_of(*k, 2) == shard).unwrap()
+}
+
+fn f32_push(values: &[f32]) -> Vec<u8> {
+    [
+        &1u32.to_le_bytes()[..],
+        &parse("f32").unwrap().encode(values, &Default::default()),
+    ]
+    .concat()
+}
+
+/// Rank 2 of 3 pushes each round to shard 1 at once and to shard 0 a second later, after
+/// shard 0 has closed the round on its quorum (ranks 0 and 1, then its 0.5 s wait). Shard 1
+/// has every member's push in at once, but it follows shard 0: it closes over ranks 0 and 1
+/// only, so rank 2's push counts on no shard. Before shards followed shard 0, shard 1 closed
+/// each round with all three (rank 2's samples summed on shard 1's keys and given back to the
+/// queue by shard 0).
+#[test]
+fn every_shard_closes_a_round_over_shard_0s_participants() {
+    let swarm = Swarm::generate("follow").unwrap();
+    let servers = start_servers(
+        &swarm,
+        2,
+        ServerOptions {
+            deadline: Duration::from_secs(60),
+            ..ServerOptions::default()
+        },
+    );
+    let (world, steps) = (3u16, 3u64);
+    let keys = [key_on(0), key_on(1)];
+    let addrs = servers.addrs.clone();
+    let creds = swarm.credentials("worker-2").unwrap();
+    let late = servers.runtime.spawn(async move {
+        let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
+        let limits = Limits::default();
+        let mut conns = Vec::new();
+        for (shard, addr) in addrs.iter().enumerate() {
+            let conn = connect(&endpoint, *addr).await.unwrap();
+            let hello = Hello {
+                rank: 2,
+                world,
+                shard: shard as u16,
+                shards: 2,
+                node: "late on shard 0".into(),
+            };
+            send(&conn, Frame::control(Kind::Hello, 2, 0, &hello))
+                .await
+                .unwrap();
+            let register = Register {
+                keys: vec![f32_key(keys[shard])],
+                replica_digests: false,
+            };
+            send(&conn, Frame::control(Kind::Register, 2, 0, &register))
+                .await
+                .unwrap();
+            conns.push(conn);
+        }
+        let push = |shard: usize, step| {
+            Frame::new(Kind::Push, 2, keys[shard], step, 4, f32_push(&[9.0; 4]))
+        };
+        let mut step = 0;
+        while step < steps {
+            // Shard 1's frames say when its round `step - 1` is over.
+            let frame = receive(&conns[1], &limits).await.unwrap().unwrap();
+            let open = match frame.kind {
+                Kind::Registered => 0,
+                Kind::Closed => frame.step + 1,
+                _ => continue,
+            };
+            if open != step {
+                continue;
+            }
+            send(&conns[1], push(1, step)).await.unwrap();
+            let shard_0 = conns[0].clone();
+            let frame = push(0, step);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                send(&shard_0, frame).await
+            });
+            step += 1;
+        }
+        (endpoint, conns)
+    });
+    let logged: Vec<Vec<Vec<Vec<u16>>>> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..2u16)
+            .map(|rank| {
+                let (swarm, addrs) = (&swarm, &servers.addrs);
+                s.spawn(move || {
+                    let mut c = worker(swarm, addrs, rank, world);
+                    c.register(&[f32_key(keys[0]), f32_key(keys[1])]).unwrap();
+                    (0..steps)
+                        .map(|step| {
+                            let payload = parse("f32")
+                                .unwrap()
+                                .encode(&[rank as f32; 4], &Default::default());
+                            c.push_pull(
+                                step,
+                                1,
+                                keys.iter().map(|k| (*k, payload.clone())).collect(),
+                            )
+                            .unwrap();
+                            c.closed(step)
+                                .unwrap()
+                                .into_iter()
+                                .map(|c| c.participants)
+                                .collect()
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let _rank_2 = servers.runtime.block_on(late).unwrap();
+    assert_eq!(logged[0], logged[1], "ranks 0 and 1 were told alike");
+    for (step, shards) in logged[0].iter().enumerate() {
+        assert_eq!(
+            shards,
+            &[vec![0, 1], vec![0, 1]],
+            "round {step}: participants by shard"
+        );
+    }
 }

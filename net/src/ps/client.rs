@@ -20,7 +20,7 @@ use crate::identity::Credentials;
 use crate::transport::{client_endpoint, close, connect, hang_up, send, send_push, Incoming, Link};
 use crate::wire::{
     Assignment, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
-    Register, Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
+    Participants, Register, Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
 };
 
 /// How a worker talks to the servers.
@@ -239,13 +239,25 @@ impl QuicCollective {
                     node: node.chars().take(128).collect(),
                 };
                 send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await?;
+                shards.push(conn);
+            }
+            for (shard, conn) in shards.iter().enumerate() {
+                // Shard 0's participants go on to the other shards, which close over them.
+                let relay = Relay {
+                    rank,
+                    to: if shard == 0 {
+                        shards[1..].to_vec()
+                    } else {
+                        Vec::new()
+                    },
+                };
                 tokio::spawn(read_replies(
                     shard,
                     conn.clone(),
                     options.limits,
                     inbox.clone(),
+                    relay,
                 ));
-                shards.push(conn);
             }
             Ok::<_, NetError>((endpoint, shards))
         })?;
@@ -448,8 +460,39 @@ impl QuicCollective {
     }
 }
 
-/// Files every frame a shard sends into the inbox until the connection ends.
-async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc<Inbox>) {
+/// Where a worker relays shard 0's participants of each round it learns of ([`Participants`]):
+/// the other shards, which close their rounds over them.
+struct Relay {
+    rank: u16,
+    to: Vec<Connection>,
+}
+
+impl Relay {
+    fn participants(&self, step: u64, closed: &Closed) {
+        if self.to.is_empty() {
+            return;
+        }
+        let relayed = Participants {
+            ranks: closed.participants.clone(),
+        };
+        for conn in &self.to {
+            let frame = Frame::control(Kind::Participants, self.rank, step, &relayed);
+            let conn = conn.clone();
+            // A shard lost is found by its own reader; the relay of another worker may reach it.
+            tokio::spawn(async move { send(&conn, frame).await });
+        }
+    }
+}
+
+/// Files every frame a shard sends into the inbox until the connection ends; relays shard
+/// 0's participants of each round ([`Relay`]).
+async fn read_replies(
+    shard: usize,
+    conn: Connection,
+    limits: Limits,
+    inbox: Arc<Inbox>,
+    relay: Relay,
+) {
     let mut incoming = Incoming::new(conn.clone(), limits);
     let failure = loop {
         match incoming.next().await {
@@ -479,6 +522,7 @@ async fn read_replies(shard: usize, conn: Connection, limits: Limits, inbox: Arc
                         Ok(())
                     }
                     Kind::Closed => frame.message::<Closed>().map(|m| {
+                        relay.participants(frame.step, &m);
                         inbox.update(|r| {
                             if let (0, Some(a), Some(next)) =
                                 (shard, &m.next, frame.step.checked_add(1))

@@ -10,9 +10,9 @@
 //! among shard 0's participants with the whole share); the share of a member that was late or
 //! left goes back to the front of the queue, and the next round hands it to the members that
 //! took part first (a member that keeps being late does not keep its own given-back share).
-//! So over an epoch no sample is skipped and none counted twice on shard 0's keys, whatever
-//! the churn. (Other shards close their rounds on their own quorums: a worker late on one shard
-//! and not on another trained on its share for some keys only.)
+//! So over an epoch no sample is skipped and none counted twice, whatever the churn: the
+//! other shards close each round over shard 0's participants ([`super::state`]), so a push
+//! counts on every shard's keys or on none.
 
 use std::collections::VecDeque;
 

@@ -28,8 +28,8 @@ use crate::transport::{
     close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
 };
 use crate::wire::{
-    split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Register, ReplicaDigest,
-    Welcome,
+    split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
+    ReplicaDigest, Welcome,
 };
 
 /// How a shard runs.
@@ -461,6 +461,19 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 tokio::spawn(async move { close_round_if_complete(&shared).await });
             } else {
                 arm_quorum(shared);
+            }
+        }
+        Kind::Participants => {
+            let relayed: Participants = frame.message()?;
+            let complete = {
+                let mut state = lock(shared);
+                state.follow(id, frame.step, &relayed.ranks)?;
+                state.round_complete()
+            };
+            // The participants may be the last thing a follower's round waited for.
+            if complete {
+                let shared = shared.clone();
+                tokio::spawn(async move { close_round_if_complete(&shared).await });
             }
         }
         Kind::Snapshot => {

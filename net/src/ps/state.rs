@@ -15,6 +15,13 @@
 //!   or at its hard deadline, when the active ranks that have not finished are evicted
 //!   (their pushes discarded, their connection closed), the expected ones are given up on, and
 //!   the round closes over the ranks that did.
+//! - A shard other than 0 is a *follower*: it never closes a round on a quorum of its own.
+//!   It closes each round over shard 0's participants, which the workers relay to it
+//!   ([`ShardState::follow`]), once each of them has pushed every key there; the pushes of
+//!   other ranks are discarded, as late. So a worker's push counts on every shard or on none,
+//!   and shard 0's count of the samples seen holds for every key. At its hard deadline a
+//!   follower with shard 0's participants closes over those of them that finished (logged:
+//!   then a participant's push is missing here).
 //! - Expected ranks are those the round waits for without a connection: an active rank that
 //!   hung up to reconnect at once (it lost another shard) or whose connection a newer one
 //!   replaced, and, after a restart from the state folder, the ranks of the last saved round.
@@ -166,6 +173,9 @@ pub struct ShardState {
     /// (the queue then counts a late member's share as seen) rather than drop it (its share
     /// goes back to the queue). Set from the job on every start, not saved.
     fold_late: bool,
+    /// Shard 0's participants of the open round, as the first worker relayed them (a
+    /// follower's rounds close over them).
+    decided: Option<BTreeSet<u16>>,
     /// The samples each rank's pushes of the open round stand for.
     samples: BTreeMap<u16, u32>,
     /// How long after the open round's opening each rank finished it.
@@ -208,6 +218,7 @@ impl ShardState {
             start_with: None,
             queue: None,
             fold_late: false,
+            decided: None,
             samples: BTreeMap::new(),
             finished_after: BTreeMap::new(),
         }
@@ -676,6 +687,45 @@ impl ShardState {
         Ok(())
     }
 
+    /// Whether this shard closes its rounds over shard 0's participants (every shard but 0).
+    pub fn is_follower(&self) -> bool {
+        self.shard != 0
+    }
+
+    /// Shard 0's participants of round `step`, relayed by peer `id` (a worker that received
+    /// shard 0's summary of it): the open round of a follower closes over them. The first
+    /// relay of the open round counts; one naming other ranks is logged and ignored, as are
+    /// relays of other rounds (the replayed summaries of a catch-up) and those of peers not yet
+    /// registered. Shard 0 refuses them.
+    pub fn follow(&mut self, id: PeerId, step: u64, ranks: &[u16]) -> Result<()> {
+        if !self.is_follower() {
+            return protocol(
+                "shard 0's participants relayed to shard 0, which decides them".into(),
+            );
+        }
+        // Frames travel on streams of their own: a relay may overtake the sender's hello or
+        // registration, and another worker's relay of the round will do.
+        let Some(peer) = self.peers.get(&id).filter(|p| p.registered) else {
+            return Ok(());
+        };
+        if step != self.open_step || !self.started {
+            return Ok(());
+        }
+        let ranks: BTreeSet<u16> = ranks.iter().copied().collect();
+        match &self.decided {
+            Some(first) if *first != ranks => tracing::warn!(
+                "shard {}: rank {} relayed shard 0's participants of round {step} as {:?},                  another worker as {:?}; the first stands",
+                self.shard,
+                peer.rank,
+                ranks,
+                first
+            ),
+            Some(_) => {}
+            None => self.decided = Some(ranks),
+        }
+        Ok(())
+    }
+
     /// Whether the open round has its first push (the server starts its deadline then).
     pub fn round_begun(&self) -> bool {
         !self.pushed.is_empty()
@@ -727,7 +777,7 @@ impl ShardState {
     /// quorum deadline: returns the ticket [`ShardState::close_on_quorum`] takes and how long
     /// to wait, at most `ceiling` (the hard deadline).
     pub fn arm_quorum(&mut self, ceiling: Duration) -> Option<(u64, Duration)> {
-        if self.quorum_armed || self.round_complete() || !self.has_quorum() {
+        if self.is_follower() || self.quorum_armed || self.round_complete() || !self.has_quorum() {
             return None;
         }
         self.quorum_armed = true;
@@ -758,11 +808,28 @@ impl ShardState {
     /// end after the hard deadline, which counts from the round's first push. Without a
     /// quorum, nothing: [`ShardState::evict_stragglers`] follows.
     pub fn close_at_deadline(&mut self, step: u64, attempt: u64) -> Option<ClosedRound> {
-        if step != self.open_step
-            || attempt != self.attempt
-            || !self.round_begun()
-            || !self.has_quorum()
-        {
+        if step != self.open_step || attempt != self.attempt || !self.round_begun() {
+            return None;
+        }
+        if self.is_follower() {
+            // Without shard 0's participants, nothing: evictions follow, and the round
+            // waits for a relay.
+            let decided = self.decided.clone()?;
+            let keep: BTreeSet<u16> = decided
+                .iter()
+                .copied()
+                .filter(|r| self.finished(*r))
+                .collect();
+            if keep.len() < decided.len() {
+                tracing::warn!(
+                    "shard {}: round {step} closes at its deadline without shard 0's                      participants {:?}, whose pushes did not come here",
+                    self.shard,
+                    decided.difference(&keep).collect::<Vec<_>>()
+                );
+            }
+            return Some(self.close_over(&keep));
+        }
+        if !self.has_quorum() {
             return None;
         }
         self.quorum_armed = false;
@@ -772,12 +839,30 @@ impl ShardState {
     /// Closes the open round over the members that finished: the others' pushes are
     /// discarded (they stay members), the expected ranks given up on.
     fn close_over_finished(&mut self) -> ClosedRound {
+        let keep: BTreeSet<u16> = self
+            .members()
+            .into_iter()
+            .filter(|r| self.finished(*r))
+            .collect();
+        self.close_over(&keep)
+    }
+
+    /// Closes the open round over the ranks `keep` (each has finished it): every other
+    /// rank's pushes are discarded (members stay members, counted late), the expected ranks
+    /// given up on.
+    fn close_over(&mut self, keep: &BTreeSet<u16>) -> ClosedRound {
         let late: Vec<u16> = self
             .members()
             .into_iter()
-            .filter(|r| !self.finished(*r))
+            .filter(|r| !keep.contains(r))
             .collect();
-        for rank in &late {
+        let strays: Vec<u16> = self
+            .pushed
+            .keys()
+            .copied()
+            .filter(|r| !keep.contains(r))
+            .collect();
+        for rank in late.iter().chain(&strays) {
             for entry in self.keys.values_mut() {
                 entry.discard(*rank as usize);
             }
@@ -794,6 +879,13 @@ impl ShardState {
 
     /// Whether every active rank has pushed every key and no expected rank is missing.
     pub fn round_complete(&self) -> bool {
+        if self.is_follower() {
+            return !self.keys.is_empty()
+                && self
+                    .decided
+                    .as_ref()
+                    .is_some_and(|d| d.iter().all(|r| self.finished(*r)));
+        }
         !self.keys.is_empty()
             && self.expected.is_empty()
             && self.active_ranks().next().is_some()
@@ -839,6 +931,9 @@ impl ShardState {
     pub fn close_round(&mut self) -> Option<ClosedRound> {
         if !self.round_complete() {
             return None;
+        }
+        if let Some(decided) = self.decided.clone() {
+            return Some(self.close_over(&decided));
         }
         Some(self.close_now(&[]))
     }
@@ -920,6 +1015,7 @@ impl ShardState {
             self.log.pop_front();
         }
         self.pushed.clear();
+        self.decided = None;
         self.open_step += 1;
         self.quorum_armed = false;
         self.opened = Some(Instant::now());
@@ -1229,6 +1325,61 @@ mod tests {
             "one of three"
         );
         assert_eq!(state.evict_stragglers(4, attempt).len(), 2);
+    }
+
+    /// Shard 1 of a swarm follows shard 0: it closes on no quorum of its own, not even with
+    /// every member's push in, until a worker relays shard 0's participants; then over those
+    /// exactly, the others' pushes discarded as late, and the first relay stands. Its hard
+    /// deadline closes over the relayed ranks that finished; without a relay it closes
+    /// nothing. Shard 0 refuses a relay.
+    #[test]
+    fn a_follower_closes_each_round_over_shard_0s_participants() {
+        let ceiling = Duration::from_secs(30);
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(3);
+        join(&mut state, 0..3, 3);
+        // Round 0: everyone pushed here, but shard 0 closed without rank 2 (late there).
+        for rank in 0..3 {
+            assert!(push(&mut state, rank, 0, rank as f32));
+        }
+        assert!(!state.round_complete(), "no relay yet");
+        assert_eq!(state.arm_quorum(ceiling), None, "never on its own quorum");
+        assert!(state.close_round().is_none());
+        state.follow(0, 1, &[0, 1, 2]).unwrap();
+        assert!(!state.round_complete(), "a relay of another round");
+        state.follow(1, 0, &[0, 1]).unwrap();
+        state.follow(2, 0, &[0, 1, 2]).unwrap();
+        let round = state.close_round().expect("shard 0's participants pushed");
+        assert_eq!((round.participants, round.late), (vec![0, 1], vec![2]));
+        let reply: Vec<f32> = round.replies[0]
+            .2
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            reply,
+            [0.5, 0.5],
+            "rank 2's push is left out, as on shard 0"
+        );
+        // Round 1: the relay comes first; rank 1's push is still on its way.
+        state.follow(0, 1, &[0, 1]).unwrap();
+        assert!(push(&mut state, 0, 1, 1.0));
+        assert!(!state.round_complete());
+        assert!(push(&mut state, 1, 1, 1.0));
+        assert_eq!(state.close_round().unwrap().participants, [0, 1]);
+        // Round 2: a participant's push never comes here; the deadline closes over the rest.
+        state.follow(0, 2, &[0, 1]).unwrap();
+        assert!(push(&mut state, 0, 2, 1.0));
+        let attempt = state.attempt();
+        let round = state.close_at_deadline(2, attempt).expect("relayed");
+        assert_eq!((round.participants, round.late), (vec![0], vec![1, 2]));
+        // Round 3: no relay by the deadline: nothing closes.
+        assert!(push(&mut state, 0, 3, 1.0));
+        let attempt = state.attempt();
+        assert!(state.close_at_deadline(3, attempt).is_none());
+        // Shard 0 decides its own rounds.
+        let mut shard_0 = two_ranks();
+        assert!(shard_0.follow(0, 0, &[0, 1]).is_err());
     }
 
     #[test]
