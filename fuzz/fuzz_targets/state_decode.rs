@@ -31,16 +31,19 @@ fuzz_target!(|body: &[u8]| {
         return;
     }
     // What a restored shard 0 does with its queue: settle the open round (saved with the
-    // state), measure, cut the next.
+    // state), measure, cut the next; a late member folds, one leaves.
     if let Some(mut queue) = queue {
         for round in 0..4u16 {
             let open = queue.open().clone();
             for (i, share) in open.shares.iter().enumerate() {
                 queue.observe(share.rank, share.samples(), 0.1 * (i + 1) as f64, i == 2);
             }
-            queue.settle(&[0, 1], |rank| {
+            queue.settle_folding(&[0, 1], &[round % 3 + 2], |rank| {
                 open.share_of(rank).map_or(0, |(share, _)| share.samples())
             });
+            if round == 2 {
+                queue.forget(3);
+            }
             queue.assign(&[0, 1, round % 3 + 2]);
         }
     }

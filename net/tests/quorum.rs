@@ -12,10 +12,12 @@ use murmur_engine::comm::local::{local_collectives, replay_collectives, Particip
 use murmur_engine::comm::partition::shard_of;
 use murmur_engine::comm::{Collective, Key};
 use murmur_engine::compress::parse;
+use murmur_engine::train::DataParallel;
 use murmur_net::identity::Swarm;
-use murmur_net::ps::ServerOptions;
+use murmur_net::ps::queue::QueueSpec;
+use murmur_net::ps::{JobOffer, ServerOptions};
 use murmur_net::transport::{client_endpoint, connect, receive, send, Link};
-use murmur_net::wire::{Frame, Hello, Kind, Limits, Register};
+use murmur_net::wire::{Assignment, Frame, Hello, Kind, Limits, Register};
 
 /// Ranks 0 and 1 of 3 train on while rank 2 stops for 3 s in the middle of the run with its
 /// connections open (a busy GPU, a slow disk: it is alive, only late). With the default
@@ -229,4 +231,136 @@ fn every_shard_closes_a_round_over_shard_0s_participants() {
             "round {step}: participants by shard"
         );
     }
+}
+
+/// The samples at queue positions `positions`: position `p` is the first row of
+/// [`batch`]`(p, 0)`, a pure function of `p`.
+fn rows(positions: impl Iterator<Item = u64>) -> (Vec<f32>, Vec<u32>) {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for p in positions {
+        let (bx, by) = batch(p, 0);
+        x.extend_from_slice(&bx[..FEATURES]);
+        y.push(by[0]);
+    }
+    (x, y)
+}
+
+/// Plays round `dp.round()` on this rank's share of `assigned` (or none).
+fn play<C: Collective>(dp: &mut DataParallel<C>, rank: u16, assigned: &Assignment) {
+    match assigned.share_of(rank) {
+        Some((share, first)) => {
+            let (x, y) = rows(share.positions());
+            dp.step((&x, &y), first as usize).unwrap();
+        }
+        None => {
+            dp.step_without_share().unwrap();
+        }
+    }
+}
+
+/// A job with shard 0's sample queue, its shares cut by speed: rank 2 of 3 is slow (150 ms
+/// a round more), so its shares shrink, and once it stops for 2 s, so rounds close without
+/// it and its shares go back to the queue and are cut again for the others. The servers' log,
+/// each round's assignment and participants as every worker was told them, replayed
+/// in-process (each rank training on the same positions, each round summing the same pushes)
+/// gives the run's bits.
+#[test]
+fn a_run_with_the_queues_unequal_shares_replays_in_process_to_its_bits() {
+    let swarm = Swarm::generate("shares").unwrap();
+    let world = 3u16;
+    let batch = BATCH as u32;
+    let queue = QueueSpec {
+        samples: 200,
+        global: u32::from(world) * batch,
+        per_member: batch,
+        by_speed: true,
+    };
+    let servers = start_servers(
+        &swarm,
+        2,
+        ServerOptions {
+            deadline: Duration::from_secs(60),
+            job: Some(JobOffer {
+                world,
+                start_with: world,
+                description: "a test job".into(),
+                queue: Some(queue),
+                fold_late: false,
+            }),
+            ..ServerOptions::default()
+        },
+    );
+    let (steps, stall_at) = (24u64, 10u64);
+    let plan = plan("topk:0.25", "f16");
+    let results = on_every_rank(
+        &swarm,
+        &servers.addrs,
+        world,
+        &plan,
+        client_options(),
+        |rank, mut dp| {
+            let mut log = Vec::new();
+            while dp.round() < steps {
+                let step = dp.round();
+                if rank == 2 {
+                    let pause = if step == stall_at { 2000 } else { 150 };
+                    std::thread::sleep(Duration::from_millis(pause));
+                }
+                let assigned = dp
+                    .collective
+                    .assignment(step)
+                    .expect("shard 0 cut the round");
+                play(&mut dp, rank, &assigned);
+                let summaries = dp.collective.closed(step).unwrap();
+                log.push((assigned, summaries[0].participants.clone()));
+            }
+            (bits(&dp.replica), log)
+        },
+    );
+    let log = results[0].1.clone();
+    assert!(
+        results.iter().all(|r| r.1 == log),
+        "every rank was told the same"
+    );
+    let unequal = log
+        .iter()
+        .filter(|(a, _)| {
+            let sizes: Vec<u64> = a.shares.iter().map(|s| s.samples()).collect();
+            sizes.iter().any(|n| *n != sizes[0])
+        })
+        .count();
+    let short = log.iter().filter(|(_, p)| p.len() < 3).count();
+    eprintln!("{unequal} rounds of unequal shares, {short} closed without a member");
+    assert!(unequal >= 3, "the cut never followed rank 2's speed");
+    assert!(short >= 1, "no round closed without rank 2");
+    assert!(
+        results.iter().all(|r| r.0 == results[0].0),
+        "the replicas differ"
+    );
+    let logged = log.clone();
+    let participants: Participants = Box::new(move |step, _key| {
+        logged[step as usize]
+            .1
+            .iter()
+            .map(|r| *r as usize)
+            .collect()
+    });
+    let replayed: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let joins: Vec<_> = replay_collectives(world as usize, participants)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, c)| {
+                let (log, plan) = (&log, &plan);
+                s.spawn(move || {
+                    let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
+                    for (assigned, _) in log {
+                        play(&mut dp, rank as u16, assigned);
+                    }
+                    bits(&dp.replica)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert_eq!(replayed[0], results[0].0, "the replay differs from the run");
 }

@@ -29,6 +29,14 @@ from collections import defaultdict
 from swarm_procs import pid_of, rss_kb
 
 
+def median_mb(kbs):
+    """The median of resident-memory samples in kB, in MB (None without samples)."""
+    if not kbs:
+        return None
+    kbs = sorted(kbs)
+    return kbs[len(kbs) // 2] / 1024
+
+
 def run(a, churn):
     folder = tempfile.mkdtemp(prefix="murmur-churn-")
     metrics = os.path.join(folder, "metrics.jsonl")
@@ -136,6 +144,12 @@ def run(a, churn):
             shard: {
                 "at_1_min": next((kb for t, kb in v if t >= 60), v[0][1]) / 1024,
                 "end": v[-1][1] / 1024,
+                # Levels: the median of the samples of the second minute and of the last
+                # minute. Shard 0's resident memory swings by a snapshot or two (6.4 MB each,
+                # one arriving every few seconds) from sample to sample; a level is what a
+                # leak would move.
+                "second_minute": median_mb([kb for t, kb in v if 60 <= t < 120]),
+                "last_minute": median_mb([kb for t, kb in v if t >= v[-1][0] - 60]),
             }
             for shard, v in rss.items() if v
         },
@@ -192,6 +206,8 @@ def main():
             m = r["server_rss_mb"].get(shard, {})
             print(f"shard {shard} RSS MB ({name}): "
                   f"{m.get('at_1_min', 0):.0f} at 1 min, {m.get('end', 0):.0f} at the end; "
+                  f"median {m.get('second_minute') or 0:.0f} over the second minute, "
+                  f"{m.get('last_minute') or 0:.0f} over the last; "
                   f"by minute {r['server_rss_mb_by_minute'].get(shard, [])}")
     for r, name in zip(runs, names):
         counts = set(r["samples_per_epoch"].values())

@@ -250,6 +250,7 @@ impl QuicCollective {
                     } else {
                         Vec::new()
                     },
+                    last: None,
                 };
                 tokio::spawn(read_replies(
                     shard,
@@ -465,15 +466,18 @@ impl QuicCollective {
 struct Relay {
     rank: u16,
     to: Vec<Connection>,
+    /// The latest round relayed: each round goes on once (shard 0 says it twice).
+    last: Option<u64>,
 }
 
 impl Relay {
-    fn participants(&self, step: u64, closed: &Closed) {
-        if self.to.is_empty() {
+    fn participants(&mut self, step: u64, ranks: &[u16]) {
+        if self.to.is_empty() || self.last.is_some_and(|last| step <= last) {
             return;
         }
+        self.last = Some(step);
         let relayed = Participants {
-            ranks: closed.participants.clone(),
+            ranks: ranks.to_vec(),
         };
         for conn in &self.to {
             let frame = Frame::control(Kind::Participants, self.rank, step, &relayed);
@@ -491,7 +495,7 @@ async fn read_replies(
     conn: Connection,
     limits: Limits,
     inbox: Arc<Inbox>,
-    relay: Relay,
+    mut relay: Relay,
 ) {
     let mut incoming = Incoming::new(conn.clone(), limits);
     let failure = loop {
@@ -521,8 +525,16 @@ async fn read_replies(
                         inbox.update(|r| r.snapshot = Some((frame.step, frame.payload)));
                         Ok(())
                     }
+                    // Shard 0 says who took part in a round as soon as it has decided,
+                    // and again in the round's summary (which a catch-up replays): both go
+                    // on to the other shards, which take the first.
+                    Kind::Participants if shard == 0 => frame.message::<Participants>().map(|m| {
+                        relay.participants(frame.step, &m.ranks);
+                    }),
                     Kind::Closed => frame.message::<Closed>().map(|m| {
-                        relay.participants(frame.step, &m);
+                        if shard == 0 {
+                            relay.participants(frame.step, &m.participants);
+                        }
                         inbox.update(|r| {
                             if let (0, Some(a), Some(next)) =
                                 (shard, &m.next, frame.step.checked_add(1))

@@ -121,6 +121,8 @@ struct Shared {
 pub struct Server {
     endpoint: Endpoint,
     shared: Arc<Shared>,
+    /// Shard 0's participants of each round, as it decides them ([`announce_participants`]).
+    decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Vec<u16>, Vec<PeerId>)>,
 }
 
 impl Server {
@@ -170,6 +172,14 @@ impl Server {
         };
         options.quorum.validate().map_err(NetError::Protocol)?;
         state.set_quorum(options.quorum);
+        // Shard 0 of several says who took part in each round as soon as it knows.
+        let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
+        if options.shard == 0 && options.shards > 1 {
+            state.on_decided(Box::new(move |step, participants, listeners| {
+                // The receiver goes with the endpoint.
+                let _ = decided_tx.send((step, participants, listeners));
+            }));
+        }
         let endpoint = server_endpoint(addr, creds, &options.link)?;
         if let Some(job) = &options.job {
             if job.world == 0 {
@@ -202,6 +212,7 @@ impl Server {
             }
         }
         Ok(Server {
+            decided: decided_rx,
             endpoint: endpoint.clone(),
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
@@ -230,6 +241,7 @@ impl Server {
     /// Accepts peers until the endpoint is closed.
     pub async fn run(self) -> Result<()> {
         let shard = self.shared.options.shard;
+        tokio::spawn(announce_participants(self.shared.clone(), self.decided));
         while let Some(incoming) = self.endpoint.accept().await {
             let shared = self.shared.clone();
             let from = incoming.remote_address();
@@ -257,6 +269,28 @@ impl Server {
         match self.shared.fatal.lock().expect("fatal lock").take() {
             Some(why) => Err(NetError::State(why)),
             None => Ok(()),
+        }
+    }
+}
+
+/// Sends each round's participants, as shard 0 decides them, to the round's listeners, who
+/// relay them to the other shards ([`Kind::Participants`]).
+async fn announce_participants(
+    shared: Arc<Shared>,
+    mut decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Vec<u16>, Vec<PeerId>)>,
+) {
+    while let Some((step, ranks, listeners)) = decided.recv().await {
+        let frame = Frame::control(
+            Kind::Participants,
+            shared.options.shard,
+            step,
+            &Participants { ranks },
+        );
+        for id in listeners {
+            if let Some(conn) = conn_of(&shared, id) {
+                let frame = frame.clone();
+                tokio::spawn(async move { send(&conn, frame).await });
+            }
         }
     }
 }

@@ -49,6 +49,10 @@ use crate::wire::{
 /// A connection's identity inside the server.
 pub type PeerId = usize;
 
+/// What shard 0 does with a round's participants once it has decided them: (the round, its
+/// participants, the peers listening).
+pub type Decided = Box<dyn Fn(u64, Vec<u16>, Vec<PeerId>) + Send>;
+
 #[derive(Debug, Clone)]
 struct Peer {
     rank: u16,
@@ -176,6 +180,9 @@ pub struct ShardState {
     /// Shard 0's participants of the open round, as the first worker relayed them (a
     /// follower's rounds close over them).
     decided: Option<BTreeSet<u16>>,
+    /// Shard 0 of several: told each round's participants (with the listeners) as soon as
+    /// they are decided, before the round's sums, to send them on ([`ShardState::on_decided`]).
+    on_decided: Option<Decided>,
     /// The samples each rank's pushes of the open round stand for.
     samples: BTreeMap<u16, u32>,
     /// How long after the open round's opening each rank finished it.
@@ -219,6 +226,7 @@ impl ShardState {
             queue: None,
             fold_late: false,
             decided: None,
+            on_decided: None,
             samples: BTreeMap::new(),
             finished_after: BTreeMap::new(),
         }
@@ -687,6 +695,14 @@ impl ShardState {
         Ok(())
     }
 
+    /// Has `decided` called with each round's participants the moment this shard decides
+    /// them, before it sums the round's pushes: shard 0 of several sends them to the workers,
+    /// who relay them to the other shards, so that those close the round beside this one
+    /// rather than after its sums.
+    pub fn on_decided(&mut self, decided: Decided) {
+        self.on_decided = Some(decided);
+    }
+
     /// Whether this shard closes its rounds over shard 0's participants (every shard but 0).
     pub fn is_follower(&self) -> bool {
         self.shard != 0
@@ -944,6 +960,11 @@ impl ShardState {
         use rayon::prelude::*;
         let step = self.open_step;
         let closed_after = self.opened.map(|o| o.elapsed().as_secs_f64());
+        if let Some(decided) = &self.on_decided {
+            // Before the sums: the followers close their share of the round beside this one.
+            let participants: Vec<u16> = self.pushed.keys().copied().collect();
+            decided(step, participants, self.listeners());
+        }
         // Every key closes, even when another fails: one bad key must not leave the others
         // open (a key left behind would refuse every later push as the wrong step).
         let closed: Vec<_> = self
