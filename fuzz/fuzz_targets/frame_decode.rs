@@ -7,8 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::wire::{
-    Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
-    Registered, ReplicaDigest, Welcome, HEADER, split_push,
+    split_push, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
+    Participants, Register, Registered, ReplicaDigest, Welcome, HEADER,
 };
 
 fuzz_target!(|data: &[u8]| {

@@ -29,7 +29,9 @@ fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
         return;
     }
-    let codec = CODECS[data[0] as usize % CODECS.len()].parse().expect("valid codec");
+    let codec = CODECS[data[0] as usize % CODECS.len()]
+        .parse()
+        .expect("valid codec");
     let policy = POLICIES[data[1] as usize % POLICIES.len()];
     let rows = 1 + data[2] as usize % 4;
     let cols = 1 + data[3] as usize % 40;

@@ -6,8 +6,8 @@
 
 use murmur_engine::comm::KeySpec;
 use murmur_net::wire::{
-    Assignment, Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Register, Registered,
-    ReplicaDigest, ReplicaVerdict, Share, Span, Welcome,
+    Assignment, Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Participants, Register,
+    Registered, ReplicaDigest, ReplicaVerdict, Share, Span, Welcome,
 };
 
 fn main() -> std::io::Result<()> {
@@ -23,7 +23,9 @@ fn main() -> std::io::Result<()> {
         sync_every: 0,
         owner: String::new(),
     };
-    let floats: Vec<u8> = (0..8).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    let floats: Vec<u8> = (0..8)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
     // Two members' shares of a round, one of them given back before.
     let assignment = Assignment {
         epoch: 1,
@@ -31,11 +33,20 @@ fn main() -> std::io::Result<()> {
         shares: vec![
             Share {
                 rank: 0,
-                spans: vec![Span { start: 96, len: 16 }, Span { start: 320, len: 16 }],
+                spans: vec![
+                    Span { start: 96, len: 16 },
+                    Span {
+                        start: 320,
+                        len: 16,
+                    },
+                ],
             },
             Share {
                 rank: 3,
-                spans: vec![Span { start: 336, len: 32 }],
+                spans: vec![Span {
+                    start: 336,
+                    len: 32,
+                }],
             },
         ],
     };
@@ -84,7 +95,10 @@ fn main() -> std::io::Result<()> {
         ),
         ("push_f32", Frame::new(Kind::Push, 1, 1, 12, 8, push)),
         ("reply", Frame::new(Kind::Reply, 0, 1, 12, 8, floats)),
-        ("snapshot", Frame::new(Kind::Snapshot, 0, 0, 10, 0, b"snapshot".to_vec())),
+        (
+            "snapshot",
+            Frame::new(Kind::Snapshot, 0, 0, 10, 0, b"snapshot".to_vec()),
+        ),
         (
             "catchup_request",
             Frame::control(Kind::CatchupRequest, 1, 0, &CatchupRequest {}),
@@ -143,6 +157,17 @@ fn main() -> std::io::Result<()> {
                         disagreed: true,
                     }),
                     next: Some(assignment),
+                },
+            ),
+        ),
+        (
+            "participants",
+            Frame::control(
+                Kind::Participants,
+                0,
+                12,
+                &Participants {
+                    ranks: vec![0, 1, 3],
                 },
             ),
         ),
