@@ -23,15 +23,6 @@ fn keys() -> Vec<KeySpec> {
     vec![f32_key(KEY)]
 }
 
-fn f32_payload(values: &[f32]) -> Vec<u8> {
-    parse("f32").unwrap().encode(values, &Default::default())
-}
-
-/// A push frame's payload as a worker sends it: one sample's worth of f32 values.
-fn f32_push(values: &[f32]) -> Vec<u8> {
-    [&1u32.to_le_bytes()[..], &f32_payload(values)].concat()
-}
-
 /// What a misbehaving rank 2 does in round 1, after an honest round 0.
 #[derive(Clone, Copy, Debug)]
 enum Misdeed {

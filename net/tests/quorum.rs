@@ -11,11 +11,10 @@ use common::*;
 use murmur_engine::comm::local::{local_collectives, replay_collectives, Participants};
 use murmur_engine::comm::partition::shard_of;
 use murmur_engine::comm::{Collective, Key};
-use murmur_engine::compress::parse;
 use murmur_engine::train::DataParallel;
 use murmur_net::identity::Swarm;
 use murmur_net::ps::queue::QueueSpec;
-use murmur_net::ps::{JobOffer, ServerOptions};
+use murmur_net::ps::JobOffer;
 use murmur_net::transport::{client_endpoint, connect, receive, send, Link};
 use murmur_net::wire::{Assignment, Frame, Hello, Kind, Limits, Register};
 
@@ -28,14 +27,7 @@ use murmur_net::wire::{Assignment, Frame, Hello, Kind, Limits, Register};
 #[test]
 fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     let swarm = Swarm::generate("quorum").unwrap();
-    let servers = start_servers(
-        &swarm,
-        2,
-        ServerOptions {
-            deadline: Duration::from_secs(60),
-            ..ServerOptions::default()
-        },
-    );
+    let servers = quorum_servers(&swarm, None);
     let (world, steps, stall_at) = (3u16, 40u64, 8u64);
     let stall = Duration::from_secs(3);
     let plan = plan("topk:0.25", "f16");
@@ -112,14 +104,6 @@ fn key_on(shard: usize) -> Key {
     (1..).find(|k| shard_of(*k, 2) == shard).unwrap()
 }
 
-fn f32_push(values: &[f32]) -> Vec<u8> {
-    [
-        &1u32.to_le_bytes()[..],
-        &parse("f32").unwrap().encode(values, &Default::default()),
-    ]
-    .concat()
-}
-
 /// Rank 2 of 3 pushes each round to shard 1 at once and to shard 0 a second later, after
 /// shard 0 has closed the round on its quorum (ranks 0 and 1, then its 0.5 s wait). Shard 1
 /// has every member's push in at once, but it follows shard 0: it closes over ranks 0 and 1
@@ -129,14 +113,7 @@ fn f32_push(values: &[f32]) -> Vec<u8> {
 #[test]
 fn every_shard_closes_a_round_over_shard_0s_participants() {
     let swarm = Swarm::generate("follow").unwrap();
-    let servers = start_servers(
-        &swarm,
-        2,
-        ServerOptions {
-            deadline: Duration::from_secs(60),
-            ..ServerOptions::default()
-        },
-    );
+    let servers = quorum_servers(&swarm, None);
     let (world, steps) = (3u16, 3u64);
     let keys = [key_on(0), key_on(1)];
     let addrs = servers.addrs.clone();
@@ -201,9 +178,7 @@ fn every_shard_closes_a_round_over_shard_0s_participants() {
                     c.register(&[f32_key(keys[0]), f32_key(keys[1])]).unwrap();
                     (0..steps)
                         .map(|step| {
-                            let payload = parse("f32")
-                                .unwrap()
-                                .encode(&[rank as f32; 4], &Default::default());
+                            let payload = f32_payload(&[rank as f32; 4]);
                             c.push_pull(
                                 step,
                                 1,
@@ -275,21 +250,14 @@ fn a_run_with_the_queues_unequal_shares_replays_in_process_to_its_bits() {
         per_member: batch,
         by_speed: true,
     };
-    let servers = start_servers(
-        &swarm,
-        2,
-        ServerOptions {
-            deadline: Duration::from_secs(60),
-            job: Some(JobOffer {
-                world,
-                start_with: world,
-                description: "a test job".into(),
-                queue: Some(queue),
-                fold_late: false,
-            }),
-            ..ServerOptions::default()
-        },
-    );
+    let job = JobOffer {
+        world,
+        start_with: world,
+        description: "a test job".into(),
+        queue: Some(queue),
+        fold_late: false,
+    };
+    let servers = quorum_servers(&swarm, Some(job));
     let (steps, stall_at) = (24u64, 10u64);
     let plan = plan("topk:0.25", "f16");
     let results = on_every_rank(

@@ -14,10 +14,6 @@ pub(crate) struct Played {
     pub loss: f32,
     /// Bytes it moved.
     pub bytes: RoundBytes,
-    /// Whether every shard summed its push: false when a shard closed the round on its
-    /// quorum without it (its samples then changed nothing there); `None` when the
-    /// summaries did not come.
-    pub counted: Option<bool>,
     /// Whether shard 0 compared the replicas that entered the round and found this one the
     /// majority's: a snapshot of that state is safe to hand the servers.
     pub confirmed: bool,
@@ -29,6 +25,14 @@ pub(crate) struct Played {
     pub participants: Vec<u16>,
     /// The shards that closed the round without this worker's push, by index.
     pub late_on: Vec<usize>,
+}
+
+impl Played {
+    /// Whether every shard summed its push: false when a shard closed the round without it
+    /// (its samples then changed nothing there); `None` when the summaries did not come.
+    pub fn counted(&self) -> Option<bool> {
+        self.lost_after.is_none().then_some(self.late_on.is_empty())
+    }
 }
 
 /// Why a round did not go through.
@@ -73,7 +77,6 @@ pub(crate) fn play_round<M: Learner>(
             return Ok(Played {
                 loss,
                 bytes,
-                counted: None,
                 confirmed: false,
                 lost_after: Some(e.to_string()),
                 participants: Vec::new(),
@@ -85,7 +88,6 @@ pub(crate) fn play_round<M: Learner>(
     Ok(Played {
         loss,
         bytes,
-        counted: Some(summaries.iter().all(|c| c.participants.contains(&rank))),
         confirmed,
         lost_after: None,
         participants: summaries

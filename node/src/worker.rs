@@ -646,6 +646,7 @@ impl Run {
                     continue;
                 }
             };
+            let late = played.counted() == Some(false);
             let (loss, bytes, lost_after) = (played.loss, played.bytes, played.lost_after);
             // A push a shard closed the round without: dropped (its samples are trained
             // again), or folded back into the error feedback, as the job says.
@@ -679,7 +680,7 @@ impl Run {
                 codes: dp.code_stats(),
                 seconds: step_started.elapsed().as_secs_f64(),
                 lr: dp.replica.lr(),
-                late: played.counted == Some(false),
+                late,
             };
             self.report_step(rank, round, &totals, started);
             if let Some(writer) = state_writer {

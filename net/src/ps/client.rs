@@ -479,9 +479,9 @@ impl Relay {
         let relayed = Participants {
             ranks: ranks.to_vec(),
         };
+        let frame = Frame::control(Kind::Participants, self.rank, step, &relayed);
         for conn in &self.to {
-            let frame = Frame::control(Kind::Participants, self.rank, step, &relayed);
-            let conn = conn.clone();
+            let (conn, frame) = (conn.clone(), frame.clone());
             // A shard lost is found by its own reader; the relay of another worker may reach it.
             tokio::spawn(async move { send(&conn, frame).await });
         }

@@ -730,7 +730,8 @@ impl ShardState {
         let ranks: BTreeSet<u16> = ranks.iter().copied().collect();
         match &self.decided {
             Some(first) if *first != ranks => tracing::warn!(
-                "shard {}: rank {} relayed shard 0's participants of round {step} as {:?},                  another worker as {:?}; the first stands",
+                "shard {}: rank {} relayed shard 0's participants of round {step} as {:?}, \
+                 another worker as {:?}; the first stands",
                 self.shard,
                 peer.rank,
                 ranks,
@@ -838,7 +839,8 @@ impl ShardState {
                 .collect();
             if keep.len() < decided.len() {
                 tracing::warn!(
-                    "shard {}: round {step} closes at its deadline without shard 0's                      participants {:?}, whose pushes did not come here",
+                    "shard {}: round {step} closes at its deadline without shard 0's \
+                     participants {:?}, whose pushes did not come here",
                     self.shard,
                     decided.difference(&keep).collect::<Vec<_>>()
                 );
@@ -1249,6 +1251,15 @@ mod tests {
         }
     }
 
+    /// The values of a round's first reply (an f32 key's).
+    fn f32_reply(replies: &[(Key, u32, Bytes)]) -> Vec<f32> {
+        replies[0]
+            .2
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
     /// Peer `id` pushes `value` twice for `step`; whether the push counted.
     fn push(state: &mut ShardState, id: PeerId, step: u64, value: f32) -> bool {
         match state.check_push(id, 1, step, 2).unwrap() {
@@ -1309,11 +1320,7 @@ mod tests {
             (round.step, round.participants, round.late),
             (1, vec![0, 1], vec![2])
         );
-        let reply: Vec<f32> = round.replies[0]
-            .2
-            .chunks(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let reply = f32_reply(&round.replies);
         assert_eq!(reply, [2.0, 2.0], "the mean of the two who pushed");
         assert_eq!(state.quorum_rounds(), 1);
         // Rank 2's push for round 1 comes too late: ignored and counted.
@@ -1372,11 +1379,7 @@ mod tests {
         state.follow(2, 0, &[0, 1, 2]).unwrap();
         let round = state.close_round().expect("shard 0's participants pushed");
         assert_eq!((round.participants, round.late), (vec![0, 1], vec![2]));
-        let reply: Vec<f32> = round.replies[0]
-            .2
-            .chunks(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let reply = f32_reply(&round.replies);
         assert_eq!(
             reply,
             [0.5, 0.5],

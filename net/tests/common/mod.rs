@@ -230,3 +230,29 @@ pub fn f32_key(key: murmur_engine::comm::Key) -> murmur_engine::comm::KeySpec {
         owner: String::new(),
     }
 }
+
+/// An f32 key's payload of `values`, as a worker's codec encodes it.
+pub fn f32_payload(values: &[f32]) -> Vec<u8> {
+    murmur_engine::compress::parse("f32")
+        .unwrap()
+        .encode(values, &Default::default())
+}
+
+/// A push frame's payload as a worker sends it: one sample's worth of f32 values.
+pub fn f32_push(values: &[f32]) -> Vec<u8> {
+    [&1u32.to_le_bytes()[..], &f32_payload(values)].concat()
+}
+
+/// Two shards with the default quorum (half the members, then a wait of at least 0.5 s), a
+/// 60 s hard deadline, and `job` if given: what the quorum tests run against.
+pub fn quorum_servers(swarm: &Swarm, job: Option<murmur_net::ps::JobOffer>) -> Servers {
+    start_servers(
+        swarm,
+        2,
+        ServerOptions {
+            deadline: Duration::from_secs(60),
+            job,
+            ..ServerOptions::default()
+        },
+    )
+}
