@@ -14,7 +14,8 @@ bin=target/release/murmur
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$bin" swarm init "$dir" >/dev/null
-for n in server-0 worker-0 worker-1; do "$bin" swarm issue "$dir" "$n" >/dev/null 2>&1; done
+"$bin" swarm issue "$dir" server-0 --role server/0 >/dev/null 2>&1
+"$bin" swarm issue "$dir" worker-0 worker-1 --role worker >/dev/null 2>&1
 
 # run CODEC SERVER_STATE WORKER_STATE (each yes or no): prints the seconds the workers took.
 run() {

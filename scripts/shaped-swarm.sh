@@ -73,10 +73,13 @@ done
 
 "$MURMUR" swarm init "$WORK/swarm" >/dev/null 2>"$WORK/credentials.log" ||
     { cat "$WORK/credentials.log" >&2; exit 1; }
+for ((s = 0; s < SERVERS; s++)); do
+    "$MURMUR" swarm issue "$WORK/swarm" "server-$s" --role "server/$s" >/dev/null 2>>"$WORK/credentials.log" ||
+        { cat "$WORK/credentials.log" >&2; exit 1; }
+done
 names=()
-for ((s = 0; s < SERVERS; s++)); do names+=("server-$s"); done
 for ((r = 0; r < WORKERS; r++)); do names+=("worker-$r"); done
-"$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" >/dev/null 2>>"$WORK/credentials.log" ||
+"$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" --role worker >/dev/null 2>>"$WORK/credentials.log" ||
     { cat "$WORK/credentials.log" >&2; exit 1; }
 
 LINK=(--link-mbit "$MBIT" --link-rtt-ms "$RTT_MS")

@@ -13,21 +13,29 @@ fn murmur() -> Command {
     Command::new(env!("CARGO_BIN_EXE_murmur"))
 }
 
+/// A swarm folder with certificates for `nodes`: `server-N` as the server of shard N, any
+/// other name as a worker.
 fn swarm(name: &str, nodes: &[&str]) -> RemovedOnDrop {
     let dir = RemovedOnDrop::temp(name);
-    let ok = murmur()
+    let mut ok = murmur()
         .args(["swarm", "init"])
         .arg(&dir.0)
         .status()
         .unwrap()
-        .success()
-        && murmur()
+        .success();
+    for node in nodes {
+        let role = match node.strip_prefix("server-") {
+            Some(shard) => format!("server/{shard}"),
+            None => "worker".into(),
+        };
+        ok &= murmur()
             .args(["swarm", "issue"])
             .arg(&dir.0)
-            .args(nodes)
+            .args([node, "--role", &role])
             .status()
             .unwrap()
             .success();
+    }
     assert!(ok);
     dir
 }

@@ -15,8 +15,10 @@ use quinn::{Connection, Endpoint};
 use tokio::task::JoinHandle;
 
 use crate::error::{NetError, Result};
-use crate::identity::Credentials;
-use crate::transport::{client_endpoint, close, connect, hang_up, server_endpoint, Incoming, Link};
+use crate::identity::{Credentials, Role};
+use crate::transport::{
+    client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
+};
 use crate::wire::{Frame, Kind, Limits};
 
 /// Timeouts of a stage link.
@@ -90,19 +92,32 @@ impl StageListener {
             options,
         } = self;
         let conn = runtime.block_on(async {
-            let incoming = tokio::time::timeout(options.connect_timeout, endpoint.accept())
-                .await
-                .map_err(|_| {
-                    NetError::Timeout(format!(
-                        "stage {} did not connect in {:?}",
-                        stage + 1,
-                        options.connect_timeout
-                    ))
-                })?
-                .ok_or_else(|| NetError::Connection("the endpoint closed".into()))?;
-            incoming
-                .await
-                .map_err(|e| NetError::Connection(format!("stage {}: {e}", stage + 1)))
+            let deadline = tokio::time::Instant::now() + options.connect_timeout;
+            // Only a stage's certificate may take the place of the next stage; anyone else
+            // is hung up on, and the listener waits on.
+            loop {
+                let incoming = tokio::time::timeout_at(deadline, endpoint.accept())
+                    .await
+                    .map_err(|_| {
+                        NetError::Timeout(format!(
+                            "stage {} did not connect in {:?}",
+                            stage + 1,
+                            options.connect_timeout
+                        ))
+                    })?
+                    .ok_or_else(|| NetError::Connection("the endpoint closed".into()))?;
+                let conn = match incoming.await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!("stage {stage}: refused a connection: {e}");
+                        continue;
+                    }
+                };
+                match expect_peer(&conn, Role::Stage) {
+                    Ok(()) => return Ok::<_, NetError>(conn),
+                    Err(e) => tracing::warn!("stage {stage}: {e}"),
+                }
+            }
         })?;
         Ok(QuicStageLink::new(
             runtime,
@@ -128,7 +143,10 @@ pub fn connect_stage(
         let deadline = Instant::now() + options.connect_timeout;
         loop {
             match connect(&endpoint, addr).await {
-                Ok(conn) => return Ok((endpoint, conn)),
+                Ok(conn) => {
+                    expect_peer(&conn, Role::Stage)?;
+                    return Ok((endpoint, conn));
+                }
                 Err(e) if Instant::now() >= deadline => {
                     return Err(NetError::Timeout(format!(
                         "stage {} at {addr} did not answer in {:?}: {e}",

@@ -241,14 +241,14 @@ async fn tcp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::Swarm;
+    use crate::identity::{Role, Swarm};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_transport_moves_the_whole_workload() {
         let swarm = Swarm::generate("bench").unwrap();
         let (server, client) = (
-            swarm.credentials("s").unwrap(),
-            swarm.credentials("c").unwrap(),
+            swarm.credentials("s", Role::Server { shard: 0 }).unwrap(),
+            swarm.credentials("c", Role::Worker).unwrap(),
         );
         let w = Workload {
             frames: 12,

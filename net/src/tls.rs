@@ -1,8 +1,10 @@
 //! Mutual TLS 1.3 configurations: both sides present swarm credentials and accept only peers
-//! whose certificate the swarm signed.
+//! whose certificate the swarm signed, that has not expired and that the swarm's revocation
+//! list does not name. (Roles are checked once connected: [`crate::transport::expect_peer`].)
 
 use std::sync::Arc;
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
@@ -29,9 +31,18 @@ fn tls_err(e: impl std::fmt::Display) -> NetError {
     NetError::Identity(e.to_string())
 }
 
+/// The revocation lists to check peers against: the swarm's, if it has one.
+fn crls(creds: &Credentials) -> Vec<rustls::pki_types::CertificateRevocationListDer<'static>> {
+    creds.revoked.iter().map(|list| list.der.clone()).collect()
+}
+
 /// A server that demands a client certificate from this swarm.
 pub fn server_tls(creds: &Credentials) -> Result<rustls::ServerConfig> {
+    // The swarm's list covers the node certificates it issued; the swarm's own certificate is
+    // the trust anchor, which no list revokes.
     let verifier = WebPkiClientVerifier::builder_with_provider(roots(creds)?, provider())
+        .with_crls(crls(creds))
+        .only_check_end_entity_revocation()
         .build()
         .map_err(tls_err)?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
@@ -49,7 +60,13 @@ pub fn client_tls(creds: &Credentials) -> Result<rustls::ClientConfig> {
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?
-        .with_root_certificates(roots(creds)?)
+        .with_webpki_verifier(
+            WebPkiServerVerifier::builder_with_provider(roots(creds)?, provider())
+                .with_crls(crls(creds))
+                .only_check_end_entity_revocation()
+                .build()
+                .map_err(tls_err)?,
+        )
         .with_client_auth_cert(creds.chain.clone(), creds.key.clone_key())
         .map_err(tls_err)?;
     cfg.alpn_protocols = vec![ALPN.to_vec()];

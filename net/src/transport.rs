@@ -14,9 +14,10 @@ use quinn::{
 };
 
 use crate::error::{NetError, Result};
-use crate::identity::{fingerprint, Credentials};
+use crate::identity::{fingerprint, Credentials, Role};
 use crate::tls::{client_tls, server_tls};
 use crate::wire::{Frame, Header, Limits, HEADER};
+use rustls::pki_types::CertificateDer;
 
 /// What the link between peers can carry; windows are sized to hold a round trip's data.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,14 +120,21 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     Ok(socket.into())
 }
 
-/// An endpoint that accepts swarm peers on `addr` (and can also connect out).
-pub fn server_endpoint(addr: SocketAddr, creds: &Credentials, link: &Link) -> Result<Endpoint> {
+/// How an endpoint accepts swarm peers: TLS with `creds` (and their revocation list), QUIC
+/// sized for `link`. A server swaps in a new one when the revocation list changes
+/// (`Endpoint::set_server_config`).
+pub fn server_config(creds: &Credentials, link: &Link) -> Result<quinn::ServerConfig> {
     let crypto = QuicServerConfig::try_from(server_tls(creds)?).map_err(conn_err)?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     cfg.transport_config(Arc::new(link.transport()));
+    Ok(cfg)
+}
+
+/// An endpoint that accepts swarm peers on `addr` (and can also connect out).
+pub fn server_endpoint(addr: SocketAddr, creds: &Credentials, link: &Link) -> Result<Endpoint> {
     let mut endpoint = Endpoint::new(
         EndpointConfig::default(),
-        Some(cfg),
+        Some(server_config(creds, link)?),
         udp_socket(addr)?,
         Arc::new(TokioRuntime),
     )?;
@@ -166,15 +174,37 @@ pub async fn connect(endpoint: &Endpoint, addr: SocketAddr) -> Result<Connection
         .map_err(|e| NetError::Connection(format!("{addr}: {e}")))
 }
 
+/// The certificate the peer presented (its leaf), which the handshake verified.
+pub fn peer_certificate(conn: &Connection) -> Option<CertificateDer<'static>> {
+    conn.peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|certs| certs.first().cloned())
+}
+
 /// The fingerprint of the peer's key.
 pub fn peer_fingerprint(conn: &Connection) -> String {
-    conn.peer_identity()
-        .and_then(|id| {
-            id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                .ok()
-        })
-        .and_then(|certs| certs.first().map(fingerprint))
-        .unwrap_or_else(|| "unknown".into())
+    peer_certificate(conn).map_or_else(|| "unknown".into(), |c| fingerprint(&c))
+}
+
+/// Checks that the peer's certificate states the role `expected` (a worker checks its
+/// servers, a server its workers, a stage its neighbours); on a mismatch, or a certificate
+/// without a role, hangs up saying why and returns the reason.
+pub fn expect_peer(conn: &Connection, expected: Role) -> Result<()> {
+    let stated = peer_certificate(conn)
+        .ok_or_else(|| NetError::Identity("the peer presented no certificate".into()))
+        .and_then(|cert| Role::of(&cert));
+    let refusal = match stated {
+        Ok(role) if role == expected => return Ok(()),
+        Ok(role) => format!("it is certified as a {role}, not as a {expected}"),
+        Err(e) => e.to_string(),
+    };
+    let why = format!(
+        "peer {} at {} refused: {refusal}",
+        peer_fingerprint(conn),
+        conn.remote_address()
+    );
+    hang_up(conn, close::PROTOCOL, &why);
+    Err(NetError::Identity(why))
 }
 
 /// Application close codes: why a peer hung up.
@@ -382,8 +412,8 @@ mod tests {
     async fn more_streams_in_flight_than_the_window_holds_all_arrive() {
         let swarm = Swarm::generate("t").unwrap();
         let (server, client) = (
-            swarm.credentials("s").unwrap(),
-            swarm.credentials("c").unwrap(),
+            swarm.credentials("s", Role::Server { shard: 0 }).unwrap(),
+            swarm.credentials("c", Role::Worker).unwrap(),
         );
         // The smallest windows murmur configures: 1 MiB per stream, 4 MiB per connection.
         let link = Link {
@@ -443,8 +473,8 @@ mod tests {
     async fn a_frame_longer_than_its_header_announces_is_refused() {
         let swarm = Swarm::generate("t").unwrap();
         let (server, client) = (
-            swarm.credentials("s").unwrap(),
-            swarm.credentials("c").unwrap(),
+            swarm.credentials("s", Role::Server { shard: 0 }).unwrap(),
+            swarm.credentials("c", Role::Worker).unwrap(),
         );
         let link = Link::default();
         let listener = server_endpoint("127.0.0.1:0".parse().unwrap(), &server, &link).unwrap();

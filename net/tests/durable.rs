@@ -37,7 +37,9 @@ fn a_shard_that_cannot_save_stops_before_replying_and_resumes_there() {
         .enable_all()
         .build()
         .unwrap();
-    let creds = swarm.credentials("server-0").unwrap();
+    let creds = swarm
+        .credentials("server-0", murmur_net::identity::Role::Server { shard: 0 })
+        .unwrap();
     let options = ServerOptions {
         state_dir: Some(dir.clone()),
         ..ServerOptions::default()

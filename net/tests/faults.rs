@@ -105,7 +105,9 @@ fn honest_ranks_are_served_while(misdeed: Misdeed, expected_reason: &str) {
     };
     let servers = start_servers(&swarm, 1, options);
     let started = Instant::now();
-    let creds = swarm.credentials("rogue").unwrap();
+    let creds = swarm
+        .credentials("rogue", murmur_net::identity::Role::Worker)
+        .unwrap();
     let rogue_task = servers
         .runtime
         .spawn(rogue(creds, servers.addrs[0], misdeed));
@@ -300,7 +302,9 @@ fn a_silent_worker_is_out_of_the_round_within_the_peer_timeout() {
         },
     );
     let addr = servers.addrs[0];
-    let creds = swarm.credentials("silent").unwrap();
+    let creds = swarm
+        .credentials("silent", murmur_net::identity::Role::Worker)
+        .unwrap();
     // The silent rank lives on a runtime of its own, which stops (without closing anything)
     // once it has pushed round 0.
     let silent = std::thread::spawn(move || {

@@ -57,7 +57,9 @@ fn a_node_without_this_swarms_credentials_is_refused_at_the_handshake() {
     };
     // A certificate signed by another swarm: the server refuses it. (In TLS 1.3 the client may
     // finish its half first, so the refusal can surface on the first exchange.)
-    let foreign = stranger.credentials("intruder").unwrap();
+    let foreign = stranger
+        .credentials("intruder", murmur_net::identity::Role::Worker)
+        .unwrap();
     let outcome =
         QuicCollective::connect(&servers.addrs, &foreign, 0, 1, "intruder", options.clone())
             .and_then(|mut c| {
@@ -72,7 +74,9 @@ fn a_node_without_this_swarms_credentials_is_refused_at_the_handshake() {
 
     // A node of ours cannot be lured to a server of another swarm: it rejects the server.
     let theirs = start_servers(&stranger, 1, ServerOptions::default());
-    let ours = swarm.credentials("member").unwrap();
+    let ours = swarm
+        .credentials("member", murmur_net::identity::Role::Worker)
+        .unwrap();
     let err = QuicCollective::connect(&theirs.addrs, &ours, 0, 1, "member", options.clone())
         .err()
         .expect("a foreign server was trusted")

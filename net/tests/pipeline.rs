@@ -14,7 +14,7 @@ use murmur_engine::pipeline::{
     ModelSpec, PSchedule, Pipeline, PipelineConfig, PipelineData, Rule, Stage, TextWindows, Variant,
 };
 use murmur_engine::Device;
-use murmur_net::identity::Swarm;
+use murmur_net::identity::{Role, Swarm};
 use murmur_net::stage::{connect_stage, QuicStageLink, StageListener, StageOptions};
 
 const STEPS: usize = 8;
@@ -108,7 +108,9 @@ fn over_quic(config: PipelineConfig, data: DataFn) -> Vec<Vec<Vec<u32>>> {
     // Stage e listens for e+1 on a port of its own; e+1 connects.
     let listeners: Vec<StageListener> = (0..stages - 1)
         .map(|e| {
-            let creds = swarm.credentials(&format!("stage-{e}")).unwrap();
+            let creds = swarm
+                .credentials(&format!("stage-{e}"), Role::Stage)
+                .unwrap();
             StageListener::bind(
                 "127.0.0.1:0".parse().unwrap(),
                 &creds,
@@ -128,7 +130,9 @@ fn over_quic(config: PipelineConfig, data: DataFn) -> Vec<Vec<Vec<u32>>> {
                 None
             };
             let prev_addr = (e > 0).then(|| addrs[e - 1]);
-            let creds = swarm.credentials(&format!("stage-{e}")).unwrap();
+            let creds = swarm
+                .credentials(&format!("stage-{e}"), Role::Stage)
+                .unwrap();
             let config = config.clone();
             thread::spawn(move || {
                 let prev = prev_addr.map(|a| {
@@ -188,7 +192,7 @@ fn stages_over_quic_give_the_bits_of_the_in_process_pipeline() {
 #[test]
 fn a_frame_from_the_wrong_stage_is_refused_without_a_panic() {
     let swarm = Swarm::generate("pipeline-bad").unwrap();
-    let creds = swarm.credentials("stage-0").unwrap();
+    let creds = swarm.credentials("stage-0", Role::Stage).unwrap();
     let listener = StageListener::bind(
         "127.0.0.1:0".parse().unwrap(),
         &creds,
@@ -199,7 +203,7 @@ fn a_frame_from_the_wrong_stage_is_refused_without_a_panic() {
     let addr = listener.local_addr().unwrap();
     let intruder = thread::spawn(move || {
         // Claims to be stage 2 while connecting where stage 1 belongs.
-        let creds = swarm.credentials("stage-2").unwrap();
+        let creds = swarm.credentials("stage-2", Role::Stage).unwrap();
         let mut link: QuicStageLink =
             connect_stage(addr, &creds, 2, StageOptions::default()).unwrap();
         link.send(StageMessage {

@@ -117,7 +117,9 @@ fn every_shard_closes_a_round_over_shard_0s_participants() {
     let (world, steps) = (3u16, 3u64);
     let keys = [key_on(0), key_on(1)];
     let addrs = servers.addrs.clone();
-    let creds = swarm.credentials("worker-2").unwrap();
+    let creds = swarm
+        .credentials("worker-2", murmur_net::identity::Role::Worker)
+        .unwrap();
     let late = servers.runtime.spawn(async move {
         let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
         let limits = Limits::default();

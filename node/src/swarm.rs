@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use murmur_net::identity::Swarm;
+use murmur_net::identity::{Role, Swarm};
 use serde::{Deserialize, Serialize};
 
 use crate::data::DeviceKind;
@@ -141,8 +141,11 @@ pub struct LocalSwarm {
     logs: PathBuf,
 }
 
+/// How long the certificates of a local swarm are valid: longer than any run.
+pub const LOCAL_DAYS: u32 = 30;
+
 /// Writes credentials for every node of a local swarm into `dir`: a fresh authority unless
-/// `dir` holds one.
+/// `dir` holds one (a folder the user named and made a swarm in).
 pub fn prepare(dir: &Path, servers: u16, workers: u16) -> Result<()> {
     let swarm = if dir.join("ca.key").exists() {
         Swarm::load(dir)?
@@ -152,10 +155,15 @@ pub fn prepare(dir: &Path, servers: u16, workers: u16) -> Result<()> {
         swarm
     };
     for s in 0..servers {
-        swarm.issue_to(dir, &format!("server-{s}"))?;
+        swarm.issue_to(
+            dir,
+            &format!("server-{s}"),
+            Role::Server { shard: s },
+            LOCAL_DAYS,
+        )?;
     }
     for r in 0..workers {
-        swarm.issue_to(dir, &format!("worker-{r}"))?;
+        swarm.issue_to(dir, &format!("worker-{r}"), Role::Worker, LOCAL_DAYS)?;
     }
     std::fs::create_dir_all(dir.join("logs"))
         .map_err(|e| NodeError::io(format!("creating {}/logs", dir.display()), e))?;

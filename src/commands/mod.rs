@@ -127,3 +127,10 @@ pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
         Command::Man(a) => docs::man(a),
     }
 }
+
+/// A new folder under the system's temporary folder, named `prefix` and random characters
+/// (never one that exists, never one another user could have guessed and made first), kept
+/// after the command: the caller removes it when the run went well.
+fn fresh_temp_dir(prefix: &str) -> anyhow::Result<std::path::PathBuf> {
+    Ok(tempfile::Builder::new().prefix(prefix).tempdir()?.keep())
+}

@@ -16,8 +16,10 @@ use murmur_engine::comm::{Collective, Key, KeySpec};
 use quinn::{Connection, Endpoint};
 
 use crate::error::{NetError, Result};
-use crate::identity::Credentials;
-use crate::transport::{client_endpoint, close, connect, hang_up, send, send_push, Incoming, Link};
+use crate::identity::{Credentials, Role};
+use crate::transport::{
+    client_endpoint, close, connect, expect_peer, hang_up, send, send_push, Incoming, Link,
+};
 use crate::wire::{
     Assignment, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
     Participants, Register, Registered, ReplicaDigest, Welcome, PUSH_PREFIX,
@@ -143,6 +145,7 @@ pub fn join_job(
                     options.connect_timeout
                 ))
             })??;
+        expect_peer(&conn, Role::Server { shard: 0 })?;
         let join = Join {
             node: node.chars().take(128).collect(),
         };
@@ -231,6 +234,12 @@ impl QuicCollective {
                 let conn = tokio::time::timeout(options.connect_timeout, connect(&endpoint, *addr))
                     .await
                     .map_err(|_| NetError::Timeout(format!("connecting to {addr}")))??;
+                expect_peer(
+                    &conn,
+                    Role::Server {
+                        shard: shard as u16,
+                    },
+                )?;
                 let hello = Hello {
                     rank,
                     world,

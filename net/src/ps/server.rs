@@ -23,9 +23,10 @@ use super::queue::QueueSpec;
 use super::quorum::QuorumRule;
 use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
-use crate::identity::Credentials;
+use crate::identity::{Credentials, RevocationList, Role, REVOKED_FILE};
 use crate::transport::{
-    close, hang_up, peer_fingerprint, send, send_parts, server_endpoint, Incoming, Link,
+    close, expect_peer, hang_up, peer_certificate, peer_fingerprint, send, send_parts,
+    server_config, server_endpoint, Incoming, Link,
 };
 use crate::wire::{
     split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
@@ -115,6 +116,8 @@ struct Shared {
     fatal: Mutex<Option<String>>,
     /// The members the last round closed without.
     last_late: Mutex<Vec<u16>>,
+    /// The shard's credentials, whose revocation list [`watch_revocations`] renews.
+    creds: Mutex<Credentials>,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -171,6 +174,19 @@ impl Server {
             None => ShardState::new(options.shard, options.limits, options.max_log_rounds),
         };
         options.quorum.validate().map_err(NetError::Protocol)?;
+        let own = Role::Server {
+            shard: options.shard,
+        };
+        match creds.role() {
+            Ok(role) if role == own => {}
+            Ok(role) => {
+                return Err(NetError::Identity(format!(
+                    "shard {} needs a certificate issued for it (--role server/{}); this one is a {role}'s",
+                    options.shard, options.shard
+                )))
+            }
+            Err(e) => return Err(e),
+        }
         state.set_quorum(options.quorum);
         // Shard 0 of several says who took part in each round as soon as it knows.
         let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -223,6 +239,7 @@ impl Server {
                 endpoint,
                 fatal: Mutex::new(None),
                 last_late: Mutex::default(),
+                creds: Mutex::new(creds.clone()),
             }),
         })
     }
@@ -242,6 +259,7 @@ impl Server {
     pub async fn run(self) -> Result<()> {
         let shard = self.shared.options.shard;
         tokio::spawn(announce_participants(self.shared.clone(), self.decided));
+        let watch = tokio::spawn(watch_revocations(self.shared.clone()));
         while let Some(incoming) = self.endpoint.accept().await {
             let shared = self.shared.clone();
             let from = incoming.remote_address();
@@ -253,6 +271,7 @@ impl Server {
                 }
             });
         }
+        watch.abort();
         // Stopped: let the close frames reach the peers (briefly), so that they learn at
         // once instead of after their idle time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
@@ -295,6 +314,72 @@ async fn announce_participants(
     }
 }
 
+/// How often a server looks for a new revocation list in its swarm folder.
+pub const REVOCATION_POLL: Duration = Duration::from_secs(2);
+
+/// Rereads the swarm folder's revocation list whenever the file changes: new handshakes are
+/// checked against it from then on, and peers it revokes are hung up at once.
+async fn watch_revocations(shared: Arc<Shared>) {
+    let Some(dir) = shared.creds.lock().expect("creds lock").swarm_dir.clone() else {
+        return;
+    };
+    let shard = shared.options.shard;
+    let path = dir.join(REVOKED_FILE);
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stamp(&path);
+    loop {
+        tokio::time::sleep(REVOCATION_POLL).await;
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let list = match RevocationList::load(&dir) {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::error!("shard {shard}: keeping the previous revocation list: {e}");
+                continue;
+            }
+        };
+        let config = {
+            let mut creds = shared.creds.lock().expect("creds lock");
+            creds.revoked = list.clone();
+            server_config(&creds, &shared.options.link)
+        };
+        match config {
+            Ok(config) => shared.endpoint.set_server_config(Some(config)),
+            Err(e) => {
+                tracing::error!("shard {shard}: the new revocation list is not in force: {e}");
+                continue;
+            }
+        }
+        let revoked: Vec<Connection> = match &list {
+            Some(list) => shared
+                .conns
+                .lock()
+                .expect("conns lock")
+                .values()
+                .filter(|c| peer_certificate(c).is_some_and(|cert| list.revokes(&cert)))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        tracing::info!(
+            "shard {shard}: revocation list reloaded ({} certificates revoked); hanging up {} \
+             connected peers it names",
+            list.as_ref().map_or(0, RevocationList::len),
+            revoked.len()
+        );
+        for conn in revoked {
+            hang_up(&conn, close::PROTOCOL, "this certificate was revoked");
+        }
+    }
+}
+
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, ShardState> {
     shared.state.lock().expect("shard state lock")
 }
@@ -310,6 +395,11 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         peer_fingerprint(&conn),
         conn.remote_address(),
     );
+    // Only workers push, join or relay; a server's or a stage's certificate has no business here.
+    if let Err(e) = expect_peer(&conn, Role::Worker) {
+        tracing::warn!("shard {shard}: {e}");
+        return;
+    }
     tracing::info!("shard {shard}: peer {fingerprint} connected from {from}");
     shared
         .conns

@@ -9,7 +9,7 @@ use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::comm::Collective;
 use murmur_engine::train::{Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
-use murmur_net::identity::{Credentials, Swarm};
+use murmur_net::identity::{Credentials, Role, Swarm};
 use murmur_net::ps::{ClientOptions, QuicCollective, Server, ServerOptions};
 
 pub const FEATURES: usize = 24;
@@ -40,7 +40,9 @@ pub fn start_servers(swarm: &Swarm, shards: u16, options: ServerOptions) -> Serv
     let mut addrs = Vec::new();
     let mut endpoints = Vec::new();
     for shard in 0..shards {
-        let creds = swarm.credentials(&format!("server-{shard}")).unwrap();
+        let creds = swarm
+            .credentials(&format!("server-{shard}"), Role::Server { shard })
+            .unwrap();
         let options = ServerOptions {
             shard,
             shards,
@@ -88,7 +90,9 @@ pub fn worker_with(
     world: u16,
     options: ClientOptions,
 ) -> QuicCollective {
-    let creds: Credentials = swarm.credentials(&format!("worker-{rank}")).unwrap();
+    let creds: Credentials = swarm
+        .credentials(&format!("worker-{rank}"), Role::Worker)
+        .unwrap();
     QuicCollective::connect(
         servers,
         &creds,

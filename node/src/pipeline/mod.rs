@@ -20,7 +20,7 @@ use murmur_engine::nn::{Activation, Mlp, Module};
 use murmur_engine::pipeline::{image_accuracy, PipelineConfig, Variant};
 use murmur_engine::train::{Classifier, ClassifierConfig, ClassifierModel};
 use murmur_engine::{Device, Tensor};
-use murmur_net::identity::Swarm;
+use murmur_net::identity::{Role, Swarm};
 
 use crate::data::Sets;
 use crate::error::{NodeError, Result};
@@ -104,7 +104,12 @@ pub fn run_pipeline(
     let swarm = Swarm::generate("pipeline")?;
     swarm.save(dir)?;
     for e in 0..e_count {
-        swarm.issue_to(dir, &format!("stage-{e}"))?;
+        swarm.issue_to(
+            dir,
+            &format!("stage-{e}"),
+            Role::Stage,
+            crate::swarm::LOCAL_DAYS,
+        )?;
     }
     let logs = match &launch {
         Launch::Threads => None,

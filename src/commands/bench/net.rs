@@ -12,7 +12,7 @@ use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::gpu::Gpu;
 use murmur_engine::train::{Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
-use murmur_net::identity::Swarm;
+use murmur_net::identity::{Role, Swarm};
 use murmur_net::ps::{ClientOptions, QuicCollective, Server, ServerOptions};
 use murmur_net::relay::{run_relay, RelayStats, Shape};
 use murmur_net::throughput::{measure, Transport, Workload};
@@ -98,7 +98,10 @@ struct Report {
 
 pub fn run(a: NetArgs) -> anyhow::Result<()> {
     let swarm = Swarm::generate("bench")?;
-    let (server, client) = (swarm.credentials("server")?, swarm.credentials("client")?);
+    let (server, client) = (
+        swarm.credentials("server", Role::Server { shard: 0 })?,
+        swarm.credentials("client", Role::Worker)?,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -216,7 +219,7 @@ fn shaped_steps(
     steps: u64,
 ) -> anyhow::Result<StepRow> {
     let workers = gpus.len() as u16;
-    let creds = swarm.credentials("server")?;
+    let creds = swarm.credentials("server", Role::Server { shard: 0 })?;
     let server = runtime.block_on(async {
         Server::bind(
             "127.0.0.1:0".parse().expect("valid"),
@@ -259,7 +262,7 @@ fn shaped_steps(
                     gpus[rank as usize].clone(),
                     relays[rank as usize],
                 );
-                let creds = swarm.credentials(&format!("worker-{rank}"));
+                let creds = swarm.credentials(&format!("worker-{rank}"), Role::Worker);
                 s.spawn(move || -> anyhow::Result<WorkerTimes> {
                     let options = ClientOptions {
                         link,

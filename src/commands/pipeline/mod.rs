@@ -38,9 +38,10 @@ pub fn run(a: PipelineArgs) -> anyhow::Result<()> {
     let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
     // A write that fails inside the progress callback ends the run with its error.
     let mut failed = None;
-    let dir = a.dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("murmur-pipeline-{}", std::process::id()))
-    });
+    let dir = match &a.dir {
+        Some(dir) => dir.clone(),
+        None => crate::commands::fresh_temp_dir("murmur-pipeline-")?,
+    };
     let launch = Launch::Processes {
         exe: std::env::current_exe()?,
     };

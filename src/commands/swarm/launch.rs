@@ -93,9 +93,10 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let save = a.save.as_deref().map(std::path::absolute).transpose()?;
     crate::signals::listen();
     let mut metrics = a.metrics.as_deref().map(MetricsFile::create).transpose()?;
-    let dir = a.dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("murmur-swarm-{}", std::process::id()))
-    });
+    let dir = match &a.dir {
+        Some(dir) => dir.clone(),
+        None => crate::commands::fresh_temp_dir("murmur-swarm-")?,
+    };
     let started = Instant::now();
     eprintln!(
         "murmur swarm: {} workers, {} servers, codec {} (pull {}), worker memory {}, server memory {}; logs in {}{}",

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{ArgMatches, Args, Subcommand};
-use murmur_net::identity::Swarm;
+use murmur_net::identity::{Role, Swarm, DEFAULT_DAYS, REVOKED_FILE};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -29,14 +29,36 @@ enum SwarmCommand {
         #[arg(long, default_value = "murmur")]
         name: String,
     },
-    /// Admit a node: write nodes/NAME.pem and nodes/NAME.key into the swarm folder DIR.
+    /// Admit nodes in a role: write nodes/NAME.pem and nodes/NAME.key into the swarm folder DIR.
     Issue {
         /// The swarm folder (a positional before the names, so it has no default).
         dir: PathBuf,
         /// Node names.
         #[arg(required = true)]
         names: Vec<String>,
+        /// What the certificate lets its holder be: worker, stage, or server/N (the server of
+        /// shard N; server alone is shard 0). Servers take pushes only from workers, workers
+        /// talk only to the server of each shard, stages only to stages.
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// Days the certificate is valid (nodes refuse it afterwards; issue it again).
+        #[arg(long, default_value_t = DEFAULT_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        days: u32,
     },
+    /// Revoke nodes' certificates: add them to DIR/revoked.pem, which servers reread within
+    /// seconds (hanging up the revoked nodes) and every node reads when it starts.
+    Revoke {
+        /// The swarm folder.
+        dir: PathBuf,
+        /// Node names (their certificates in DIR/nodes).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+fn parse_role(text: &str) -> Result<Role, String> {
+    text.parse()
+        .map_err(|e: murmur_net::NetError| e.to_string())
 }
 
 pub fn run(a: SwarmArgs, matches: &ArgMatches) -> anyhow::Result<()> {
@@ -50,23 +72,44 @@ pub fn run(a: SwarmArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             }
             Swarm::generate(&name)?.save(&dir)?;
             eprintln!(
-                "created swarm {name:?} in {}: give ca.pem to every node, keep ca.key secret; admit nodes with `murmur swarm issue {} NAME`",
+                "created swarm {name:?} in {}: give ca.pem to every node, keep ca.key secret; admit nodes with `murmur swarm issue {} NAME --role worker` (or --role server/N, stage)",
                 dir.display(),
                 dir.display()
             );
             Ok(())
         }
-        Some(SwarmCommand::Issue { dir, names }) => {
+        Some(SwarmCommand::Issue {
+            dir,
+            names,
+            role,
+            days,
+        }) => {
             let swarm = Swarm::load(&dir)
                 .with_context(|| format!("loading the swarm authority from {}", dir.display()))?;
             for name in names {
-                swarm.issue_to(&dir, &name)?;
+                swarm.issue_to(&dir, &name, role, days)?;
                 let creds = murmur_net::identity::Credentials::load(&dir, &name)?;
                 eprintln!(
-                    "issued {name}: {}/nodes/{name}.pem and .key, fingerprint {}",
+                    "issued {name} as {role} for {days} days: {}/nodes/{name}.pem and .key, fingerprint {}",
                     dir.display(),
                     creds.fingerprint()
                 );
+            }
+            Ok(())
+        }
+        Some(SwarmCommand::Revoke { dir, names }) => {
+            let swarm = Swarm::load(&dir)
+                .with_context(|| format!("loading the swarm authority from {}", dir.display()))?;
+            for name in names {
+                if swarm.revoke(&dir, &name)? {
+                    eprintln!(
+                        "revoked {name} in {}/{REVOKED_FILE}: running servers refuse it within \
+                         seconds; copy the file to servers on other machines",
+                        dir.display()
+                    );
+                } else {
+                    eprintln!("{name} was already revoked");
+                }
             }
             Ok(())
         }

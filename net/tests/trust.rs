@@ -1,0 +1,253 @@
+//! What a certificate lets its holder do: its role, its validity, and the swarm's revocation
+//! list, checked by servers and workers alike.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use murmur_net::identity::{Credentials, Role, Swarm};
+use murmur_net::ps::{join_job, ClientOptions, QuicCollective, Server, ServerOptions};
+use murmur_net::transport::{client_endpoint, connect, send, server_endpoint, Link};
+use murmur_net::wire::{Frame, Hello, Kind};
+
+fn quick() -> ClientOptions {
+    ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        start_timeout: Duration::from_secs(5),
+        ..client_options()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A swarm folder that removes itself.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let dir = std::env::temp_dir().join(format!("murmur-trust-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Folder(dir)
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits up to `within` for `conn` to close; the reason if it did.
+async fn closed_within(conn: &quinn::Connection, within: Duration) -> Option<String> {
+    tokio::time::timeout(within, conn.closed())
+        .await
+        .ok()
+        .map(|e| e.to_string())
+}
+
+#[test]
+fn a_worker_certificate_cannot_serve_and_a_server_certificate_cannot_push() {
+    let swarm = Swarm::generate("roles").unwrap();
+    let worker_creds = swarm.credentials("w", Role::Worker).unwrap();
+    let rt = runtime();
+
+    // A shard will not start on a worker's certificate, nor on another shard's.
+    let bind = |creds: &Credentials, shard: u16| {
+        let options = ServerOptions {
+            shard,
+            shards: 2,
+            ..ServerOptions::default()
+        };
+        rt.block_on(async { Server::bind("127.0.0.1:0".parse().unwrap(), creds, options) })
+            .err()
+            .expect("a shard started on the wrong certificate")
+            .to_string()
+    };
+    assert!(bind(&worker_creds, 0).contains("certificate issued for it"));
+    let shard_1 = swarm.credentials("s1", Role::Server { shard: 1 }).unwrap();
+    assert!(bind(&shard_1, 0).contains("server of shard 1"));
+
+    // An impostor listening with a worker's certificate: a worker refuses to talk to it.
+    let impostor = rt.block_on(async {
+        server_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            &worker_creds,
+            &Link::default(),
+        )
+    });
+    let impostor = impostor.unwrap();
+    let addr = impostor.local_addr().unwrap();
+    rt.spawn(async move {
+        while let Some(incoming) = impostor.accept().await {
+            if let Ok(conn) = incoming.await {
+                // Holds the connection open, as a server that waits for a hello would.
+                tokio::spawn(async move { conn.closed().await });
+            }
+        }
+    });
+    let me = swarm.credentials("me", Role::Worker).unwrap();
+    let err = QuicCollective::connect(&[addr], &me, 0, 1, "me", quick())
+        .err()
+        .expect("a worker talked to a server without a server's certificate")
+        .to_string();
+    assert!(
+        err.contains("certified as a worker, not as a server of shard 0"),
+        "{err}"
+    );
+
+    // Real shards listed in the wrong order: shard 1's certificate does not pass for shard 0.
+    let servers = start_servers(&swarm, 2, ServerOptions::default());
+    let swapped = [servers.addrs[1], servers.addrs[0]];
+    let err = QuicCollective::connect(&swapped, &me, 0, 1, "me", quick())
+        .err()
+        .expect("shard 1 passed for shard 0")
+        .to_string();
+    assert!(
+        err.contains("server of shard 1, not as a server of shard 0"),
+        "{err}"
+    );
+
+    // A server's certificate may not act as a worker: the shard hangs up before any hello.
+    let as_worker = swarm.credentials("s0", Role::Server { shard: 0 }).unwrap();
+    let err = join_job(servers.addrs[0], &as_worker, "s0", &quick())
+        .expect_err("a server's certificate joined as a worker")
+        .to_string();
+    assert!(
+        err.contains("certified as a server of shard 0, not as a worker"),
+        "{err}"
+    );
+
+    // And the honest worker, in the right order, is served.
+    QuicCollective::connect(&servers.addrs, &me, 0, 1, "me", quick()).unwrap();
+}
+
+#[test]
+fn expired_certificates_are_refused_both_ways() {
+    let swarm = Swarm::generate("expiry").unwrap();
+    let dir = Folder::new("expiry");
+    swarm.save(&dir.0).unwrap();
+    let (long_ago, yesterday) = {
+        let now = time::OffsetDateTime::now_utc();
+        (
+            now - time::Duration::days(30),
+            now - time::Duration::days(1),
+        )
+    };
+    let expired = |name: &str, role: Role| {
+        let (cert, key) = swarm.issue_valid(name, role, long_ago, yesterday).unwrap();
+        let ca = std::fs::read_to_string(dir.0.join("ca.pem")).unwrap();
+        Credentials::from_pem(&ca, &cert, &key).unwrap()
+    };
+    let servers = start_servers(&swarm, 1, ServerOptions::default());
+    let old_worker = expired("old-worker", Role::Worker);
+    let err = join_job(servers.addrs[0], &old_worker, "old", &quick())
+        .expect_err("an expired worker certificate was accepted");
+    let err = err.to_string();
+    assert!(err.to_lowercase().contains("expired"), "{err}");
+
+    // An expired server: the worker refuses it in the handshake.
+    let rt = runtime();
+    let old_server = expired("old-server", Role::Server { shard: 0 });
+    let server = rt.block_on(async {
+        Server::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            &old_server,
+            ServerOptions::default(),
+        )
+        .unwrap()
+    });
+    let addr = server.local_addr().unwrap();
+    let _endpoint = server.endpoint();
+    rt.spawn(server.run());
+    let me = swarm.credentials("me", Role::Worker).unwrap();
+    let err = QuicCollective::connect(&[addr], &me, 0, 1, "me", quick())
+        .err()
+        .expect("an expired server certificate was trusted")
+        .to_string();
+    assert!(err.to_lowercase().contains("expired"), "{err}");
+}
+
+#[test]
+fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
+    let swarm = Swarm::generate("revocation").unwrap();
+    let dir = Folder::new("revocation");
+    swarm.save(&dir.0).unwrap();
+    swarm
+        .issue_to(&dir.0, "server-0", Role::Server { shard: 0 }, 1)
+        .unwrap();
+    for name in ["honest", "revoked"] {
+        swarm.issue_to(&dir.0, name, Role::Worker, 1).unwrap();
+    }
+    let rt = runtime();
+    let server_creds = Credentials::load(&dir.0, "server-0").unwrap();
+    let server = rt.block_on(async {
+        Server::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            &server_creds,
+            ServerOptions::default(),
+        )
+        .unwrap()
+    });
+    let addr = server.local_addr().unwrap();
+    let _endpoint = server.endpoint();
+    rt.spawn(server.run());
+
+    let say_hello = |name: &'static str, rank: u16| {
+        let creds = Credentials::load(&dir.0, name).unwrap();
+        async move {
+            let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
+            let conn = connect(&endpoint, addr).await?;
+            let hello = Hello {
+                rank,
+                world: 2,
+                shard: 0,
+                shards: 1,
+                node: name.into(),
+            };
+            send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await?;
+            Ok::<_, murmur_net::NetError>((endpoint, conn))
+        }
+    };
+    rt.block_on(async {
+        let (_e1, honest) = say_hello("honest", 0).await.unwrap();
+        let (_e2, revoked) = say_hello("revoked", 1).await.unwrap();
+        assert_eq!(closed_within(&revoked, Duration::from_secs(1)).await, None);
+
+        // Revoked while connected: hung up within the server's polling interval.
+        assert!(swarm.revoke(&dir.0, "revoked").unwrap());
+        let why = closed_within(&revoked, Duration::from_secs(10))
+            .await
+            .expect("the revoked worker is still connected");
+        assert!(why.contains("revoked"), "{why}");
+        assert_eq!(
+            closed_within(&honest, Duration::from_secs(3)).await,
+            None,
+            "the honest worker was hung up too"
+        );
+
+        // Connecting again: refused in the handshake (TLS 1.3 lets the client finish first,
+        // so the refusal may arrive as the connection's close).
+        match say_hello("revoked", 1).await {
+            Err(e) => assert!(e.to_string().to_lowercase().contains("revoked"), "{e}"),
+            Ok((_e3, again)) => {
+                let why = closed_within(&again, Duration::from_secs(5))
+                    .await
+                    .expect("a revoked certificate connected again");
+                assert!(why.to_lowercase().contains("revoked"), "{why}");
+            }
+        }
+        let (_e4, honest_again) = say_hello("honest", 0).await.unwrap();
+        assert_eq!(
+            closed_within(&honest_again, Duration::from_secs(1)).await,
+            None
+        );
+    });
+}
