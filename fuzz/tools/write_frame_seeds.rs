@@ -5,6 +5,8 @@
 //! in `fuzz/`.
 
 use murmur_engine::comm::KeySpec;
+use murmur_net::identity::{Role, Swarm};
+use murmur_net::ticket::TicketSigner;
 use murmur_net::wire::{
     Assignment, Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Participants, Register,
     Registered, ReplicaDigest, ReplicaVerdict, Share, Span, Welcome,
@@ -52,6 +54,18 @@ fn main() -> std::io::Result<()> {
     };
     // A push stands for its samples (u32) ahead of the codec payload.
     let push = [&32u32.to_le_bytes()[..], &floats].concat();
+    // A real ticket, signed by a shard 0 of a swarm made for the seeds.
+    let swarm = Swarm::generate("seeds").expect("a swarm");
+    let shard_0 = swarm
+        .credentials("server-0", Role::Server { shard: 0 })
+        .expect("credentials");
+    let worker = swarm
+        .credentials("worker-1", Role::Worker)
+        .expect("credentials");
+    let ticket = TicketSigner::new(&shard_0)
+        .expect("a signer")
+        .sign(1, 4, &[7; 32], &worker.chain[0])
+        .expect("a ticket");
     let seeds = [
         (
             "hello",
@@ -65,6 +79,7 @@ fn main() -> std::io::Result<()> {
                     shard: 0,
                     shards: 2,
                     node: "worker-1".into(),
+                    ticket: Some(ticket.clone()),
                 },
             ),
         ),
@@ -137,6 +152,7 @@ fn main() -> std::io::Result<()> {
                     rank: 1,
                     world: 4,
                     job: r#"{"model":"mlp"}"#.into(),
+                    ticket: ticket.clone(),
                 },
             ),
         ),

@@ -13,6 +13,7 @@ pub mod relay;
 pub mod stage;
 pub mod state_file;
 pub mod throughput;
+pub mod ticket;
 pub mod tls;
 pub mod transport;
 pub mod wire;

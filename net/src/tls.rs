@@ -36,15 +36,23 @@ fn crls(creds: &Credentials) -> Vec<rustls::pki_types::CertificateRevocationList
     creds.revoked.iter().map(|list| list.der.clone()).collect()
 }
 
-/// A server that demands a client certificate from this swarm.
-pub fn server_tls(creds: &Credentials) -> Result<rustls::ServerConfig> {
+/// How a server checks a certificate: signed by this swarm, not expired, not revoked (also
+/// used for certificates met inside messages, such as a rank ticket's issuer).
+pub fn client_verifier(
+    creds: &Credentials,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
     // The swarm's list covers the node certificates it issued; the swarm's own certificate is
     // the trust anchor, which no list revokes.
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(creds)?, provider())
+    WebPkiClientVerifier::builder_with_provider(roots(creds)?, provider())
         .with_crls(crls(creds))
         .only_check_end_entity_revocation()
         .build()
-        .map_err(tls_err)?;
+        .map_err(tls_err)
+}
+
+/// A server that demands a client certificate from this swarm.
+pub fn server_tls(creds: &Credentials) -> Result<rustls::ServerConfig> {
+    let verifier = client_verifier(creds)?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?

@@ -21,6 +21,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::engine::comm::{Key, KeySpec};
 use crate::error::{NetError, Result};
+use crate::ticket::Ticket;
 
 /// The first two bytes of every frame header (little-endian "UM"), which tell a murmur peer from
 /// anything else.
@@ -329,6 +330,9 @@ pub struct Hello {
     pub shards: u16,
     /// The worker's node name for logs, at most 128 characters.
     pub node: String,
+    /// The ticket shard 0 signed when it gave this certificate its rank (in its
+    /// [`Welcome`]): the other shards of a job accept the hello only with it.
+    pub ticket: Option<Ticket>,
 }
 
 /// The keys a worker will push to this server.
@@ -506,6 +510,8 @@ pub struct Welcome {
     /// The job's description as the node library serialises it (JSON); this crate carries it
     /// without reading it, and its size is bounded by the frame limit.
     pub job: String,
+    /// The rank, signed by shard 0 for the worker's certificate, to show every other shard.
+    pub ticket: Ticket,
 }
 
 /// A rejoining worker asks for what it missed.
@@ -580,6 +586,14 @@ mod tests {
             shard: 1,
             shards: 2,
             node: "w2".into(),
+            ticket: Some(Ticket {
+                rank: 2,
+                world: 4,
+                job: vec![1; 32],
+                holder: vec![2; 32],
+                issuer: vec![3; 500],
+                signature: vec![4; 70],
+            }),
         };
         let f = Frame::control(Kind::Hello, 2, 0, &hello);
         assert_eq!(f.message::<Hello>().unwrap(), hello);

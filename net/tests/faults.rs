@@ -41,6 +41,7 @@ async fn rank_2_through_round_0(conn: &quinn::Connection, node: &str) {
         shard: 0,
         shards: 1,
         node: node.into(),
+        ticket: None,
     };
     send(conn, Frame::control(Kind::Hello, 2, 0, &hello))
         .await

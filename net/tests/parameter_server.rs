@@ -19,7 +19,7 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
     let servers = start_servers(&swarm, 2, every_member());
     let over_quic = on_every_rank(
         &swarm,
-        &servers.addrs,
+        &servers,
         world,
         &plan,
         client_options(),

@@ -33,7 +33,7 @@ fn a_member_that_falls_behind_holds_no_round_and_comes_back_in_step() {
     let plan = plan("topk:0.25", "f16");
     let results = on_every_rank(
         &swarm,
-        &servers.addrs,
+        &servers,
         world,
         &plan,
         client_options(),
@@ -132,6 +132,7 @@ fn every_shard_closes_a_round_over_shard_0s_participants() {
                 shard: shard as u16,
                 shards: 2,
                 node: "late on shard 0".into(),
+                ticket: None,
             };
             send(&conn, Frame::control(Kind::Hello, 2, 0, &hello))
                 .await
@@ -264,7 +265,7 @@ fn a_run_with_the_queues_unequal_shares_replays_in_process_to_its_bits() {
     let plan = plan("topk:0.25", "f16");
     let results = on_every_rank(
         &swarm,
-        &servers.addrs,
+        &servers,
         world,
         &plan,
         client_options(),

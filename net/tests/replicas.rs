@@ -28,7 +28,7 @@ fn a_replica_that_goes_astray_is_named_in_the_next_rounds_summary() {
     };
     let seen = on_every_rank(
         &swarm,
-        &servers.addrs,
+        &servers,
         world,
         &plan,
         with_digests,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use murmur_net::identity::{Credentials, Role, Swarm};
-use murmur_net::ps::{join_job, ClientOptions, QuicCollective, Server, ServerOptions};
+use murmur_net::ps::{join_job, ClientOptions, JobOffer, QuicCollective, Server, ServerOptions};
+use murmur_net::ticket::Ticket;
 use murmur_net::transport::{client_endpoint, connect, send, server_endpoint, Link};
 use murmur_net::wire::{Frame, Hello, Kind};
 
@@ -211,8 +212,10 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
                 shard: 0,
                 shards: 1,
                 node: name.into(),
+                ticket: None,
             };
-            send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await?;
+            // A send may fail on a connection the server refused: its close says why.
+            let _ = send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await;
             Ok::<_, murmur_net::NetError>((endpoint, conn))
         }
     };
@@ -249,5 +252,83 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
             closed_within(&honest_again, Duration::from_secs(1)).await,
             None
         );
+    });
+}
+
+#[test]
+fn no_certificate_takes_another_ones_rank_on_any_shard() {
+    let swarm = Swarm::generate("ranks").unwrap();
+    let job = JobOffer {
+        world: 2,
+        start_with: 2,
+        description: r#"{"job":"ranks"}"#.into(),
+        queue: None,
+        fold_late: false,
+    };
+    let servers = start_servers(
+        &swarm,
+        2,
+        ServerOptions {
+            job: Some(job),
+            ..ServerOptions::default()
+        },
+    );
+    let alice = swarm.credentials("alice", Role::Worker).unwrap();
+    let mallory = swarm.credentials("mallory", Role::Worker).unwrap();
+    let alices = join_job(servers.addrs[0], &alice, "alice", &quick()).unwrap();
+    let mallorys = join_job(servers.addrs[0], &mallory, "mallory", &quick()).unwrap();
+    assert_eq!((alices.rank, mallorys.rank), (0, 1));
+
+    let addrs = servers.addrs.clone();
+    servers.runtime.block_on(async move {
+        let hello_as = |creds: Credentials, shard: usize, rank: u16, ticket: Option<Ticket>| {
+            let addr = addrs[shard];
+            async move {
+                let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
+                let conn = connect(&endpoint, addr).await.unwrap();
+                let hello = Hello {
+                    rank,
+                    world: 2,
+                    shard: shard as u16,
+                    shards: 2,
+                    node: "n".into(),
+                    ticket,
+                };
+                send(&conn, Frame::control(Kind::Hello, rank, 0, &hello))
+                    .await
+                    .unwrap();
+                (endpoint, conn)
+            }
+        };
+        // Alice takes her place on both shards with her ticket.
+        let mut honest = Vec::new();
+        for shard in 0..2 {
+            honest.push(hello_as(alice.clone(), shard, 0, Some(alices.ticket.clone())).await);
+        }
+        // Mallory claims rank 0: without a ticket, with her own, with Alice's (copied off
+        // the wire), on shard 1; and on shard 0, which remembers whom it gave rank 0.
+        let attempts = [
+            (1, None, "without shard 0's ticket"),
+            (1, Some(mallorys.ticket.clone()), "not rank 0"),
+            (1, Some(alices.ticket.clone()), "another certificate"),
+            (0, None, "holds rank 1, not 0"),
+        ];
+        for (shard, ticket, why) in attempts {
+            let (_e, conn) = hello_as(mallory.clone(), shard, 0, ticket).await;
+            let closed = closed_within(&conn, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("shard {shard} let mallory be rank 0 ({why})"));
+            assert!(closed.contains(why), "{closed} (expected: {why})");
+        }
+        for (shard, (_e, conn)) in honest.iter().enumerate() {
+            assert_eq!(
+                closed_within(conn, Duration::from_millis(500)).await,
+                None,
+                "alice lost her place on shard {shard}"
+            );
+        }
+        // Mallory's own rank, with her own ticket, is hers.
+        let (_e, own) = hello_as(mallory.clone(), 1, 1, Some(mallorys.ticket.clone())).await;
+        assert_eq!(closed_within(&own, Duration::from_secs(1)).await, None);
     });
 }

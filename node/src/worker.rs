@@ -23,6 +23,7 @@ use murmur_engine::train::{
 use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
+use murmur_net::ticket::Ticket;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -329,6 +330,8 @@ struct Joined {
     job: Job,
     rank: u16,
     world: u16,
+    /// Shard 0's signature on the rank, which every other shard asks for.
+    ticket: Ticket,
 }
 
 /// What the rounds ended with.
@@ -366,7 +369,7 @@ impl Run {
 
     /// Asks shard 0 for the job and a rank, trying again every few seconds until the join
     /// time-out: servers may come up after their workers.
-    fn fetch_job(&self) -> Result<(Job, u16, u16)> {
+    fn fetch_job(&self) -> Result<(Job, u16, u16, Ticket)> {
         let timeout = Duration::from_secs_f64(self.config.join_timeout_s);
         let deadline = Instant::now() + timeout;
         let shard0 = self.servers[0];
@@ -387,7 +390,7 @@ impl Run {
                             welcome.world, job.workers
                         )));
                     }
-                    return Ok((job, welcome.rank, welcome.world));
+                    return Ok((job, welcome.rank, welcome.world, welcome.ticket));
                 }
                 // The server answered and refused: trying again would not help.
                 Err(e @ murmur_net::NetError::Protocol(_)) => return Err(e.into()),
@@ -413,18 +416,26 @@ impl Run {
             joined.rank,
             joined.world,
             &self.config.node,
-            self.client_options(),
+            ClientOptions {
+                ticket: Some(joined.ticket.clone()),
+                ..self.client_options()
+            },
         )?)
     }
 
     fn train(&self) -> Result<WorkerReport> {
-        let (job, rank, world) = self.fetch_job()?;
+        let (job, rank, world, ticket) = self.fetch_job()?;
         let data = self.config.data.as_deref();
         if job.is_gpt() {
             let task = TextTask::load(&job, world, data)?;
             let device = self.open_device()?;
             let lm = LanguageModel::new(&device, &job.lm_config())?;
-            let joined = Joined { job, rank, world };
+            let joined = Joined {
+                job,
+                rank,
+                world,
+                ticket,
+            };
             return self.train_with(joined, task, lm);
         }
         let sets = load_sets(&job.dataset, data, job.train_limit)?;
@@ -456,7 +467,13 @@ impl Run {
             "epochs": job.epochs,
         });
         let task = ImageTask::new(job.clone(), sets)?;
-        self.train_with(Joined { job, rank, world }, task, clf)
+        let joined = Joined {
+            job,
+            rank,
+            world,
+            ticket,
+        };
+        self.train_with(joined, task, clf)
     }
 
     /// Opens the worker's device, and keeps it for [`WorkerHandle::device`].

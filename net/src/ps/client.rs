@@ -17,6 +17,7 @@ use quinn::{Connection, Endpoint};
 
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, Role};
+use crate::ticket::Ticket;
 use crate::transport::{
     client_endpoint, close, connect, expect_peer, hang_up, send, send_push, Incoming, Link,
 };
@@ -42,6 +43,9 @@ pub struct ClientOptions {
     /// ([`QuicCollective::send_digest`]): shard 0 then counts its round only with the digest,
     /// so that every round's verdict compares every participant's replica.
     pub replica_digests: bool,
+    /// The rank ticket shard 0 handed out with the job ([`join_job`]'s [`Welcome`]), shown
+    /// to every shard in the hello; servers that serve a job ask for it on every shard but 0.
+    pub ticket: Option<Ticket>,
 }
 
 impl Default for ClientOptions {
@@ -53,6 +57,7 @@ impl Default for ClientOptions {
             start_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(20),
             replica_digests: false,
+            ticket: None,
         }
     }
 }
@@ -246,6 +251,7 @@ impl QuicCollective {
                     shard: shard as u16,
                     shards: shards_total,
                     node: node.chars().take(128).collect(),
+                    ticket: options.ticket.clone(),
                 };
                 send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await?;
                 shards.push(conn);

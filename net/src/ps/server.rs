@@ -24,6 +24,8 @@ use super::quorum::QuorumRule;
 use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, RevocationList, Role, REVOKED_FILE};
+use crate::ticket::TicketSigner;
+use crate::tls::client_verifier;
 use crate::transport::{
     close, expect_peer, hang_up, peer_certificate, peer_fingerprint, send, send_parts,
     server_config, server_endpoint, Incoming, Link,
@@ -118,6 +120,10 @@ struct Shared {
     last_late: Mutex<Vec<u16>>,
     /// The shard's credentials, whose revocation list [`watch_revocations`] renews.
     creds: Mutex<Credentials>,
+    /// Shard 0 of a job signs each rank it hands out ([`crate::ticket`]).
+    signer: Option<TicketSigner>,
+    /// The digest of the job's description (empty without a job), which tickets name.
+    job_digest: Vec<u8>,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -227,6 +233,10 @@ impl Server {
                 state.set_queue(spec)?;
             }
         }
+        let signer = match (&options.job, options.shard) {
+            (Some(_), 0) => Some(TicketSigner::new(creds)?),
+            _ => None,
+        };
         Ok(Server {
             decided: decided_rx,
             endpoint: endpoint.clone(),
@@ -240,6 +250,8 @@ impl Server {
                 fatal: Mutex::new(None),
                 last_late: Mutex::default(),
                 creds: Mutex::new(creds.clone()),
+                signer,
+                job_digest: job,
             }),
         })
     }
@@ -435,7 +447,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         .rank_of(id)
         .map_or("no rank".to_string(), |r| format!("rank {r}"));
     match outcome {
-        Err(e @ (NetError::Wire(_) | NetError::Protocol(_))) => {
+        Err(e @ (NetError::Wire(_) | NetError::Protocol(_) | NetError::Identity(_))) => {
             tracing::warn!("shard {shard}: dropping peer {fingerprint} ({rank}, {from}): {e}");
             hang_up(&conn, close::PROTOCOL, &e.to_string());
         }
@@ -542,7 +554,29 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                     hello.shard, hello.shards, options.shard, options.shards
                 )));
             }
-            let identity = conn_of(shared, id).map_or("?".into(), |c| peer_fingerprint(&c));
+            let conn = conn_of(shared, id);
+            let identity = conn.as_ref().map_or("?".into(), peer_fingerprint);
+            if options.job.is_some() && options.shard != 0 {
+                // Shard 0 gave out the ranks: the hello must show its ticket for this one.
+                let ticket = hello.ticket.as_ref().ok_or_else(|| {
+                    NetError::Protocol(format!(
+                        "rank {} comes without shard 0's ticket: join the job first",
+                        hello.rank
+                    ))
+                })?;
+                let holder = conn
+                    .as_ref()
+                    .and_then(peer_certificate)
+                    .ok_or_else(|| NetError::Identity("the peer left".into()))?;
+                let verifier = client_verifier(&shared.creds.lock().expect("creds lock"))?;
+                ticket.check(
+                    verifier.as_ref(),
+                    &holder,
+                    &shared.job_digest,
+                    hello.rank,
+                    hello.world,
+                )?;
+            }
             let replaced = {
                 let mut state = lock(shared);
                 state.check_rank(&identity, hello.rank)?;
@@ -648,10 +682,16 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 join.node.chars().take(128).collect::<String>(),
                 job.world
             );
+            let holder = conn
+                .as_ref()
+                .and_then(peer_certificate)
+                .ok_or_else(|| NetError::Identity("the peer left".into()))?;
+            let signer = shared.signer.as_ref().expect("shard 0 of a job signs");
             let welcome = Welcome {
                 rank,
                 world: job.world,
                 job: job.description.clone(),
+                ticket: signer.sign(rank, job.world, &shared.job_digest, &holder)?,
             };
             if let Some(conn) = conn {
                 let frame = Frame::control(Kind::Welcome, options.shard, 0, &welcome);

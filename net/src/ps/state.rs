@@ -1155,6 +1155,7 @@ mod tests {
             shard: 0,
             shards: 1,
             node: "w".into(),
+            ticket: None,
         }
     }
 

@@ -20,6 +20,8 @@ pub const BATCH: usize = 16;
 pub struct Servers {
     pub runtime: tokio::runtime::Runtime,
     pub addrs: Vec<SocketAddr>,
+    /// Whether the servers serve a job (workers then join shard 0 for a rank ticket).
+    pub job: bool,
     endpoints: Vec<quinn::Endpoint>,
 }
 
@@ -58,6 +60,7 @@ pub fn start_servers(swarm: &Swarm, shards: u16, options: ServerOptions) -> Serv
     Servers {
         runtime,
         addrs,
+        job: options.job.is_some(),
         endpoints,
     }
 }
@@ -105,22 +108,50 @@ pub fn worker_with(
 }
 
 /// Runs `rank` for every rank of a `world` of workers on threads of their own, each with a
-/// classifier trained through the servers at `servers` with `plan` and error feedback, and
-/// connected with `options`; returns what each gave back, in rank order.
+/// classifier trained through `servers` with `plan` and error feedback, and connected with
+/// `options`; returns what each gave back, in rank order. Where the servers serve a job, the
+/// workers join shard 0 first, one after the other, so that worker r holds rank r and its
+/// ticket.
 pub fn on_every_rank<T: Send>(
     swarm: &Swarm,
-    servers: &[SocketAddr],
+    servers: &Servers,
     world: u16,
     plan: &PartitionPlan,
     options: ClientOptions,
     rank: impl Fn(u16, DataParallel<QuicCollective>) -> T + Sync,
 ) -> Vec<T> {
+    let seats: Vec<(Credentials, ClientOptions)> = (0..world)
+        .map(|r| {
+            let creds = swarm
+                .credentials(&format!("worker-{r}"), Role::Worker)
+                .unwrap();
+            let mut options = options.clone();
+            if servers.job {
+                let welcome =
+                    murmur_net::ps::join_job(servers.addrs[0], &creds, "w", &options).unwrap();
+                assert_eq!(welcome.rank, r, "ranks are handed out in the order of joining");
+                options.ticket = Some(welcome.ticket);
+            }
+            (creds, options)
+        })
+        .collect();
     std::thread::scope(|s| {
-        let joins: Vec<_> = (0..world)
-            .map(|r| {
-                let (rank, options) = (&rank, options.clone());
+        let joins: Vec<_> = seats
+            .into_iter()
+            .enumerate()
+            .map(|(r, (creds, options))| {
+                let rank = &rank;
+                let r = r as u16;
                 s.spawn(move || {
-                    let c = worker_with(swarm, servers, r, world, options);
+                    let c = QuicCollective::connect(
+                        &servers.addrs,
+                        &creds,
+                        r,
+                        world,
+                        &format!("worker-{r}"),
+                        options,
+                    )
+                    .unwrap();
                     rank(r, DataParallel::new(classifier(), c, plan, "ef").unwrap())
                 })
             })

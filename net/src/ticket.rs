@@ -1,0 +1,226 @@
+//! Rank tickets: how every shard knows that a rank belongs to a certificate. Shard 0 hands
+//! out ranks (one per certificate, for good); with each it signs a ticket, "rank r of this
+//! job belongs to the key with this digest", using its own certificate's key. The worker
+//! shows the ticket in its hello to every shard, and a shard accepts the hello only if the
+//! ticket names the connecting certificate's key, this shard's job, and the hello's rank, and
+//! was signed by a certificate the swarm issued to shard 0 (not expired, not revoked). So no
+//! certificate takes another's place on any shard, and the shards need no link of their own.
+//!
+//! Signatures are ECDSA P-256 with SHA-256, the key type of every certificate `murmur swarm`
+//! issues; ring does the arithmetic (it is already under rustls).
+
+use ring::rand::SystemRandom;
+use ring::signature::{
+    EcdsaKeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_ASN1, ECDSA_P256_SHA256_ASN1_SIGNING,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{NetError, Result};
+use crate::identity::{Credentials, Role};
+
+/// What a ticket's signature covers is prefixed with this, so that no other message murmur
+/// signs can pass for a ticket.
+const DOMAIN: &[u8] = b"murmur rank ticket v1\0";
+
+/// Rank `rank` of the job whose description hashes to `job` belongs to the key `holder`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ticket {
+    /// The rank shard 0 assigned.
+    pub rank: u16,
+    /// Workers in the job.
+    pub world: u16,
+    /// SHA-256 of the job's description, as every shard of the job holds it.
+    pub job: Vec<u8>,
+    /// SHA-256 of the holder's public key (its certificate's subject public key info).
+    pub holder: Vec<u8>,
+    /// The certificate of shard 0 that signed the ticket (DER).
+    pub issuer: Vec<u8>,
+    /// ECDSA P-256 / SHA-256 signature (ASN.1) over [`DOMAIN`] and the fields above.
+    pub signature: Vec<u8>,
+}
+
+fn err(e: impl std::fmt::Display) -> NetError {
+    NetError::Identity(format!("rank ticket: {e}"))
+}
+
+/// SHA-256 of a certificate's subject public key info: the key it certifies.
+pub fn key_digest(cert: &CertificateDer<'_>) -> Result<Vec<u8>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(err)?;
+    Ok(Sha256::digest(parsed.tbs_certificate.subject_pki.raw).to_vec())
+}
+
+fn message(rank: u16, world: u16, job: &[u8], holder: &[u8]) -> Vec<u8> {
+    let mut m = DOMAIN.to_vec();
+    m.extend_from_slice(&rank.to_le_bytes());
+    m.extend_from_slice(&world.to_le_bytes());
+    for part in [job, holder] {
+        m.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        m.extend_from_slice(part);
+    }
+    m
+}
+
+/// Shard 0's signing key, from its credentials.
+pub struct TicketSigner {
+    key: EcdsaKeyPair,
+    cert: CertificateDer<'static>,
+    rng: SystemRandom,
+}
+
+impl TicketSigner {
+    /// The signer for `creds`, which must be a server certificate for shard 0 with a P-256
+    /// key.
+    pub fn new(creds: &Credentials) -> Result<TicketSigner> {
+        let PrivateKeyDer::Pkcs8(key) = &creds.key else {
+            return Err(err("the shard's key is not PKCS#8"));
+        };
+        let rng = SystemRandom::new();
+        let key = EcdsaKeyPair::from_pkcs8(
+            &ECDSA_P256_SHA256_ASN1_SIGNING,
+            key.secret_pkcs8_der(),
+            &rng,
+        )
+        .map_err(|e| err(format!("the shard's key is not ECDSA P-256: {e}")))?;
+        Ok(TicketSigner {
+            key,
+            cert: creds.chain[0].clone(),
+            rng,
+        })
+    }
+
+    /// A ticket giving `rank` of a `world`-worker job (description digest `job`) to the
+    /// certificate `holder`.
+    pub fn sign(
+        &self,
+        rank: u16,
+        world: u16,
+        job: &[u8],
+        holder: &CertificateDer<'_>,
+    ) -> Result<Ticket> {
+        let holder = key_digest(holder)?;
+        let signature = self
+            .key
+            .sign(&self.rng, &message(rank, world, job, &holder))
+            .map_err(err)?;
+        Ok(Ticket {
+            rank,
+            world,
+            job: job.to_vec(),
+            holder,
+            issuer: self.cert.to_vec(),
+            signature: signature.as_ref().to_vec(),
+        })
+    }
+}
+
+impl Ticket {
+    /// Checks that the ticket gives `rank` of a `world`-worker job (digest `job`) to the
+    /// certificate `holder`, signed by shard 0's certificate as `verifier` (the swarm's
+    /// trust and revocation list) accepts it.
+    pub fn check(
+        &self,
+        verifier: &dyn rustls::server::danger::ClientCertVerifier,
+        holder: &CertificateDer<'_>,
+        job: &[u8],
+        rank: u16,
+        world: u16,
+    ) -> Result<()> {
+        if (self.rank, self.world) != (rank, world) {
+            return Err(err(format!(
+                "it gives rank {} of {}, not rank {rank} of {world}",
+                self.rank, self.world
+            )));
+        }
+        if self.job != job {
+            return Err(err(
+                "it was issued for another job (do all shards serve the same job file?)",
+            ));
+        }
+        if self.holder != key_digest(holder)? {
+            return Err(err("it was issued to another certificate"));
+        }
+        let issuer = CertificateDer::from(self.issuer.as_slice());
+        verifier
+            .verify_client_cert(&issuer, &[], UnixTime::now())
+            .map_err(|e| err(format!("its issuer: {e}")))?;
+        if Role::of(&issuer)? != (Role::Server { shard: 0 }) {
+            return Err(err("its issuer is not the server of shard 0"));
+        }
+        let (_, parsed) = x509_parser::parse_x509_certificate(&self.issuer).map_err(err)?;
+        let public = &parsed.tbs_certificate.subject_pki.subject_public_key.data;
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, public.as_ref())
+            .verify(
+                &message(self.rank, self.world, &self.job, &self.holder),
+                &self.signature,
+            )
+            .map_err(|_| err("its signature does not verify"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Swarm;
+
+    #[test]
+    fn a_ticket_holds_for_its_holder_rank_and_job_only() {
+        let swarm = Swarm::generate("tickets").unwrap();
+        let shard_0 = swarm.credentials("s0", Role::Server { shard: 0 }).unwrap();
+        let shard_1 = swarm.credentials("s1", Role::Server { shard: 1 }).unwrap();
+        let (alice, mallory) = (
+            swarm.credentials("alice", Role::Worker).unwrap(),
+            swarm.credentials("mallory", Role::Worker).unwrap(),
+        );
+        let verifier = crate::tls::client_verifier(&shard_1).unwrap();
+        let job = Sha256::digest(b"job").to_vec();
+        let ticket = TicketSigner::new(&shard_0)
+            .unwrap()
+            .sign(1, 4, &job, &alice.chain[0])
+            .unwrap();
+        let check = |t: &Ticket, holder: &Credentials, job: &[u8], rank: u16| {
+            t.check(verifier.as_ref(), &holder.chain[0], job, rank, 4)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&ticket, &alice, &job, 1), Ok(()));
+        assert!(check(&ticket, &mallory, &job, 1)
+            .unwrap_err()
+            .contains("another certificate"));
+        assert!(check(&ticket, &alice, &job, 0)
+            .unwrap_err()
+            .contains("not rank 0"));
+        assert!(check(&ticket, &alice, b"other", 1)
+            .unwrap_err()
+            .contains("another job"));
+        // Rewritten to name mallory: the signature no longer verifies.
+        let mut forged = ticket.clone();
+        forged.holder = key_digest(&mallory.chain[0]).unwrap();
+        assert!(check(&forged, &mallory, &job, 1)
+            .unwrap_err()
+            .contains("signature"));
+        // Signed by shard 1, or by a worker: not shard 0.
+        let by_shard_1 = TicketSigner::new(&shard_1)
+            .unwrap()
+            .sign(1, 4, &job, &mallory.chain[0])
+            .unwrap();
+        assert!(check(&by_shard_1, &mallory, &job, 1)
+            .unwrap_err()
+            .contains("not the server of shard 0"));
+        let self_made = TicketSigner::new(&mallory)
+            .unwrap()
+            .sign(1, 4, &job, &mallory.chain[0])
+            .unwrap();
+        assert!(check(&self_made, &mallory, &job, 1).is_err());
+        // Signed by a shard 0 of another swarm.
+        let other = Swarm::generate("other").unwrap();
+        let foreign = other.credentials("s0", Role::Server { shard: 0 }).unwrap();
+        let foreign = TicketSigner::new(&foreign)
+            .unwrap()
+            .sign(1, 4, &job, &mallory.chain[0])
+            .unwrap();
+        assert!(check(&foreign, &mallory, &job, 1)
+            .unwrap_err()
+            .contains("issuer"));
+    }
+}
