@@ -120,3 +120,67 @@ fn a_job_that_cannot_run_and_a_host_that_does_not_resolve_are_clear_errors_at_on
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("has no port"), "{stderr}");
 }
+
+/// A UDP flood of junk and of QUIC initials that lead nowhere: every one is refused, and the
+/// server's log grows by a few lines, not a line per packet.
+#[test]
+fn a_flood_costs_the_server_a_few_log_lines() {
+    let dir = swarm("job-cli-flood", &["server-0"]);
+    let job = dir.0.join("job.toml");
+    std::fs::write(&job, "workers = 2\n").unwrap();
+    let log = dir.0.join("server.log");
+    let mut server = server_with_job(&dir, &job)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let port = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if let Some(rest) = text.split("listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap();
+            break addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let before = std::fs::metadata(&log).unwrap().len();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = ("127.0.0.1", port);
+    let flood = Instant::now();
+    let mut sent = 0u64;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut junk = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    while flood.elapsed() < Duration::from_secs(2) {
+        let mut packet = junk(1200);
+        if sent.is_multiple_of(2) {
+            // A QUIC v1 initial with random connection ids: parsed, then refused.
+            packet[..6].copy_from_slice(&[0xc0, 0, 0, 0, 1, 8]);
+            packet[14] = 8;
+            packet[23] = 0;
+        }
+        let _ = socket.send_to(&packet, target);
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let grew = text.len() as u64 - before;
+    assert!(sent > 10_000, "the flood sent only {sent} packets");
+    assert!(
+        grew < 8 << 10,
+        "{sent} packets grew the log by {grew} bytes:\n{}",
+        &text[..text.len().min(4000)]
+    );
+}

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod identity;
+pub mod log;
 pub mod ps;
 pub mod relay;
 pub mod stage;

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, Role};
 use crate::transport::{
-    client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
+    admit, client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
 };
 use crate::wire::{Frame, Kind, Limits};
 
@@ -114,7 +114,10 @@ impl StageListener {
                     }
                 };
                 match expect_peer(&conn, Role::Stage) {
-                    Ok(()) => return Ok::<_, NetError>(conn),
+                    Ok(()) => {
+                        admit(&conn, &options.link);
+                        return Ok::<_, NetError>(conn);
+                    }
                     Err(e) => tracing::warn!("stage {stage}: {e}"),
                 }
             }

@@ -67,10 +67,22 @@ pub(crate) fn request_socket_buffers(socket: socket2::SockRef<'_>) {
     let _ = socket.set_send_buffer_size(WANT_SOCKET_BUFFER);
 }
 
+/// What a connection to a listening node may hold before the node admits it (a shard: after
+/// a valid hello; a stage: after the role check): this much unread data in all ...
+pub const ADMISSION_WINDOW: u32 = 256 << 10;
+/// ... on at most this many streams at once. An admitted peer gets the link's windows
+/// ([`admit`]); until then a connection costs the node at most the window, whatever it sends.
+pub const ADMISSION_STREAMS: u32 = 4;
+
 impl Link {
     /// The bandwidth-delay product in bytes: what the path holds in flight during one round trip.
     pub fn bdp(&self) -> u64 {
         (self.bytes_per_second * self.rtt.as_secs_f64()) as u64
+    }
+
+    /// The connection window for this link: two bandwidth-delay products, 4 MiB to 2 GiB.
+    fn connection_window(&self) -> u64 {
+        (2 * self.bdp()).clamp(4 << 20, 1 << 31)
     }
 
     /// A QUIC transport configuration for this link: a stream window of one bandwidth-delay product
@@ -78,10 +90,9 @@ impl Link {
     /// [`MAX_STREAMS_IN_FLIGHT`] unidirectional streams, keep-alives every [`KEEP_ALIVE`] and
     /// the link's peer timeout as QUIC's idle timeout (at least three keep-alives).
     pub fn transport(&self) -> TransportConfig {
-        let bdp = self.bdp();
         // A stream may fill the pipe alone; the connection holds two pipes' worth.
-        let stream = bdp.clamp(1 << 20, 1 << 30);
-        let conn = (2 * bdp).clamp(4 << 20, 1 << 31);
+        let stream = self.bdp().clamp(1 << 20, 1 << 30);
+        let conn = self.connection_window();
         let mut t = TransportConfig::default();
         t.stream_receive_window(VarInt::from_u64(stream).expect("below 2^62"))
             .receive_window(VarInt::from_u64(conn).expect("below 2^62"))
@@ -121,13 +132,23 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
 }
 
 /// How an endpoint accepts swarm peers: TLS with `creds` (and their revocation list), QUIC
-/// sized for `link`. A server swaps in a new one when the revocation list changes
-/// (`Endpoint::set_server_config`).
+/// sized for `link` once [`admit`]ted, and the admission windows until then. A server swaps
+/// in a new one when the revocation list changes (`Endpoint::set_server_config`).
 pub fn server_config(creds: &Credentials, link: &Link) -> Result<quinn::ServerConfig> {
     let crypto = QuicServerConfig::try_from(server_tls(creds)?).map_err(conn_err)?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    cfg.transport_config(Arc::new(link.transport()));
+    let mut transport = link.transport();
+    transport
+        .receive_window(VarInt::from_u32(ADMISSION_WINDOW))
+        .max_concurrent_uni_streams(VarInt::from_u32(ADMISSION_STREAMS));
+    cfg.transport_config(Arc::new(transport));
     Ok(cfg)
+}
+
+/// Gives an accepted peer the link's full windows: the node has checked who it is.
+pub fn admit(conn: &Connection, link: &Link) {
+    conn.set_receive_window(VarInt::from_u64(link.connection_window()).expect("below 2^62"));
+    conn.set_max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS_IN_FLIGHT));
 }
 
 /// An endpoint that accepts swarm peers on `addr` (and can also connect out).
@@ -304,8 +325,11 @@ async fn next_stream(conn: &Connection) -> Result<Option<quinn::RecvStream>> {
     }
 }
 
+/// The most a frame's buffer holds before its first bytes arrive.
+const READ_CHUNK: usize = 64 << 10;
+
 /// Reads one frame: the header first, checked against the limits before any payload is
-/// buffered, then exactly the payload it announces, straight into the frame's own buffer.
+/// buffered, then exactly the payload it announces, into a buffer that grows as it arrives.
 async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Frame> {
     let wire = |e: String| NetError::Wire(e);
     let mut head = [0u8; HEADER];
@@ -316,14 +340,29 @@ async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Fr
         quinn::ReadExactError::ReadError(e) => wire(format!("reading a frame: {e}")),
     })?;
     let header = Header::decode(&head, limits)?;
-    let mut payload = vec![0u8; header.len];
-    stream.read_exact(&mut payload).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(n) => wire(format!(
-            "header announces {} payload bytes, {n} follow",
-            header.len
-        )),
-        quinn::ReadExactError::ReadError(e) => wire(format!("reading a frame: {e}")),
-    })?;
+    // The buffer grows with what arrives, never to what the header merely announces: a peer
+    // that announces the largest frame and sends a byte costs a byte.
+    let mut payload = Vec::with_capacity(header.len.min(READ_CHUNK));
+    while payload.len() < header.len {
+        let want = header.len - payload.len();
+        match stream.read_chunk(want, true).await {
+            Ok(Some(chunk)) => {
+                if payload.capacity() - payload.len() < chunk.bytes.len() {
+                    // Double, up to the announced length: at most twice what arrived.
+                    payload.reserve(payload.len().max(chunk.bytes.len()).min(want));
+                }
+                payload.extend_from_slice(&chunk.bytes);
+            }
+            Ok(None) => {
+                return Err(wire(format!(
+                    "header announces {} payload bytes, {} follow",
+                    header.len,
+                    payload.len()
+                )))
+            }
+            Err(e) => return Err(wire(format!("reading a frame: {e}"))),
+        }
+    }
     match stream.read_chunk(1, true).await {
         Ok(None) => header.with_payload(payload),
         Ok(Some(_)) => Err(wire(format!(

@@ -332,3 +332,53 @@ fn no_certificate_takes_another_ones_rank_on_any_shard() {
         assert_eq!(closed_within(&own, Duration::from_secs(1)).await, None);
     });
 }
+
+/// A peer with a valid certificate that starts a hello, never finishes it, and streams junk
+/// on every other stream it may open: the shard, waiting on the hello, lets in at most its
+/// admission window, whatever the peer sends.
+#[test]
+fn junk_before_a_hello_costs_the_server_at_most_its_admission_window() {
+    use murmur_net::transport::ADMISSION_WINDOW;
+    let swarm = Swarm::generate("junk").unwrap();
+    let servers = start_servers(&swarm, 1, ServerOptions::default());
+    let addr = servers.addrs[0];
+    let junk = swarm.credentials("junk", Role::Worker).unwrap();
+    let sent = servers.runtime.block_on(async move {
+        let endpoint = client_endpoint(&junk, &Link::default()).unwrap();
+        let conn = connect(&endpoint, addr).await.unwrap();
+        // Three bytes of a header on the first stream, which stays open ...
+        let mut first = conn.open_uni().await.unwrap();
+        first.write_all(&[0, 1, 2]).await.unwrap();
+        // ... and 8 MiB on each of 63 more, as fast as the server takes them.
+        let writers: Vec<_> = (0..63)
+            .map(|_| {
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    let Ok(mut stream) = conn.open_uni().await else {
+                        return;
+                    };
+                    let block = vec![0xa5u8; 1 << 20];
+                    for _ in 0..8 {
+                        if stream.write_all(&block).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let sent = conn.stats().udp_tx.bytes;
+        for w in writers {
+            w.abort();
+        }
+        sent
+    });
+    // All the peer sent (handshake and packet headers included) bounds what the server holds.
+    // Without the admission window it sent tens of megabytes here (a window of two link
+    // bandwidth-delay products, read into frame buffers as fast as it came).
+    eprintln!("the junk peer got {sent} bytes into the server");
+    assert!(
+        sent < 2 * u64::from(ADMISSION_WINDOW),
+        "the junk peer got {sent} bytes into the server"
+    );
+}

@@ -24,11 +24,12 @@ use super::quorum::QuorumRule;
 use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, RevocationList, Role, REVOKED_FILE};
+use crate::log::RateLimitedLog;
 use crate::ticket::TicketSigner;
 use crate::tls::client_verifier;
 use crate::transport::{
-    close, expect_peer, hang_up, peer_certificate, peer_fingerprint, send, send_parts,
-    server_config, server_endpoint, Incoming, Link,
+    admit, close, expect_peer, hang_up, peer_certificate, peer_fingerprint, receive, send,
+    send_parts, server_config, server_endpoint, Incoming, Link,
 };
 use crate::wire::{
     split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
@@ -54,6 +55,9 @@ pub struct ServerOptions {
     pub quorum: QuorumRule,
     /// Closed rounds kept for rejoining workers (since the latest snapshot).
     pub max_log_rounds: usize,
+    /// Most connections the shard holds at once (handshakes under way included); more are
+    /// refused until some end. A job's shard holds at least two per worker, and 64 more.
+    pub max_connections: usize,
     /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
     /// to every worker that joins with [`Kind::Join`].
     pub job: Option<JobOffer>,
@@ -67,6 +71,10 @@ pub struct ServerOptions {
 
 /// How long a new connection may take to send its first frame (a hello, or a join).
 pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Most connections one certificate may hold on a shard at once: a worker holds one, and
+/// briefly a second while it reconnects or a third while it joins.
+pub const MAX_CONNECTIONS_PER_CERTIFICATE: usize = 4;
 
 /// A job as the servers offer it to joining workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +105,7 @@ impl Default for ServerOptions {
             deadline: Duration::from_secs(30),
             quorum: QuorumRule::default(),
             max_log_rounds: 10_000,
+            max_connections: 1024,
             job: None,
             snapshots: None,
             state_dir: None,
@@ -124,6 +133,13 @@ struct Shared {
     signer: Option<TicketSigner>,
     /// The digest of the job's description (empty without a job), which tickets name.
     job_digest: Vec<u8>,
+    /// Connections held, handshakes under way included.
+    live: AtomicUsize,
+    /// The most connections held at once ([`ServerOptions::max_connections`], raised for a
+    /// large job).
+    max_connections: usize,
+    /// Repeated warnings, summarised.
+    warnings: RateLimitedLog,
 }
 
 /// A running shard; [`Server::run`] serves until the endpoint closes.
@@ -233,6 +249,11 @@ impl Server {
                 state.set_queue(spec)?;
             }
         }
+        let max_connections = options
+            .job
+            .as_ref()
+            .map_or(0, |j| 2 * usize::from(j.world) + 64)
+            .max(options.max_connections);
         let signer = match (&options.job, options.shard) {
             (Some(_), 0) => Some(TicketSigner::new(creds)?),
             _ => None,
@@ -252,6 +273,9 @@ impl Server {
                 creds: Mutex::new(creds.clone()),
                 signer,
                 job_digest: job,
+                live: AtomicUsize::new(0),
+                max_connections,
+                warnings: RateLimitedLog::default(),
             }),
         })
     }
@@ -275,15 +299,31 @@ impl Server {
         while let Some(incoming) = self.endpoint.accept().await {
             let shared = self.shared.clone();
             let from = incoming.remote_address();
+            let live = shared.live.fetch_add(1, Ordering::SeqCst);
+            if live >= shared.max_connections {
+                shared.live.fetch_sub(1, Ordering::SeqCst);
+                incoming.refuse();
+                shared.warnings.warn("connection limit", || {
+                    format!(
+                        "shard {shard}: refused {from}: {} connections held, the most it takes",
+                        shared.max_connections
+                    )
+                });
+                continue;
+            }
             tokio::spawn(async move {
                 match incoming.await {
-                    Ok(conn) => serve(shared, conn).await,
+                    Ok(conn) => serve(shared.clone(), conn).await,
                     // Peers without this swarm's credentials end here.
-                    Err(e) => tracing::warn!("shard {shard}: refused {from}: {e}"),
+                    Err(e) => shared.warnings.warn("handshake", || {
+                        format!("shard {shard}: refused {from}: {e}")
+                    }),
                 }
+                shared.live.fetch_sub(1, Ordering::SeqCst);
             });
         }
         watch.abort();
+        self.shared.warnings.flush();
         // Stopped: let the close frames reach the peers (briefly), so that they learn at
         // once instead of after their idle time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
@@ -409,7 +449,25 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
     );
     // Only workers push, join or relay; a server's or a stage's certificate has no business here.
     if let Err(e) = expect_peer(&conn, Role::Worker) {
-        tracing::warn!("shard {shard}: {e}");
+        shared
+            .warnings
+            .warn("role", || format!("shard {shard}: {e}"));
+        return;
+    }
+    let held = shared
+        .conns
+        .lock()
+        .expect("conns lock")
+        .values()
+        .filter(|c| peer_fingerprint(c) == fingerprint)
+        .count();
+    if held >= MAX_CONNECTIONS_PER_CERTIFICATE {
+        let why =
+            format!("this certificate holds {held} connections already, the most a worker needs");
+        shared.warnings.warn("connections per certificate", || {
+            format!("shard {shard}: refused peer {fingerprint} from {from}: {why}")
+        });
+        hang_up(&conn, close::PROTOCOL, &why);
         return;
     }
     tracing::info!("shard {shard}: peer {fingerprint} connected from {from}");
@@ -418,37 +476,34 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         .lock()
         .expect("conns lock")
         .insert(id, conn.clone());
-    let mut incoming = Incoming::new(conn.clone(), shared.options.limits);
-    let mut first = true;
-    let outcome = loop {
-        let next = if first {
-            first = false;
-            tokio::time::timeout(HELLO_DEADLINE, incoming.next())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(NetError::Protocol(format!(
-                        "no hello within {HELLO_DEADLINE:?} of connecting"
-                    )))
-                })
-        } else {
-            incoming.next().await
-        };
-        match next {
-            Ok(Some(frame)) => {
-                if let Err(e) = handle(&shared, id, frame).await {
-                    break Err(e);
+    let outcome = match admission(&shared, id, &conn).await {
+        Ok(true) => {
+            admit(&conn, &shared.options.link);
+            let mut incoming = Incoming::new(conn.clone(), shared.options.limits);
+            loop {
+                match incoming.next().await {
+                    Ok(Some(frame)) => {
+                        if let Err(e) = handle(&shared, id, frame).await {
+                            break Err(e);
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
                 }
             }
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
         }
+        // A join: the answer is on its way, and the worker hangs up once it has it.
+        Ok(false) => conn_closed(&conn).await,
+        Err(e) => Err(e),
     };
     let rank = lock(&shared)
         .rank_of(id)
         .map_or("no rank".to_string(), |r| format!("rank {r}"));
     match outcome {
         Err(e @ (NetError::Wire(_) | NetError::Protocol(_) | NetError::Identity(_))) => {
-            tracing::warn!("shard {shard}: dropping peer {fingerprint} ({rank}, {from}): {e}");
+            shared.warnings.warn("protocol", || {
+                format!("shard {shard}: dropping peer {fingerprint} ({rank}, {from}): {e}")
+            });
             hang_up(&conn, close::PROTOCOL, &e.to_string());
         }
         Err(e) => tracing::info!("shard {shard}: peer {fingerprint} ({rank}) left: {e}"),
@@ -460,6 +515,51 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
     // those who pushed.
     arm_quorum(&shared);
     close_round_if_complete(&shared).await;
+}
+
+/// Limits on a connection's first frame: a hello or a join, small messages both.
+const ADMISSION_LIMITS: Limits = Limits {
+    max_payload: 64 << 10,
+    max_keys: 0,
+    max_numel: 0,
+    max_total_numel: 0,
+};
+
+/// Reads and handles a connection's first frame, within [`HELLO_DEADLINE`], on the
+/// admission windows ([`crate::transport::ADMISSION_WINDOW`]): a hello (returns `true`: the
+/// peer is admitted to the link's windows) or a join (`false`: the connection only waits for
+/// its answer). Anything else costs the connection.
+async fn admission(shared: &Arc<Shared>, id: PeerId, conn: &Connection) -> Result<bool> {
+    let first = tokio::time::timeout(HELLO_DEADLINE, receive(conn, &ADMISSION_LIMITS))
+        .await
+        .map_err(|_| {
+            NetError::Protocol(format!("no hello within {HELLO_DEADLINE:?} of connecting"))
+        })??;
+    let Some(frame) = first else {
+        return Err(NetError::Connection("left before saying hello".into()));
+    };
+    let hello = match frame.kind {
+        Kind::Hello => true,
+        Kind::Join => false,
+        kind => {
+            return Err(NetError::Protocol(format!(
+                "a {kind:?} frame before the hello"
+            )))
+        }
+    };
+    handle(shared, id, frame).await?;
+    Ok(hello)
+}
+
+/// Waits for a connection to end; a peer that sends anything more breaks the protocol.
+async fn conn_closed(conn: &Connection) -> Result<()> {
+    match receive(conn, &ADMISSION_LIMITS).await? {
+        None => Ok(()),
+        Some(frame) => Err(NetError::Protocol(format!(
+            "a {:?} frame after a join (join on a connection of its own)",
+            frame.kind
+        ))),
+    }
 }
 
 /// Whether the peer hung up to reconnect at once (the open round then waits for its rank).

@@ -129,7 +129,10 @@ pub fn on_every_rank<T: Send>(
             if servers.job {
                 let welcome =
                     murmur_net::ps::join_job(servers.addrs[0], &creds, "w", &options).unwrap();
-                assert_eq!(welcome.rank, r, "ranks are handed out in the order of joining");
+                assert_eq!(
+                    welcome.rank, r,
+                    "ranks are handed out in the order of joining"
+                );
                 options.ticket = Some(welcome.ticket);
             }
             (creds, options)
