@@ -31,6 +31,7 @@ enum Misdeed {
     Oversized,
     UnknownKey,
     WrongSize,
+    Overflow,
 }
 
 /// Says hello as rank 2 of 3, registers, pushes round 0 honestly and takes its reply.
@@ -80,6 +81,7 @@ async fn rogue(creds: Credentials, addr: std::net::SocketAddr, misdeed: Misdeed)
         Misdeed::Oversized => push(1, KEY, 4, vec![0; 2 * MAX_PAYLOAD]).encode(),
         Misdeed::UnknownKey => push(1, 0xdead, 4, f32_push(&[1.0; 4])).encode(),
         Misdeed::WrongSize => push(1, KEY, 5, f32_push(&[1.0; 5])).encode(),
+        Misdeed::Overflow => push(1, KEY, 4, f32_push(&[3e38; 4])).encode(),
     };
     send_bytes(&conn, bad.into()).await.unwrap();
     match conn.closed().await {
@@ -186,6 +188,11 @@ fn an_unknown_key_costs_only_its_connection() {
 #[test]
 fn a_wrong_size_costs_only_its_connection() {
     honest_ranks_are_served_while(Misdeed::WrongSize, "wrong size");
+}
+
+#[test]
+fn a_push_that_could_overflow_the_sum_costs_its_connection_and_is_not_summed() {
+    honest_ranks_are_served_while(Misdeed::Overflow, "could overflow");
 }
 
 #[test]

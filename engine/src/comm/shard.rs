@@ -43,9 +43,17 @@ pub struct PushDecoder {
     headed: bool,
 }
 
+/// The largest magnitude a pushed value may have. A round sums at most 65,536 pushes (ranks
+/// are u16), each weighted by at most 1, so with every value below `f32::MAX / 2^17` no sum
+/// of a round can reach infinity, even after rounding; finite pushes beyond it could, and an
+/// infinite sum would be encoded as 0 (the codecs' non-finite rule), silently erasing the
+/// key's update for everyone. No gradient or parameter comes near 2.6e33.
+pub const MAX_PUSH_MAGNITUDE: f32 = f32::MAX / 131_072.0;
+
 impl PushDecoder {
     /// Splits off the step header if the key expects one and decodes the rest with the push codec,
-    /// as a push standing for `samples` training samples; fails on a malformed payload.
+    /// as a push standing for `samples` training samples; fails on a malformed payload, and on a
+    /// value beyond [`MAX_PUSH_MAGNITUDE`] (the push is refused, never summed).
     pub fn decode(&self, samples: u32, payload: &[u8]) -> Result<Push> {
         let (header, payload) = if self.headed {
             let (h, rest) = StepHeader::split(payload)?;
@@ -53,8 +61,16 @@ impl PushDecoder {
         } else {
             (None, payload)
         };
+        let values = self.codec.decode(payload, self.numel, &self.ctx)?;
+        if let Some(i) = values.iter().position(|v| v.abs() > MAX_PUSH_MAGNITUDE) {
+            return Err(Error::Data(format!(
+                "value {i} of the push is {:e}: beyond ±{MAX_PUSH_MAGNITUDE:e}, where the \
+                 round's sum could overflow",
+                values[i]
+            )));
+        }
         Ok(Push {
-            values: self.codec.decode(payload, self.numel, &self.ctx)?,
+            values,
             header,
             log2s: payload_log2s(self.codec.spec(), payload),
             samples,
@@ -501,6 +517,52 @@ mod tests {
             let pushes: Vec<(&[f32], u32)> = values.iter().map(|v| (*v, n)).collect();
             assert_eq!(mean_of(&pushes), plain, "{n} samples each");
         }
+    }
+
+    /// Two colluding ranks push finite values whose sum overflows f32: summed, the infinity
+    /// would be encoded as 0 and the key's update silently lost. Their pushes are refused as
+    /// they are decoded, saying why; pushes at the limit, from many ranks, sum to finite values.
+    #[test]
+    fn pushes_that_could_overflow_the_sum_are_refused_not_zeroed() {
+        let huge = [3e38f32, 1.0];
+        let mut summed = plain_key(1, "");
+        summed.insert(0, push(&huge, None)).unwrap();
+        summed.insert(1, push(&huge, None)).unwrap();
+        assert_eq!(
+            f32s(&summed.close().unwrap()),
+            [0.0, 1.0],
+            "the hazard: an overflowing sum encodes as 0"
+        );
+        let key = plain_key(1, "");
+        let encoded = |values: &[f32]| {
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        let err = key
+            .push_decoder(0, 0)
+            .unwrap()
+            .decode(1, &encoded(&huge))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("value 0 of the push is 3e38"), "{err}");
+        assert!(err.contains("overflow"), "{err}");
+        let mut at_limit = plain_key(1, "");
+        let edge = [MAX_PUSH_MAGNITUDE, -MAX_PUSH_MAGNITUDE];
+        for rank in 0..1000 {
+            let decoded = at_limit
+                .push_decoder(rank, 0)
+                .unwrap()
+                .decode(1, &encoded(&edge))
+                .unwrap();
+            at_limit.insert(rank, decoded).unwrap();
+        }
+        let mean = f32s(&at_limit.close().unwrap());
+        assert!(
+            mean.iter().all(|m| m.is_finite() && m.abs() > 1e33),
+            "{mean:?}"
+        );
     }
 
     /// An f32 reply's values.
