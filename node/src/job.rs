@@ -16,6 +16,7 @@
 use std::path::Path;
 
 use murmur_engine::algo::calibrate::scale_left_to_calibration;
+use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
 use murmur_engine::nn::GptConfig;
@@ -168,6 +169,12 @@ pub struct Job {
     /// seen once that push is summed; needs `memory` ef). docs/benchmarks.md compares them.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().late_pushes))]
     pub late_pushes: String,
+    /// How the servers combine a round's pushes of each key: `mean` (the default: weighted by
+    /// the samples each push stands for), or a rule that bounds what a minority of bad
+    /// workers can do: `trimmed-mean[:β]`, `median`, `centered-clip[:L]` (see
+    /// docs/results/robustness.md for what each withstands and costs).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().aggregate))]
+    pub aggregate: String,
 }
 
 impl Default for Job {
@@ -207,6 +214,7 @@ impl Default for Job {
             quorum_wait: QuorumRule::default().wait,
             shares: "speed".into(),
             late_pushes: "requeue".into(),
+            aggregate: "mean".into(),
         }
     }
 }
@@ -332,6 +340,7 @@ impl Job {
             }
             other => return bad(format!("late_pushes is requeue or fold, not {other:?}")),
         }
+        self.aggregate_rule()?;
         self.quorum_rule().validate().map_err(NodeError::Job)?;
         if self.partition_bytes < 4 {
             return bad("partition_bytes must be at least 4".into());
@@ -372,6 +381,13 @@ impl Job {
     }
 
     /// Whether the job's workers fold a late push into their error feedback
+    /// How the servers combine each key's pushes ([`Job::aggregate`]).
+    pub fn aggregate_rule(&self) -> Result<Aggregate> {
+        self.aggregate
+            .parse()
+            .map_err(|e| NodeError::Job(format!("aggregate: {e}")))
+    }
+
     /// ([`Job::late_pushes`] `fold`).
     pub fn folds_late_pushes(&self) -> bool {
         self.late_pushes == "fold"
@@ -643,6 +659,7 @@ mod tests {
             ("dataset = \"imagenet\"", "dataset"),
             ("memory = \"nope\"", "memory"),
             ("late_pushes = \"keep\"", "late_pushes"),
+            ("aggregate = \"krum\"", "aggregate"),
             (
                 "late_pushes = \"fold\"\nmemory = \"none\"",
                 "needs memory ef",
@@ -739,6 +756,6 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 34 && names.iter().any(|n| n == "start_with"));
+        assert!(names.len() == 35 && names.iter().any(|n| n == "start_with"));
     }
 }

@@ -101,6 +101,7 @@ impl ServerNode {
             link: config.link.link(),
             deadline: Duration::from_secs_f64(config.deadline_s.max(0.01)),
             quorum: config.job.quorum_rule(),
+            aggregate: config.job.aggregate_rule()?,
             job: Some(JobOffer {
                 world: config.job.workers,
                 start_with: config.job.start_with.unwrap_or(config.job.workers),

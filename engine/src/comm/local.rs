@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use rayon::prelude::*;
 
+use super::aggregate::Aggregate;
 use super::shard::{KeyState, Push, PushDecoder};
 use super::{Collective, Key, KeySpec};
 use crate::error::{Error, Result};
@@ -36,6 +37,8 @@ struct Shared {
     world: usize,
     /// Where a replay takes each round's participants from; every rank otherwise.
     participants: Option<Participants>,
+    /// How each key's pushes are combined.
+    rule: Aggregate,
 }
 
 /// One rank's handle on an in-process collective.
@@ -49,7 +52,13 @@ pub struct LocalCollective {
 
 /// Handles for `world` ranks, to be moved one to each thread.
 pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
-    collectives(world, None)
+    collectives(world, None, Aggregate::Mean)
+}
+
+/// Handles for `world` ranks whose keys combine pushes by `rule` (as servers started with
+/// that rule do).
+pub fn aggregating_collectives(world: usize, rule: Aggregate) -> Vec<LocalCollective> {
+    collectives(world, None, rule)
 }
 
 /// Handles for `world` ranks that replay a run whose rounds closed without some ranks (on a
@@ -58,15 +67,20 @@ pub fn local_collectives(world: usize) -> Vec<LocalCollective> {
 /// `participants(step, key)`. Given the servers' participant sets, the replay has the bits of
 /// the run it replays.
 pub fn replay_collectives(world: usize, participants: Participants) -> Vec<LocalCollective> {
-    collectives(world, Some(participants))
+    collectives(world, Some(participants), Aggregate::Mean)
 }
 
-fn collectives(world: usize, participants: Option<Participants>) -> Vec<LocalCollective> {
+fn collectives(
+    world: usize,
+    participants: Option<Participants>,
+    rule: Aggregate,
+) -> Vec<LocalCollective> {
     let shared = Arc::new(Shared {
         hub: Mutex::default(),
         changed: Condvar::new(),
         world,
         participants,
+        rule,
     });
     (0..world)
         .map(|rank| LocalCollective {
@@ -147,7 +161,7 @@ impl Collective for LocalCollective {
                 }
                 Some(_) => {}
                 None => {
-                    let state = KeyState::new(spec.clone())?;
+                    let state = KeyState::new(spec.clone(), self.shared.rule)?;
                     hub.keys.insert(spec.key, state);
                 }
             }

@@ -4,6 +4,7 @@
 //! Both run the servers' arithmetic through [`shard::KeyState`], which is why a run over QUIC
 //! gives the bits of the same run in-process.
 
+pub mod aggregate;
 pub mod local;
 pub mod owner;
 pub mod partition;

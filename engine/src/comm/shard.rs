@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::aggregate::{Aggregate, Aggregated};
 use super::owner::{Owner, SavedOwner, StepHeader};
 use super::{codec_context, KeySpec, PLAIN};
 use crate::compress::{build, parse, payload_log2s, rescaled, Codec, CodecContext, CodecSpec};
@@ -96,12 +97,16 @@ pub struct KeyState {
     pub step: u64,
     /// Decoded pushes of this round by rank.
     pending: BTreeMap<usize, Push>,
+    /// How the round's pushes are combined.
+    rule: Aggregate,
+    /// The pushes of the last closed round that stood far out ([`Aggregated::outliers`]).
+    outliers: Vec<(usize, f32)>,
 }
 
 impl KeyState {
-    /// The state of a new key at step 0, failing if a codec or memory spec of `spec` does not
-    /// parse.
-    pub fn new(spec: KeySpec) -> Result<Self> {
+    /// The state of a new key at step 0 whose rounds combine pushes by `rule`, failing if a
+    /// codec or memory spec of `spec` does not parse.
+    pub fn new(spec: KeySpec, rule: Aggregate) -> Result<Self> {
         let push: Arc<dyn Codec> = Arc::from(parse(&spec.push)?);
         let memory: Memory = spec.server_memory.parse()?;
         let pull = Feedback::new(
@@ -145,6 +150,8 @@ impl KeyState {
             owner,
             step: 0,
             pending: BTreeMap::new(),
+            rule,
+            outliers: Vec::new(),
         })
     }
 
@@ -221,6 +228,24 @@ impl KeyState {
         self.pending.len()
     }
 
+    /// Combines the pushes of the next rounds by `rule`.
+    pub fn set_aggregate(&mut self, rule: Aggregate) {
+        self.rule = rule;
+    }
+
+    /// The ranks whose pushes stood far out in the last round closed, with how far (see
+    /// [`Aggregated::outliers`]); empty under the mean.
+    pub fn outliers(&self) -> &[(usize, f32)] {
+        &self.outliers
+    }
+
+    /// The round's pushes combined by the key's rule; keeps the rule's outliers.
+    fn combine(&mut self, pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
+        let Aggregated { values, outliers } = self.rule.combine(pending, numel);
+        self.outliers = outliers;
+        values
+    }
+
     /// Closes the round: the reply every rank receives, and opens the next round, whatever
     /// happens. Should the round's arithmetic fail (an internal fault: the shard checked every
     /// push as it arrived), the key still closes, with an update that changes nothing (zeros, or
@@ -281,16 +306,20 @@ impl KeyState {
                         self.spec.key
                     ))
                 })?;
-                owner.step(&sample_weighted_mean(pending, numel), header)?
+                let update = self.combine(pending, numel);
+                self.owner
+                    .as_mut()
+                    .expect("an owner")
+                    .step(&update, header)?
             };
             self.pull.encode(params, &ctx)?
         } else if self.spec.is_sync_round(step) {
-            let mut mean = sample_weighted_mean(pending, numel);
+            let mut mean = self.combine(pending, numel);
             self.pull.flush_into(&mut mean)?;
             self.plain.encode(&mean, &ctx)
         } else {
-            self.pull
-                .encode(&sample_weighted_mean(pending, numel), &ctx)?
+            let update = self.combine(pending, numel);
+            self.pull.encode(&update, &ctx)?
         };
         self.step += 1;
         Ok(reply)
@@ -327,10 +356,11 @@ impl KeyState {
     }
 
     /// The key `spec` as [`KeyState::saved`] left it, with no push of its open round: what a
-    /// restarted server resumes from. A state that does not fit the spec is an error.
-    pub fn restore(spec: KeySpec, saved: SavedKey) -> Result<Self> {
+    /// restarted server resumes from, combining by `rule`. A state that does not fit the spec
+    /// is an error.
+    pub fn restore(spec: KeySpec, rule: Aggregate, saved: SavedKey) -> Result<Self> {
         let key = spec.key;
-        let mut state = KeyState::new(spec)?;
+        let mut state = KeyState::new(spec, rule)?;
         let mismatch = |what: &str| Error::Data(format!("key {key:#x}: the saved {what}"));
         if let (Some(now), Some(then)) = (state.scale, saved.scale) {
             if !(-100..=100).contains(&then) {
@@ -381,43 +411,6 @@ pub struct SavedKey {
 #[cfg(any(test, feature = "test-faults"))]
 pub const FAILING_KEY_FOR_TESTS: super::Key = 0xdead_0000;
 
-/// The mean of the pushes weighted by the samples each stands for, summed in rank order
-/// whatever the arrival order.
-///
-/// Pushes that stand for equal numbers of samples (every round of a fixed world with equal
-/// shares) take the plain mean, which every run before sample weights used: the sum starting
-/// from the first push itself (so that one rank's push comes back bit for bit, signed zeros
-/// included), scaled by 1/count. Otherwise each push is scaled by its part of the round's
-/// samples, `n_i / Σn` rounded to f32, and the scaled pushes are added in rank order from
-/// zero: each product and sum rounded on its own (Rust never fuses them), the same bits on
-/// every machine. A push of no samples adds nothing.
-fn sample_weighted_mean(pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
-    let mut weights = pending.values().map(|p| p.samples);
-    let first = weights.next();
-    if weights.any(|n| Some(n) != first) {
-        let total: u64 = pending.values().map(|p| u64::from(p.samples)).sum();
-        let mut mean = vec![0.0f32; numel];
-        for push in pending.into_values().filter(|p| p.samples > 0) {
-            let weight = (f64::from(push.samples) / total as f64) as f32;
-            mean.iter_mut()
-                .zip(&push.values)
-                .for_each(|(m, v)| *m += weight * v);
-        }
-        return mean;
-    }
-    let count = pending.len();
-    let mut ranks = pending.into_values().map(|p| p.values);
-    let mut mean = ranks.next().unwrap_or_else(|| vec![0.0f32; numel]);
-    for values in ranks {
-        mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
-    }
-    if count > 1 {
-        let scale = 1.0 / count as f32;
-        mean.iter_mut().for_each(|m| *m *= scale);
-    }
-    mean
-}
-
 /// Whether `push` (from `rank`) agrees with `first`, a push of the same round to an owner: the
 /// same parameter bits in the parameter round, the same step header after it.
 pub fn check_agreement(param_round: bool, first: &Push, rank: usize, push: &Push) -> Result<()> {
@@ -457,16 +450,19 @@ mod tests {
 
     /// A key of 2 elements in f32 both ways, owned with `owner` (empty: not owned).
     fn plain_key(key: Key, owner: &str) -> KeyState {
-        KeyState::new(KeySpec {
-            key,
-            numel: 2,
-            push: "f32".into(),
-            pull: "f32".into(),
-            server_memory: "none".into(),
-            seed: 0,
-            sync_every: 0,
-            owner: owner.into(),
-        })
+        KeyState::new(
+            KeySpec {
+                key,
+                numel: 2,
+                push: "f32".into(),
+                pull: "f32".into(),
+                server_memory: "none".into(),
+                seed: 0,
+                sync_every: 0,
+                owner: owner.into(),
+            },
+            Aggregate::Mean,
+        )
         .unwrap()
     }
 
@@ -633,11 +629,13 @@ mod tests {
                 }
                 key.close().unwrap()
             };
-            let mut original = KeyState::new(spec.clone()).unwrap();
+            let mut original = KeyState::new(spec.clone(), Aggregate::Mean).unwrap();
             for step in 0..2 {
                 round(&mut original, step);
             }
-            let mut restored = KeyState::restore(spec.clone(), original.saved().unwrap()).unwrap();
+            let mut restored =
+                KeyState::restore(spec.clone(), Aggregate::Mean, original.saved().unwrap())
+                    .unwrap();
             for step in 2..4 {
                 assert_eq!(
                     round(&mut original, step),
@@ -648,11 +646,14 @@ mod tests {
             }
             assert_eq!(original.saved().unwrap(), restored.saved().unwrap());
             // A state saved for another key is refused.
-            let other = KeyState::new(spec.clone()).unwrap().saved().unwrap();
+            let other = KeyState::new(spec.clone(), Aggregate::Mean)
+                .unwrap()
+                .saved()
+                .unwrap();
             let mut wrong = other.clone();
             wrong.memory.residual = vec![0.0; 4];
             wrong.memory.codes = vec![0; 4];
-            assert!(KeyState::restore(spec.clone(), wrong).is_err());
+            assert!(KeyState::restore(spec.clone(), Aggregate::Mean, wrong).is_err());
         }
     }
 
@@ -660,16 +661,19 @@ mod tests {
     fn rescalable_loco_keys_follow_the_scale_of_their_pushes() {
         use crate::compress::build;
         let spec: CodecSpec = "loco:bits=4:log2s=4:rescalable".parse().unwrap();
-        let mut key = KeyState::new(KeySpec {
-            key: 1,
-            numel: 4,
-            push: spec.to_string(),
-            pull: "loco:bits=8:log2s=5:rescalable".into(),
-            server_memory: "loco-ema:beta=1:se=64".into(),
-            seed: 0,
-            sync_every: 0,
-            owner: String::new(),
-        })
+        let mut key = KeyState::new(
+            KeySpec {
+                key: 1,
+                numel: 4,
+                push: spec.to_string(),
+                pull: "loco:bits=8:log2s=5:rescalable".into(),
+                server_memory: "loco-ema:beta=1:se=64".into(),
+                seed: 0,
+                sync_every: 0,
+                owner: String::new(),
+            },
+            Aggregate::Mean,
+        )
         .unwrap();
         let g = [0.3f32, -0.2, 0.05, 0.0];
         let ctx = |step| codec_context(0, step, 1);

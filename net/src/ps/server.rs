@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::PushDecoder;
 use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
@@ -21,7 +22,9 @@ use quinn::{Connection, Endpoint};
 use super::durable::{job_digest, StateDir};
 use super::queue::QueueSpec;
 use super::quorum::QuorumRule;
-use super::state::{CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState};
+use super::state::{
+    CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState, STRIKES_TO_EVICT,
+};
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, RevocationList, Role, REVOKED_FILE};
 use crate::log::RateLimitedLog;
@@ -55,6 +58,8 @@ pub struct ServerOptions {
     pub quorum: QuorumRule,
     /// Closed rounds kept for rejoining workers (since the latest snapshot).
     pub max_log_rounds: usize,
+    /// How the shard combines each key's pushes (mean, or a robust rule the job chose).
+    pub aggregate: Aggregate,
     /// Most connections the shard holds at once (handshakes under way included); more are
     /// refused until some end. A job's shard holds at least two per worker, and 64 more.
     pub max_connections: usize,
@@ -106,6 +111,7 @@ impl Default for ServerOptions {
             quorum: QuorumRule::default(),
             max_log_rounds: 10_000,
             max_connections: 1024,
+            aggregate: Aggregate::Mean,
             job: None,
             snapshots: None,
             state_dir: None,
@@ -210,6 +216,7 @@ impl Server {
             Err(e) => return Err(e),
         }
         state.set_quorum(options.quorum);
+        state.set_aggregate(options.aggregate);
         // Shard 0 of several says who took part in each round as soon as it knows.
         let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
         if options.shard == 0 && options.shards > 1 {
@@ -985,12 +992,48 @@ async fn close_round_by(
                     round.step
                 );
             }
+            report_outliers(shared, &round);
             deliver(shared, &round, &listeners)
         }
         Ok((None, _)) => {}
         // The shard is stopping: its runtime cancels what is still running.
         Err(e) if e.is_cancelled() => {}
         Err(e) => tracing::error!("shard {}: closing task failed: {e}", shared.options.shard),
+    }
+}
+
+/// Names the workers whose pushes stood out in the round (rate-limited), and hangs up on
+/// those it evicted.
+fn report_outliers(shared: &Shared, round: &ClosedRound) {
+    let shard = shared.options.shard;
+    let identity = |rank: u16| {
+        let id = lock(shared).peer_of(rank);
+        let conn = id.and_then(|id| conn_of(shared, id));
+        (conn.as_ref().map_or("?".into(), peer_fingerprint), conn)
+    };
+    for &(rank, ratio) in &round.outliers {
+        let (who, _) = identity(rank);
+        shared.warnings.warn("outlier", || {
+            format!(
+                "shard {shard}: round {}: rank {rank} ({who}) pushed {ratio:.1} times as far \
+                 from the result as the median push",
+                round.step
+            )
+        });
+    }
+    for &rank in &round.evicted {
+        let (who, conn) = identity(rank);
+        tracing::warn!(
+            "shard {shard}: evicting rank {rank} ({who}): its pushes stood far from the others' \
+             in {STRIKES_TO_EVICT} more rounds than not"
+        );
+        if let Some(conn) = conn {
+            hang_up(
+                &conn,
+                close::PROTOCOL,
+                "evicted: your pushes kept standing far from the other workers'",
+            );
+        }
     }
 }
 

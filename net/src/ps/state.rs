@@ -38,6 +38,7 @@ use super::durable::{Loaded, SavedShard};
 use super::queue::{QueueSpec, SampleQueue};
 use super::quorum::{PushTimes, QuorumRule};
 use bytes::Bytes;
+use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
 use murmur_engine::comm::Key;
 
@@ -82,6 +83,12 @@ pub struct ClosedRound {
     pub diverged: Vec<(u16, u64)>,
     /// The next round's assignment (shard 0 of a job with a sample queue).
     pub next: Option<Assignment>,
+    /// Ranks whose pushes stood out on some key (robust aggregation rules), with the largest
+    /// multiple of the median push's distance.
+    pub outliers: Vec<(u16, f32)>,
+    /// Ranks evicted this round: their pushes stood out in [`STRIKES_TO_EVICT`] more rounds
+    /// than not. The server hangs up on them; their hellos are refused from now on.
+    pub evicted: Vec<u16>,
 }
 
 impl ClosedRound {
@@ -187,7 +194,18 @@ pub struct ShardState {
     samples: BTreeMap<u16, u32>,
     /// How long after the open round's opening each rank finished it.
     finished_after: BTreeMap<u16, Duration>,
+    /// How the keys combine their pushes.
+    rule: Aggregate,
+    /// Per rank, rounds whose pushes stood out (one more each such round, one less each round
+    /// it took part in without), at most [`STRIKES_TO_EVICT`].
+    strikes: BTreeMap<u16, u32>,
+    /// Ranks evicted for pushes that kept standing out: their hellos are refused.
+    evicted: BTreeSet<u16>,
 }
+
+/// A rank whose pushes stand out ([`murmur_engine::comm::aggregate::OUTLIER_RATIO`] times the
+/// median push's distance) in this many more rounds than not is evicted.
+pub const STRIKES_TO_EVICT: u32 = 5;
 
 fn protocol<T>(message: String) -> Result<T> {
     Err(NetError::Protocol(message))
@@ -229,6 +247,17 @@ impl ShardState {
             on_decided: None,
             samples: BTreeMap::new(),
             finished_after: BTreeMap::new(),
+            rule: Aggregate::Mean,
+            strikes: BTreeMap::new(),
+            evicted: BTreeSet::new(),
+        }
+    }
+
+    /// Combines every key's pushes by `rule` from the next round on.
+    pub fn set_aggregate(&mut self, rule: Aggregate) {
+        self.rule = rule;
+        for key in self.keys.values_mut() {
+            key.set_aggregate(rule);
         }
     }
 
@@ -330,7 +359,7 @@ impl ShardState {
         let mut state = ShardState::new(shard, limits, max_log_rounds);
         for (spec, key) in saved.keys {
             let id = spec.key;
-            let restored = KeyState::restore(spec, key)
+            let restored = KeyState::restore(spec, Aggregate::Mean, key)
                 .map_err(|e| NetError::State(format!("key {id:#x}: {e}")))?;
             if restored.step != saved.open_step || state.keys.insert(id, restored).is_some() {
                 return refuse(format!(
@@ -353,6 +382,8 @@ impl ShardState {
                 replicas: summary.replicas,
                 diverged: Vec::new(),
                 next: summary.next,
+                outliers: Vec::new(),
+                evicted: Vec::new(),
             })
             .collect();
         if let Some(queue) = &saved.queue {
@@ -431,6 +462,14 @@ impl ShardState {
         }
     }
 
+    /// The peer connected as `rank`, if any.
+    pub fn peer_of(&self, rank: u16) -> Option<PeerId> {
+        self.peers
+            .iter()
+            .find(|(_, p)| p.rank == rank)
+            .map(|(id, _)| *id)
+    }
+
     /// The rank that peer `id` registered with, or `None` if it is not connected to this shard.
     pub fn rank_of(&self, id: PeerId) -> Option<u16> {
         self.peers.get(&id).map(|p| p.rank)
@@ -445,9 +484,40 @@ impl ShardState {
             .collect()
     }
 
+    /// Counts a strike for each rank of `outliers` and takes one back from every other rank
+    /// that took part in the open round; returns the ranks that reached
+    /// [`STRIKES_TO_EVICT`], evicted from now on.
+    fn strike(&mut self, outliers: &BTreeMap<u16, f32>) -> Vec<u16> {
+        let mut evicted = Vec::new();
+        for &rank in self.pushed.keys() {
+            let strikes = self.strikes.entry(rank).or_insert(0);
+            if outliers.contains_key(&rank) {
+                *strikes += 1;
+                if *strikes >= STRIKES_TO_EVICT && self.evicted.insert(rank) {
+                    evicted.push(rank);
+                }
+            } else {
+                *strikes = strikes.saturating_sub(1);
+            }
+        }
+        evicted
+    }
+
+    /// The ranks evicted for pushes that kept standing out.
+    pub fn evicted(&self) -> &BTreeSet<u16> {
+        &self.evicted
+    }
+
     /// A peer introduces itself. Returns the peer this one replaces (the same rank on an older
     /// connection, which the server must close).
     pub fn hello(&mut self, id: PeerId, hello: &Hello) -> Result<Option<PeerId>> {
+        if self.evicted.contains(&hello.rank) {
+            return protocol(format!(
+                "rank {} was evicted: its pushes stood far from the others' in {STRIKES_TO_EVICT} \
+                 more rounds than not",
+                hello.rank
+            ));
+        }
         if self.peers.contains_key(&id) {
             return protocol("a second hello on one connection".into());
         }
@@ -512,7 +582,7 @@ impl ShardState {
         if !self.keys_fixed {
             let mut keys = BTreeMap::new();
             for spec in &register.keys {
-                let state = KeyState::new(spec.clone())
+                let state = KeyState::new(spec.clone(), self.rule)
                     .map_err(|e| NetError::Protocol(format!("key {:#x}: {e}", spec.key)))?;
                 if keys.insert(spec.key, state).is_some() {
                     return protocol(format!("key {:#x} registered twice", spec.key));
@@ -981,6 +1051,14 @@ impl ShardState {
             })
             .collect();
         let (replies, faults): (Vec<_>, Vec<_>) = closed.into_iter().unzip();
+        let mut outliers: BTreeMap<u16, f32> = BTreeMap::new();
+        for key in self.keys.values() {
+            for &(rank, ratio) in key.outliers() {
+                let worst = outliers.entry(rank as u16).or_insert(0.0);
+                *worst = worst.max(ratio);
+            }
+        }
+        let evicted = self.strike(&outliers);
         let faults: Vec<(Key, murmur_engine::Error)> = faults.into_iter().flatten().collect();
         let mut round = ClosedRound {
             step,
@@ -994,6 +1072,8 @@ impl ShardState {
             replicas: None,
             diverged: Vec::new(),
             next: None,
+            outliers: outliers.into_iter().collect(),
+            evicted,
         };
         (round.replicas, round.diverged) = compare_digests(&std::mem::take(&mut self.digests));
         let samples = std::mem::take(&mut self.samples);
