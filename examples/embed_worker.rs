@@ -48,6 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             durable: false,
             emulated_seconds_per_sample: None,
             slow_worker: None,
+            attacker: None,
         },
         Launch::Threads,
     )?;

@@ -50,6 +50,7 @@ fn a_swarm_trains_on_through_a_killed_worker_and_a_killed_shard() {
             durable: true,
             emulated_seconds_per_sample: None,
             slow_worker: None,
+            attacker: None,
         },
         Launch::Processes {
             exe: env!("CARGO_BIN_EXE_murmur").into(),

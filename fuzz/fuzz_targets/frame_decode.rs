@@ -4,12 +4,36 @@
 //! or build the server's per-key state within the limits, which then decodes bytes safely.
 #![no_main]
 
+use std::sync::{Arc, OnceLock};
+
 use libfuzzer_sys::fuzz_target;
+use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::KeyState;
+use murmur_net::identity::{Role, Swarm};
+use rustls::pki_types::CertificateDer;
 use murmur_net::wire::{
     split_push, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
     Participants, Register, Registered, ReplicaDigest, Welcome, HEADER,
 };
+
+type Verifier = Arc<dyn rustls::server::danger::ClientCertVerifier>;
+
+/// A swarm's verifier and a worker's certificate, made once: what a shard checks a hello's
+/// rank ticket against.
+fn ticket_check() -> &'static (Verifier, CertificateDer<'static>) {
+    static CHECK: OnceLock<(Verifier, CertificateDer<'static>)> = OnceLock::new();
+    CHECK.get_or_init(|| {
+        let swarm = Swarm::generate("fuzz").expect("a swarm");
+        let shard = swarm
+            .credentials("s1", Role::Server { shard: 1 })
+            .expect("credentials");
+        let worker = swarm.credentials("w", Role::Worker).expect("credentials");
+        (
+            murmur_net::tls::client_verifier(&shard).expect("a verifier"),
+            worker.chain[0].clone(),
+        )
+    })
+}
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits {
@@ -31,14 +55,25 @@ fuzz_target!(|data: &[u8]| {
     );
     match frame.kind {
         Kind::Hello => {
-            let _ = frame.message::<Hello>();
+            // A ticket is untrusted bytes too: its issuer certificate is parsed and verified,
+            // its signature checked.
+            if let Ok(Hello {
+                ticket: Some(ticket),
+                rank,
+                world,
+                ..
+            }) = frame.message::<Hello>()
+            {
+                let (verifier, holder) = ticket_check();
+                let _ = ticket.check(verifier.as_ref(), holder, &[7; 32], rank, world);
+            }
         }
         Kind::Register => {
             if let Ok(register) = frame.message::<Register>() {
                 if register.check(&limits).is_ok() {
                     for spec in register.keys {
                         // A codec the server builds must also refuse a payload cleanly.
-                        if let Ok(state) = KeyState::new(spec) {
+                        if let Ok(state) = KeyState::new(spec, Aggregate::Mean) {
                             if let (Ok(d), Ok((samples, codes))) =
                                 (state.push_decoder(0, 0), split_push(&frame.payload))
                             {

@@ -27,7 +27,7 @@ use crate::ticket::Ticket;
 /// anything else.
 pub const MAGIC: u16 = 0x4D55;
 /// The protocol version carried in every header; peers refuse frames of any other version.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 /// Size in bytes of a frame header: magic, version, kind, reserved flags, rank, key, step, element
 /// count and payload length.
 pub const HEADER: usize = 32;

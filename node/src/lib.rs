@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 pub mod address;
+pub mod attack;
 mod calibration;
 mod checks;
 mod control;

@@ -50,6 +50,7 @@ pub(crate) fn play_round<M: Learner>(
     dp: &mut DataParallel<QuicCollective, M>,
     rank: u16,
     share: Option<(M::Batch<'_>, usize)>,
+    attacking: bool,
 ) -> Result<Played, RoundFailure> {
     let step = dp.round();
     let digest = dp
@@ -84,7 +85,12 @@ pub(crate) fn play_round<M: Learner>(
             })
         }
     };
-    let confirmed = check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?;
+    // An attacker's replica goes astray (its own learning rate), and it goes on regardless.
+    let confirmed = if attacking {
+        false
+    } else {
+        check_replica(&summaries, step, digest).map_err(RoundFailure::Fatal)?
+    };
     Ok(Played {
         loss,
         bytes,

@@ -11,6 +11,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use murmur_net::identity::{Role, Swarm};
+
+use crate::attack::Attack;
 use serde::{Deserialize, Serialize};
 
 use crate::data::DeviceKind;
@@ -56,6 +58,9 @@ pub struct SwarmConfig {
     /// Makes the first worker's emulated device this many times slower than the others' (at
     /// least 1): one slow device in the swarm. Needs `emulated_seconds_per_sample`.
     pub slow_worker: Option<f64>,
+    /// Makes the last worker an attacker ([`WorkerConfig::attack`]): what `murmur repro
+    /// attack` measures the aggregation rules against. Threads only.
+    pub attacker: Option<Attack>,
 }
 
 impl SwarmConfig {
@@ -192,6 +197,11 @@ impl LocalSwarm {
                 ))
             }
             _ => {}
+        }
+        if config.attacker.is_some() && !matches!(launch, Launch::Threads) {
+            return Err(NodeError::Config(
+                "an attacking worker runs as a thread (Launch::Threads)".into(),
+            ));
         }
         prepare(&config.dir, config.servers, config.job.workers)?;
         let logs = config.dir.join("logs");
@@ -369,6 +379,9 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
     let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
     let mut workers = Vec::new();
     for index in 0..config.job.workers as usize {
+        let attack = config
+            .attacker
+            .filter(|_| index + 1 == usize::from(config.job.workers));
         let worker = Worker::start(WorkerConfig {
             servers: addrs.clone(),
             swarm: config.dir.clone(),
@@ -379,6 +392,13 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             save: config.save.clone().filter(|_| index == 0),
             save_every: config.save_every,
             emulated_seconds_per_sample: config.emulated_pace(index),
+            attack,
+            // An evicted attacker stops at once instead of knocking again.
+            rejoin_attempts: if attack.is_some() {
+                0
+            } else {
+                WorkerConfig::default().rejoin_attempts
+            },
             ..WorkerConfig::default()
         })?;
         let mut events = worker.events();

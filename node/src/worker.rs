@@ -24,6 +24,8 @@ use murmur_engine::Device;
 use murmur_net::identity::Credentials;
 use murmur_net::ps::{catch_up, join_job, ClientOptions, QuicCollective};
 use murmur_net::ticket::Ticket;
+
+use crate::attack::Attack;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -83,6 +85,11 @@ pub struct WorkerConfig {
     /// tests of swarms of uneven devices on one machine. `None` (the default): as fast as
     /// the device goes.
     pub emulated_seconds_per_sample: Option<f64>,
+    /// Makes this worker an attacker (`murmur repro attack`): what it does to its pushes or
+    /// its learning rate. `None` for every honest worker; never written to a config file nor
+    /// passed to a worker process (attacks run in process, in benchmarks).
+    #[serde(skip)]
+    pub attack: Option<Attack>,
 }
 
 impl Default for WorkerConfig {
@@ -102,6 +109,7 @@ impl Default for WorkerConfig {
             state: None,
             json_events: false,
             emulated_seconds_per_sample: None,
+            attack: None,
         }
     }
 }
@@ -452,12 +460,9 @@ impl Run {
                     .min(limits.max_buffer_size),
             )?;
         }
-        let mut clf = Classifier::new(
-            &device,
-            sets.train.features(),
-            sets.train.classes,
-            &job.classifier_config(total_steps)?,
-        )?;
+        let mut config = job.classifier_config(total_steps)?;
+        config.lr *= self.config.attack.map_or(1.0, |a| a.lr_factor());
+        let mut clf = Classifier::new(&device, sets.train.features(), sets.train.classes, &config)?;
         // What `murmur eval` reads from a saved model: the data it was trained on. Every
         // worker writes the same, so snapshots from any rank load on any other.
         clf.data = serde_json::json!({
@@ -502,6 +507,10 @@ impl Run {
         let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
         let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
         dp.emulate_device(self.config.emulated_seconds_per_sample);
+        if let Some(attack) = self.config.attack {
+            tracing::warn!("rank {rank} attacks the swarm: {attack}");
+            dp.tamper_with(attack.tamper(job.seed ^ u64::from(rank)));
+        }
         // A job already under way may hold this worker's earlier life: take its state back.
         let job_text = job.to_wire();
         let resumed_from = match &self.config.state {
@@ -609,6 +618,7 @@ impl Run {
         let mut unchecked_snapshot: Option<(u64, Vec<u8>)> = None;
         // The epoch of the last round this worker knew the assignment of.
         let mut epoch = 0;
+        let attacking = self.config.attack.is_some();
         loop {
             // Shard 0 cuts each round from the job's samples; the job is done when it has
             // handed out every epoch. A round it cut before this worker came (or whose cut
@@ -645,9 +655,9 @@ impl Run {
             let share = assigned.as_ref().and_then(|a| a.share_of(rank));
             let (played, samples) = match share {
                 Some((share, first)) => task.with_share(epoch, share, first as usize, |b, f| {
-                    play_round(dp, rank, Some((b, f)))
+                    play_round(dp, rank, Some((b, f)), attacking)
                 })?,
-                None => (play_round(dp, rank, None), 0),
+                None => (play_round(dp, rank, None, attacking), 0),
             };
             let played = match played {
                 Ok(played) => played,

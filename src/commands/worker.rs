@@ -97,6 +97,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         state: a.state,
         json_events: a.json,
         emulated_seconds_per_sample: a.emulate_device_ms.map(|ms| ms / 1e3),
+        attack: None,
     })?;
     let stopper = worker.stopper();
     crate::signals::on_signal(move |_| stopper.stop());

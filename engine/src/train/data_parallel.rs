@@ -66,7 +66,13 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     answered: Option<Unanswered>,
     /// The emulated device this rank computes on, if any ([`DataParallel::emulate_device`]).
     device: Option<EmulatedDevice>,
+    /// What an attacker does to its gradients before it encodes them ([`DataParallel::tamper_with`]).
+    tamper: Option<Tamper>,
 }
+
+/// A function of the round and the rank's gradients (one vector per parameter tensor) that
+/// changes them before they are encoded.
+pub type Tamper = Box<dyn FnMut(u64, &mut [Vec<f32>]) + Send>;
 
 /// A device of a set speed, emulated on whatever computes ([`DataParallel::emulate_device`]).
 #[derive(Debug, Clone, Copy)]
@@ -175,6 +181,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             unanswered: None,
             answered: None,
             device: None,
+            tamper: None,
         })
     }
 
@@ -272,6 +279,9 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 self.wait_for_device(computing, samples, round);
                 let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
+                if let Some(tamper) = &mut self.tamper {
+                    tamper(round, &mut host);
+                }
                 (loss, self.encode_and_push(host, loss, samples)?)
             }
         };
@@ -294,6 +304,13 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 seconds_per_sample: s.min(MAX_EMULATED_SECONDS_PER_SAMPLE),
                 overruns: 0,
             });
+    }
+
+    /// Makes this rank an attacker: `tamper` changes its gradients every round before they
+    /// are encoded and pushed (`murmur repro attack` measures what the servers' aggregation
+    /// rules withstand). An honest worker never sets one.
+    pub fn tamper_with(&mut self, tamper: Option<Tamper>) {
+        self.tamper = tamper;
     }
 
     /// Rounds whose real compute overran the emulated device ([`DataParallel::emulate_device`]).

@@ -10,7 +10,8 @@ mod state;
 
 pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
 pub use data_parallel::{
-    rank_share, rank_slice, CodeStats, DataParallel, RoundBytes, MAX_EMULATED_SECONDS_PER_SAMPLE,
+    rank_share, rank_slice, CodeStats, DataParallel, RoundBytes, Tamper,
+    MAX_EMULATED_SECONDS_PER_SAMPLE,
 };
 pub use language_model::{LanguageModel, LmConfig};
 pub use learner::Learner;

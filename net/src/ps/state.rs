@@ -538,6 +538,11 @@ impl ShardState {
             .iter()
             .find(|(_, p)| p.rank == hello.rank)
             .map(|(id, _)| *id);
+        if self.is_follower() && replaced.is_none() {
+            // Pushes a follower kept after the rank's last connection ended: the rank pushes
+            // the open round again if it plays it, and those count instead.
+            self.drop_pushes_of(hello.rank);
+        }
         if let Some(old) = replaced {
             // The newer connection goes on where the old one was: the round waits for it.
             self.disconnect(old, Departure::Reconnecting);
@@ -810,7 +815,45 @@ impl ShardState {
             Some(_) => {}
             None => self.decided = Some(ranks),
         }
+        self.give_up_on_departed();
         Ok(())
+    }
+
+    /// Forgets `rank`'s pushes of the open round.
+    fn drop_pushes_of(&mut self, rank: u16) {
+        for entry in self.keys.values_mut() {
+            entry.discard(rank as usize);
+        }
+        self.pushed.remove(&rank);
+        self.samples.remove(&rank);
+        self.finished_after.remove(&rank);
+    }
+
+    /// Takes out of the relayed participants the ranks that left this shard without
+    /// finishing the open round: they cannot finish it here any more, so the round closes
+    /// without them at once rather than at its deadline (their pushes count on shard 0 and
+    /// not here; logged).
+    fn give_up_on_departed(&mut self) {
+        let Some(decided) = &self.decided else {
+            return;
+        };
+        let gone: Vec<u16> = decided
+            .iter()
+            .copied()
+            .filter(|r| !self.finished(*r) && !self.peers.values().any(|p| p.rank == *r))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            "shard {}: round {} closes without shard 0's participants {gone:?}, which left this \
+             shard before their pushes were in",
+            self.shard,
+            self.open_step
+        );
+        if let Some(decided) = &mut self.decided {
+            decided.retain(|r| !gone.contains(r));
+        }
     }
 
     /// Whether the open round has its first push (the server starts its deadline then).
@@ -1180,12 +1223,14 @@ impl ShardState {
         let Some(peer) = self.peers.remove(&id) else {
             return;
         };
-        for entry in self.keys.values_mut() {
-            entry.discard(peer.rank as usize);
+        // A follower counts what shard 0 counts: the pushes of a rank that finished the open
+        // round stay (shard 0 may have summed its pushes there) until the relayed
+        // participants say whether they count.
+        let kept = self.is_follower() && self.finished(peer.rank);
+        if !kept {
+            self.drop_pushes_of(peer.rank);
+            self.give_up_on_departed();
         }
-        self.pushed.remove(&peer.rank);
-        self.samples.remove(&peer.rank);
-        self.finished_after.remove(&peer.rank);
         if let (Some(queue), Departure::Left) = (&mut self.queue, how) {
             queue.forget(peer.rank);
         }
@@ -1485,6 +1530,59 @@ mod tests {
         // Shard 0 decides its own rounds.
         let mut shard_0 = two_ranks();
         assert!(shard_0.follow(0, 0, &[0, 1]).is_err());
+    }
+
+    /// A participant that leaves a follower: its finished pushes still count (shard 0 summed
+    /// them), and one that left before finishing cannot hold the round to its deadline.
+    #[test]
+    fn a_follower_counts_a_departed_participants_pushes_and_does_not_wait_for_one_that_never_pushed(
+    ) {
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(3);
+        join(&mut state, 0..3, 3);
+        // Round 0: rank 2 pushes and leaves (shard 0 evicted it after summing its push).
+        for rank in 0..3 {
+            assert!(push(&mut state, rank, 0, rank as f32));
+        }
+        state.disconnect(2, Departure::Left);
+        state.follow(0, 0, &[0, 1, 2]).unwrap();
+        let round = state
+            .close_round()
+            .expect("every participant's pushes are here");
+        assert_eq!(round.participants, [0, 1, 2]);
+        assert_eq!(f32_reply(&round.replies), [1.0, 1.0]);
+        // Round 1: rank 1 leaves before pushing; shard 0 had counted it. The round closes
+        // over rank 0 at once, not at the deadline.
+        assert!(push(&mut state, 0, 1, 4.0));
+        state.follow(0, 1, &[0, 1]).unwrap();
+        assert!(!state.round_complete());
+        state.disconnect(1, Departure::Left);
+        let round = state.close_round().expect("rank 1 cannot push any more");
+        assert_eq!(round.participants, [0]);
+        // A rank that finished, hung up to reconnect and pushes the round again (as a worker
+        // retrying a round does): its new push counts, not "pushed twice".
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(2);
+        join(&mut state, 0..2, 2);
+        assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
+        state.disconnect(1, Departure::Reconnecting);
+        let again = Hello {
+            world: 2,
+            ..hello(1)
+        };
+        state.hello(7, &again).unwrap();
+        state.register(7, &one_key()).unwrap();
+        assert!(push(&mut state, 7, 0, 5.0));
+        state.follow(0, 0, &[0, 1]).unwrap();
+        assert_eq!(f32_reply(&state.close_round().unwrap().replies), [3.0, 3.0]);
+        // And when it leaves before the relay comes.
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(2);
+        join(&mut state, 0..2, 2);
+        assert!(push(&mut state, 0, 0, 1.0));
+        state.disconnect(1, Departure::Left);
+        state.follow(0, 0, &[0, 1]).unwrap();
+        assert_eq!(state.close_round().expect("closed").participants, [0]);
     }
 
     #[test]

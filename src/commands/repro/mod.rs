@@ -3,6 +3,7 @@
 //! and figures drawn from the JSON beside them.
 
 mod arms;
+mod attack;
 mod clan;
 mod clapping;
 mod clapping_gpt;
@@ -38,6 +39,10 @@ pub enum ReproCommand {
     /// feedback)
     /// beside the same model trained in one process on the same total batch (issue 20).
     SwarmGpt(swarm_gpt::SwarmGptArgs),
+    /// One attacking worker in four (gradients scaled, negated, replaced by noise, replayed,
+    /// or computed at a diverging learning rate) against each of the servers' aggregation
+    /// rules, with the top-k and sign codecs (issue 21).
+    Attack(attack::AttackArgs),
     /// Redraw the figures beside the tables (PNG) from the results' JSON, without rerunning
     /// anything: LIEC-SGD's error norm, Clapping's accuracy against p and per arm, LoCo's and
     /// CLAN's accuracy per arm.
@@ -52,6 +57,7 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::Clapping(a) => clapping::run(a),
         ReproCommand::ClappingGpt(a) => clapping_gpt::run(a),
         ReproCommand::SwarmGpt(a) => swarm_gpt::run(a),
+        ReproCommand::Attack(a) => attack::run(a),
         ReproCommand::Figures(a) => figures::run(a),
     }
 }

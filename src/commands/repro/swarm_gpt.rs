@@ -232,6 +232,7 @@ fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<
             durable: false,
             emulated_seconds_per_sample: None,
             slow_worker: None,
+            attacker: None,
         },
         Launch::Threads,
     )?;

@@ -129,6 +129,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             durable: a.respawn,
             emulated_seconds_per_sample: a.emulate_device_ms.map(|ms| ms / 1e3),
             slow_worker: a.slow_worker,
+            attacker: None,
         },
         Launch::Processes {
             exe: std::env::current_exe()?,

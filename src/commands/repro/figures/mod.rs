@@ -7,6 +7,7 @@
 mod arms;
 mod clapping;
 mod liec;
+mod robustness;
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +18,12 @@ use serde::de::DeserializeOwned;
 pub use arms::draw as arms;
 pub use clapping::draw as clapping;
 pub use liec::draw as liec;
+pub use robustness::draw as robustness;
 
 #[derive(Args, Debug)]
 pub struct FiguresArgs {
     /// The results folder whose JSON files to draw (liec-sgd*, clapping* but clapping-gpt*,
-    /// loco*, clan*).
+    /// loco*, clan*, robustness*).
     #[arg(long, default_value = "docs/results")]
     dir: PathBuf,
 }
@@ -48,6 +50,8 @@ pub fn run(a: FiguresArgs) -> anyhow::Result<()> {
             clapping
         } else if stem.starts_with("loco") || stem.starts_with("clan") {
             arms
+        } else if stem.starts_with("robustness") {
+            robustness
         } else {
             continue;
         };
