@@ -183,14 +183,7 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let text = report(
-        &settings,
-        &codecs,
-        &rules,
-        &attacks,
-        &results.arms,
-        &device,
-    );
+    let text = report(&settings, &codecs, &rules, &attacks, &results.arms, &device);
     write_keeping_notes(&out, &text)?;
     println!("{text}");
     for png in super::figures::robustness(&json)? {
