@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::shard::Push;
+use super::push::Push;
 use crate::error::{Error, Result};
 
 /// A push whose distance to the result is more than this many times the median push's is

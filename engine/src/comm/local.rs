@@ -9,7 +9,8 @@ use std::time::Duration;
 use rayon::prelude::*;
 
 use super::aggregate::Aggregate;
-use super::shard::{KeyState, Push, PushDecoder};
+use super::push::Push;
+use super::shard::{KeyState, PushDecoder};
 use super::{Collective, Key, KeySpec};
 use crate::error::{Error, Result};
 

@@ -8,6 +8,7 @@ pub mod aggregate;
 pub mod local;
 pub mod owner;
 pub mod partition;
+pub mod push;
 pub mod shard;
 pub mod stage;
 
@@ -107,7 +108,7 @@ pub trait Collective: Send {
     fn register(&mut self, keys: &[KeySpec]) -> Result<()>;
 
     /// Sends this rank's payload for one key of round `step`, standing for `samples` training
-    /// samples (its weight in the round's mean, [`shard::Push::samples`]; every key of a
+    /// samples (its weight in the round's mean, [`push::Push::samples`]; every key of a
     /// round carries the same count). Implementations may send at once, so a caller pushes
     /// each partition as soon as it is encoded.
     fn push(&mut self, step: u64, key: Key, samples: u32, payload: Vec<u8>) -> Result<()>;

@@ -14,25 +14,12 @@ use std::sync::Arc;
 
 use super::aggregate::{Aggregate, Aggregated};
 use super::owner::{Owner, SavedOwner, StepHeader};
+use super::push::Push;
 use super::{codec_context, KeySpec, PLAIN};
 use crate::compress::{build, parse, payload_log2s, rescaled, Codec, CodecContext, CodecSpec};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory, SavedMemory};
 use crate::tensor::Device;
-
-/// One decoded push.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Push {
-    /// The decoded gradient (or parameters, in a parameter round), `numel` elements.
-    pub values: Vec<f32>,
-    /// The step's hyperparameters, in pushes to an owner after its parameter round.
-    pub header: Option<StepHeader>,
-    /// The scale (`log2 s`) a rescalable LoCo push was coded at.
-    pub log2s: Option<i32>,
-    /// The training samples the push stands for: its weight in the round's mean. A worker
-    /// without a share of the round pushes zeros standing for none.
-    pub samples: u32,
-}
 
 /// Decodes one push of a checked round (from [`KeyState::push_decoder`]).
 #[derive(Clone)]

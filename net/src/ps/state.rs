@@ -39,7 +39,8 @@ use super::queue::{QueueSpec, SampleQueue};
 use super::quorum::{PushTimes, QuorumRule};
 use bytes::Bytes;
 use murmur_engine::comm::aggregate::Aggregate;
-use murmur_engine::comm::shard::{KeyState, Push, PushDecoder};
+use murmur_engine::comm::push::Push;
+use murmur_engine::comm::shard::{KeyState, PushDecoder};
 use murmur_engine::comm::Key;
 
 use crate::error::{NetError, Result};
