@@ -202,6 +202,9 @@ pub struct ShardState {
     strikes: BTreeMap<u16, u32>,
     /// Ranks evicted for pushes that kept standing out: their hellos are refused.
     evicted: BTreeSet<u16>,
+    /// Ranks that left this shard for good (not to reconnect) during the open round before
+    /// finishing it: a follower closes without them rather than wait ([`ShardState::follow`]).
+    departed: BTreeSet<u16>,
 }
 
 /// A rank whose pushes stand out ([`murmur_engine::comm::aggregate::OUTLIER_RATIO`] times the
@@ -251,6 +254,7 @@ impl ShardState {
             rule: Aggregate::Mean,
             strikes: BTreeMap::new(),
             evicted: BTreeSet::new(),
+            departed: BTreeSet::new(),
         }
     }
 
@@ -544,6 +548,7 @@ impl ShardState {
             // the open round again if it plays it, and those count instead.
             self.drop_pushes_of(hello.rank);
         }
+        self.departed.remove(&hello.rank);
         if let Some(old) = replaced {
             // The newer connection goes on where the old one was: the round waits for it.
             self.disconnect(old, Departure::Reconnecting);
@@ -830,10 +835,11 @@ impl ShardState {
         self.finished_after.remove(&rank);
     }
 
-    /// Takes out of the relayed participants the ranks that left this shard without
-    /// finishing the open round: they cannot finish it here any more, so the round closes
-    /// without them at once rather than at its deadline (their pushes count on shard 0 and
-    /// not here; logged).
+    /// Takes out of the relayed participants the ranks that left this shard for good during
+    /// the open round without finishing it: they cannot finish it here any more, so the round
+    /// closes without them at once rather than at its deadline (their pushes count on shard 0
+    /// and not here; logged). A rank that has not connected yet, or hung up to reconnect, is
+    /// waited for as before.
     fn give_up_on_departed(&mut self) {
         let Some(decided) = &self.decided else {
             return;
@@ -841,7 +847,7 @@ impl ShardState {
         let gone: Vec<u16> = decided
             .iter()
             .copied()
-            .filter(|r| !self.finished(*r) && !self.peers.values().any(|p| p.rank == *r))
+            .filter(|r| self.departed.contains(r) && !self.finished(*r))
             .collect();
         if gone.is_empty() {
             return;
@@ -1163,6 +1169,7 @@ impl ShardState {
         }
         self.pushed.clear();
         self.decided = None;
+        self.departed.clear();
         self.open_step += 1;
         self.quorum_armed = false;
         self.opened = Some(Instant::now());
@@ -1230,7 +1237,10 @@ impl ShardState {
         let kept = self.is_follower() && self.finished(peer.rank);
         if !kept {
             self.drop_pushes_of(peer.rank);
-            self.give_up_on_departed();
+            if how == Departure::Left {
+                self.departed.insert(peer.rank);
+                self.give_up_on_departed();
+            }
         }
         if let (Some(queue), Departure::Left) = (&mut self.queue, how) {
             queue.forget(peer.rank);
@@ -1576,7 +1586,24 @@ mod tests {
         assert!(push(&mut state, 7, 0, 5.0));
         state.follow(0, 0, &[0, 1]).unwrap();
         assert_eq!(f32_reply(&state.close_round().unwrap().replies), [3.0, 3.0]);
-        // And when it leaves before the relay comes.
+        // A rank that hung up to reconnect (as after a shard restart) is waited for: only
+        // one that left for good is given up on.
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(2);
+        join(&mut state, 0..2, 2);
+        assert!(push(&mut state, 0, 0, 1.0));
+        state.disconnect(1, Departure::Reconnecting);
+        state.follow(0, 0, &[0, 1]).unwrap();
+        assert!(!state.round_complete(), "rank 1 is on its way back");
+        let back = Hello {
+            world: 2,
+            ..hello(1)
+        };
+        state.hello(11, &back).unwrap();
+        state.register(11, &one_key()).unwrap();
+        assert!(push(&mut state, 11, 0, 1.0));
+        assert_eq!(state.close_round().unwrap().participants, [0, 1]);
+        // And when it leaves for good before the relay comes.
         let mut state = ShardState::new(1, Limits::default(), 10);
         state.fix_world(2);
         join(&mut state, 0..2, 2);
