@@ -37,7 +37,8 @@ pub struct Ticket {
     pub holder: Vec<u8>,
     /// The certificate of shard 0 that signed the ticket (DER).
     pub issuer: Vec<u8>,
-    /// ECDSA P-256 / SHA-256 signature (ASN.1) over [`DOMAIN`] and the fields above.
+    /// ECDSA P-256 / SHA-256 signature (ASN.1) over `murmur rank ticket v1` and a zero byte,
+    /// then the fields above.
     pub signature: Vec<u8>,
 }
 

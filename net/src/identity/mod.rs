@@ -6,7 +6,7 @@
 //!
 //! A swarm folder holds `ca.pem` (every node needs it), `ca.key` (secret: whoever holds it can
 //! admit nodes), `nodes/<name>.pem` / `nodes/<name>.key`, and `revoked.pem` once a node has
-//! been revoked ([`revocation`]).
+//! been revoked ([`RevocationList`]).
 //!
 //! A certificate states its holder's [`Role`] and is valid for a number of days (a year
 //! unless the issuer says otherwise); TLS refuses an expired one.
