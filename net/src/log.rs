@@ -81,8 +81,9 @@ impl RateLimitedLog {
         }
     }
 
-    /// Warnings of `kind` left out in the current window (tests).
-    pub fn suppressed(&self, kind: &str) -> u64 {
+    /// Warnings of `kind` left out in the current window.
+    #[cfg(test)]
+    fn suppressed(&self, kind: &str) -> u64 {
         let kinds = self.kinds.lock().expect("log lock");
         kinds.get(kind).map_or(0, |w| w.suppressed)
     }

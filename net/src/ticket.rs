@@ -15,10 +15,9 @@ use ring::signature::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{NetError, Result};
-use crate::identity::{Credentials, Role};
+use crate::identity::{key_digest, Credentials, Role};
 
 /// What a ticket's signature covers is prefixed with this, so that no other message murmur
 /// signs can pass for a ticket.
@@ -46,10 +45,11 @@ fn err(e: impl std::fmt::Display) -> NetError {
     NetError::Identity(format!("rank ticket: {e}"))
 }
 
-/// SHA-256 of a certificate's subject public key info: the key it certifies.
-pub fn key_digest(cert: &CertificateDer<'_>) -> Result<Vec<u8>> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(err)?;
-    Ok(Sha256::digest(parsed.tbs_certificate.subject_pki.raw).to_vec())
+/// The holder's key digest ([`crate::identity::key_digest`]), an error if it does not parse.
+fn holder_digest(cert: &CertificateDer<'_>) -> Result<Vec<u8>> {
+    key_digest(cert)
+        .map(|d| d.to_vec())
+        .ok_or_else(|| err("the holder's certificate does not parse"))
 }
 
 fn message(rank: u16, world: u16, job: &[u8], holder: &[u8]) -> Vec<u8> {
@@ -100,7 +100,7 @@ impl TicketSigner {
         job: &[u8],
         holder: &CertificateDer<'_>,
     ) -> Result<Ticket> {
-        let holder = key_digest(holder)?;
+        let holder = holder_digest(holder)?;
         let signature = self
             .key
             .sign(&self.rng, &message(rank, world, job, &holder))
@@ -139,7 +139,7 @@ impl Ticket {
                 "it was issued for another job (do all shards serve the same job file?)",
             ));
         }
-        if self.holder != key_digest(holder)? {
+        if self.holder != holder_digest(holder)? {
             return Err(err("it was issued to another certificate"));
         }
         let issuer = CertificateDer::from(self.issuer.as_slice());
@@ -175,7 +175,7 @@ mod tests {
             swarm.credentials("mallory", Role::Worker).unwrap(),
         );
         let verifier = crate::tls::client_verifier(&shard_1).unwrap();
-        let job = Sha256::digest(b"job").to_vec();
+        let job = vec![7u8; 32];
         let ticket = TicketSigner::new(&shard_0)
             .unwrap()
             .sign(1, 4, &job, &alice.chain[0])
@@ -196,7 +196,7 @@ mod tests {
             .contains("another job"));
         // Rewritten to name mallory: the signature no longer verifies.
         let mut forged = ticket.clone();
-        forged.holder = key_digest(&mallory.chain[0]).unwrap();
+        forged.holder = holder_digest(&mallory.chain[0]).unwrap();
         assert!(check(&forged, &mallory, &job, 1)
             .unwrap_err()
             .contains("signature"));

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,6 +28,21 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// A shard 0 without a job on `creds`, served by `rt` until the endpoint is dropped.
+fn serving(rt: &tokio::runtime::Runtime, creds: &Credentials) -> (SocketAddr, quinn::Endpoint) {
+    let server = rt.block_on(async {
+        Server::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            creds,
+            ServerOptions::default(),
+        )
+        .unwrap()
+    });
+    let serving = (server.local_addr().unwrap(), server.endpoint());
+    rt.spawn(server.run());
+    serving
 }
 
 /// A swarm folder that removes itself.
@@ -157,17 +173,7 @@ fn expired_certificates_are_refused_both_ways() {
     // An expired server: the worker refuses it in the handshake.
     let rt = runtime();
     let old_server = expired("old-server", Role::Server { shard: 0 });
-    let server = rt.block_on(async {
-        Server::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            &old_server,
-            ServerOptions::default(),
-        )
-        .unwrap()
-    });
-    let addr = server.local_addr().unwrap();
-    let _endpoint = server.endpoint();
-    rt.spawn(server.run());
+    let (addr, _endpoint) = serving(&rt, &old_server);
     let me = swarm.credentials("me", Role::Worker).unwrap();
     let err = QuicCollective::connect(&[addr], &me, 0, 1, "me", quick())
         .err()
@@ -189,17 +195,7 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
     }
     let rt = runtime();
     let server_creds = Credentials::load(&dir.0, "server-0").unwrap();
-    let server = rt.block_on(async {
-        Server::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            &server_creds,
-            ServerOptions::default(),
-        )
-        .unwrap()
-    });
-    let addr = server.local_addr().unwrap();
-    let _endpoint = server.endpoint();
-    rt.spawn(server.run());
+    let (addr, _endpoint) = serving(&rt, &server_creds);
 
     let say_hello = |name: &'static str, rank: u16| {
         let creds = Credentials::load(&dir.0, name).unwrap();

@@ -297,14 +297,17 @@ impl Credentials {
     }
 }
 
-/// A peer's identity: the first 16 hex digits of SHA-256 over its certificate's public key
-/// (or over the whole certificate if it cannot be parsed).
+/// SHA-256 of a certificate's subject public key info: the key it certifies (`None` if the
+/// certificate does not parse).
+pub fn key_digest(cert: &CertificateDer<'_>) -> Option<[u8; 32]> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    Some(Sha256::digest(parsed.tbs_certificate.subject_pki.raw).into())
+}
+
+/// A peer's identity: the first 16 hex digits of its [`key_digest`] (or of SHA-256 over the
+/// whole certificate if it cannot be parsed).
 pub fn fingerprint(cert: &CertificateDer<'_>) -> String {
-    let parsed = x509_parser::parse_x509_certificate(cert.as_ref()).ok();
-    let spki = parsed
-        .as_ref()
-        .map(|(_, c)| c.tbs_certificate.subject_pki.raw);
-    let digest = Sha256::digest(spki.unwrap_or(cert.as_ref()));
+    let digest = key_digest(cert).unwrap_or_else(|| Sha256::digest(cert.as_ref()).into());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 

@@ -26,18 +26,19 @@ use super::state::{
     CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState, STRIKES_TO_EVICT,
 };
 use crate::error::{NetError, Result};
-use crate::identity::{Credentials, RevocationList, Role, REVOKED_FILE};
+use crate::identity::{fingerprint, Credentials, RevocationList, Role, REVOKED_FILE};
 use crate::log::RateLimitedLog;
 use crate::ticket::TicketSigner;
 use crate::tls::client_verifier;
 use crate::transport::{
-    admit, close, expect_peer, hang_up, peer_certificate, peer_fingerprint, receive, send,
-    send_parts, server_config, server_endpoint, Incoming, Link,
+    admit, close, expect_peer, hang_up, peer_certificate, receive, send, send_parts, server_config,
+    server_endpoint, Incoming, Link,
 };
 use crate::wire::{
     split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
     ReplicaDigest, Welcome,
 };
+use rustls::pki_types::CertificateDer;
 
 /// How a shard runs.
 #[derive(Debug, Clone)]
@@ -119,9 +120,18 @@ impl Default for ServerOptions {
     }
 }
 
+/// A connection the shard holds, with the certificate its peer presented (read once, when
+/// it connected).
+#[derive(Clone)]
+struct Held {
+    conn: Connection,
+    cert: CertificateDer<'static>,
+    fingerprint: String,
+}
+
 struct Shared {
     state: Mutex<ShardState>,
-    conns: Mutex<HashMap<PeerId, Connection>>,
+    conns: Mutex<HashMap<PeerId, Held>>,
     options: ServerOptions,
     next_id: AtomicUsize,
     /// The state folder, and the digest of the job the state belongs to.
@@ -422,8 +432,8 @@ async fn watch_revocations(shared: Arc<Shared>) {
                 .lock()
                 .expect("conns lock")
                 .values()
-                .filter(|c| peer_certificate(c).is_some_and(|cert| list.revokes(&cert)))
-                .cloned()
+                .filter(|h| list.revokes(&h.cert))
+                .map(|h| h.conn.clone())
                 .collect(),
             None => Vec::new(),
         };
@@ -444,16 +454,20 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, ShardState> {
 }
 
 fn conn_of(shared: &Shared, id: PeerId) -> Option<Connection> {
+    held(shared, id).map(|h| h.conn)
+}
+
+fn held(shared: &Shared, id: PeerId) -> Option<Held> {
     shared.conns.lock().expect("conns lock").get(&id).cloned()
 }
 
 async fn serve(shared: Arc<Shared>, conn: Connection) {
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let (shard, fingerprint, from) = (
-        shared.options.shard,
-        peer_fingerprint(&conn),
-        conn.remote_address(),
-    );
+    let (shard, from) = (shared.options.shard, conn.remote_address());
+    let Some(cert) = peer_certificate(&conn) else {
+        return;
+    };
+    let fingerprint = fingerprint(&cert);
     // Only workers push, join or relay; a server's or a stage's certificate has no business here.
     if let Err(e) = expect_peer(&conn, Role::Worker) {
         shared
@@ -466,7 +480,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         .lock()
         .expect("conns lock")
         .values()
-        .filter(|c| peer_fingerprint(c) == fingerprint)
+        .filter(|h| h.fingerprint == fingerprint)
         .count();
     if held >= MAX_CONNECTIONS_PER_CERTIFICATE {
         let why =
@@ -478,11 +492,14 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
         return;
     }
     tracing::info!("shard {shard}: peer {fingerprint} connected from {from}");
-    shared
-        .conns
-        .lock()
-        .expect("conns lock")
-        .insert(id, conn.clone());
+    shared.conns.lock().expect("conns lock").insert(
+        id,
+        Held {
+            conn: conn.clone(),
+            cert,
+            fingerprint: fingerprint.clone(),
+        },
+    );
     let outcome = match admission(&shared, id, &conn).await {
         Ok(true) => {
             admit(&conn, &shared.options.link);
@@ -661,8 +678,9 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                     hello.shard, hello.shards, options.shard, options.shards
                 )));
             }
-            let conn = conn_of(shared, id);
-            let identity = conn.as_ref().map_or("?".into(), peer_fingerprint);
+            let peer =
+                held(shared, id).ok_or_else(|| NetError::Identity("the peer left".into()))?;
+            let identity = peer.fingerprint;
             if options.job.is_some() && options.shard != 0 {
                 // Shard 0 gave out the ranks: the hello must show its ticket for this one.
                 let ticket = hello.ticket.as_ref().ok_or_else(|| {
@@ -671,14 +689,10 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                         hello.rank
                     ))
                 })?;
-                let holder = conn
-                    .as_ref()
-                    .and_then(peer_certificate)
-                    .ok_or_else(|| NetError::Identity("the peer left".into()))?;
                 let verifier = client_verifier(&shared.creds.lock().expect("creds lock"))?;
                 ticket.check(
                     verifier.as_ref(),
-                    &holder,
+                    &peer.cert,
                     &shared.job_digest,
                     hello.rank,
                     hello.world,
@@ -773,11 +787,12 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                     options.shard
                 )));
             }
-            let conn = conn_of(shared, id);
-            let identity = conn.as_ref().map_or("?".into(), peer_fingerprint);
+            let peer =
+                held(shared, id).ok_or_else(|| NetError::Identity("the peer left".into()))?;
+            let identity = &peer.fingerprint;
             let rank = {
                 let mut state = lock(shared);
-                let (rank, new) = state.assign_rank(&identity)?;
+                let (rank, new) = state.assign_rank(identity)?;
                 // A rank the shard could not save is not handed out (the shard stops).
                 if new && !persist(shared, &state, None) {
                     return Err(NetError::State("the shard could not save its state".into()));
@@ -789,21 +804,15 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 join.node.chars().take(128).collect::<String>(),
                 job.world
             );
-            let holder = conn
-                .as_ref()
-                .and_then(peer_certificate)
-                .ok_or_else(|| NetError::Identity("the peer left".into()))?;
             let signer = shared.signer.as_ref().expect("shard 0 of a job signs");
             let welcome = Welcome {
                 rank,
                 world: job.world,
                 job: job.description.clone(),
-                ticket: signer.sign(rank, job.world, &shared.job_digest, &holder)?,
+                ticket: signer.sign(rank, job.world, &shared.job_digest, &peer.cert)?,
             };
-            if let Some(conn) = conn {
-                let frame = Frame::control(Kind::Welcome, options.shard, 0, &welcome);
-                tokio::spawn(async move { send(&conn, frame).await });
-            }
+            let frame = Frame::control(Kind::Welcome, options.shard, 0, &welcome);
+            tokio::spawn(async move { send(&peer.conn, frame).await });
         }
         Kind::Registered | Kind::Reply | Kind::Catchup | Kind::Welcome | Kind::Closed => {
             return Err(NetError::Protocol(format!(
@@ -853,13 +862,14 @@ async fn on_push(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
     let shared = shared.clone();
     tokio::spawn(async move {
         if let Err(e) = decode_and_insert(&shared, id, key, step, decoder, payload).await {
-            if let Some(conn) = conn_of(&shared, id) {
-                tracing::warn!(
-                    "shard {}: dropping peer {} (rank {rank}): {e}",
-                    shared.options.shard,
-                    peer_fingerprint(&conn)
-                );
-                hang_up(&conn, close::PROTOCOL, &e.to_string());
+            if let Some(peer) = held(&shared, id) {
+                shared.warnings.warn("protocol", || {
+                    format!(
+                        "shard {}: dropping peer {} (rank {rank}): {e}",
+                        shared.options.shard, peer.fingerprint
+                    )
+                });
+                hang_up(&peer.conn, close::PROTOCOL, &e.to_string());
             }
         }
     });
@@ -926,15 +936,15 @@ fn start_deadline(shared: Arc<Shared>, step: u64, attempt: u64) {
         close_round_by(&shared, move |s| s.close_at_deadline(step, attempt)).await;
         let late = lock(&shared).evict_stragglers(step, attempt);
         for id in late {
-            if let Some(conn) = conn_of(&shared, id) {
+            if let Some(peer) = held(&shared, id) {
                 tracing::warn!(
                     "shard {}: evicting {} for missing the {:?} deadline of step {step}",
                     shared.options.shard,
-                    peer_fingerprint(&conn),
+                    peer.fingerprint,
                     shared.options.deadline
                 );
                 hang_up(
-                    &conn,
+                    &peer.conn,
                     close::DEADLINE,
                     &format!("missed the deadline of step {step}; rejoin to catch up"),
                 );
@@ -1007,9 +1017,11 @@ async fn close_round_by(
 fn report_outliers(shared: &Shared, round: &ClosedRound) {
     let shard = shared.options.shard;
     let identity = |rank: u16| {
-        let id = lock(shared).peer_of(rank);
-        let conn = id.and_then(|id| conn_of(shared, id));
-        (conn.as_ref().map_or("?".into(), peer_fingerprint), conn)
+        let peer = lock(shared).peer_of(rank).and_then(|id| held(shared, id));
+        match peer {
+            Some(h) => (h.fingerprint, Some(h.conn)),
+            None => ("?".to_string(), None),
+        }
     };
     for &(rank, ratio) in &round.outliers {
         let (who, _) = identity(rank);

@@ -508,11 +508,6 @@ impl ShardState {
         evicted
     }
 
-    /// The ranks evicted for pushes that kept standing out.
-    pub fn evicted(&self) -> &BTreeSet<u16> {
-        &self.evicted
-    }
-
     /// A peer introduces itself. Returns the peer this one replaces (the same rank on an older
     /// connection, which the server must close).
     pub fn hello(&mut self, id: PeerId, hello: &Hello) -> Result<Option<PeerId>> {
@@ -1363,13 +1358,18 @@ mod tests {
     /// register [`one_key`].
     fn join(state: &mut ShardState, ranks: std::ops::Range<u16>, world: u16) {
         for rank in ranks {
-            let hello = Hello {
-                world,
-                ..hello(rank)
-            };
-            state.hello(rank as PeerId, &hello).unwrap();
-            state.register(rank as PeerId, &one_key()).unwrap();
+            come(state, rank as PeerId, rank, world);
         }
+    }
+
+    /// Rank `rank` of `world` says hello on connection `id` and registers the one key.
+    fn come(state: &mut ShardState, id: PeerId, rank: u16, world: u16) {
+        let hello = Hello {
+            world,
+            ..hello(rank)
+        };
+        state.hello(id, &hello).unwrap();
+        state.register(id, &one_key()).unwrap();
     }
 
     fn one_key() -> Register {
@@ -1577,12 +1577,7 @@ mod tests {
         join(&mut state, 0..2, 2);
         assert!(push(&mut state, 0, 0, 1.0) && push(&mut state, 1, 0, 3.0));
         state.disconnect(1, Departure::Reconnecting);
-        let again = Hello {
-            world: 2,
-            ..hello(1)
-        };
-        state.hello(7, &again).unwrap();
-        state.register(7, &one_key()).unwrap();
+        come(&mut state, 7, 1, 2);
         assert!(push(&mut state, 7, 0, 5.0));
         state.follow(0, 0, &[0, 1]).unwrap();
         assert_eq!(f32_reply(&state.close_round().unwrap().replies), [3.0, 3.0]);
@@ -1595,12 +1590,7 @@ mod tests {
         state.disconnect(1, Departure::Reconnecting);
         state.follow(0, 0, &[0, 1]).unwrap();
         assert!(!state.round_complete(), "rank 1 is on its way back");
-        let back = Hello {
-            world: 2,
-            ..hello(1)
-        };
-        state.hello(11, &back).unwrap();
-        state.register(11, &one_key()).unwrap();
+        come(&mut state, 11, 1, 2);
         assert!(push(&mut state, 11, 0, 1.0));
         assert_eq!(state.close_round().unwrap().participants, [0, 1]);
         // And when it leaves for good before the relay comes.

@@ -209,11 +209,7 @@ fn one_process(
 
 /// A local swarm of threads with one shard, pushing and replying with `codec`.
 fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<ArmResult> {
-    let dir = std::env::temp_dir().join(format!(
-        "murmur-repro-swarm-gpt-{}-{}",
-        std::process::id(),
-        codec.replace([':', '.'], "-")
-    ));
+    let dir = crate::commands::fresh_temp_dir("murmur-repro-swarm-gpt-")?;
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
