@@ -9,7 +9,8 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::KeyState;
-use murmur_net::identity::{Role, Swarm};
+use murmur_net::identity::{verify_job, Role, Swarm};
+use murmur_net::ticket::check_participants;
 use rustls::pki_types::CertificateDer;
 use murmur_net::wire::{
     split_push, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
@@ -18,20 +19,33 @@ use murmur_net::wire::{
 
 type Verifier = Arc<dyn rustls::server::danger::ClientCertVerifier>;
 
-/// A swarm's verifier and a worker's certificate, made once: what a shard checks a hello's
-/// rank ticket against.
-fn ticket_check() -> &'static (Verifier, CertificateDer<'static>) {
-    static CHECK: OnceLock<(Verifier, CertificateDer<'static>)> = OnceLock::new();
-    CHECK.get_or_init(|| {
+/// What a shard checks signed messages against, made once: the swarm's verifier and a
+/// worker's certificate (a hello's rank ticket), shard 0's certificate (its signed word on a
+/// round), and the swarm's own certificate (a job's signature).
+struct Checks {
+    verifier: Verifier,
+    holder: CertificateDer<'static>,
+    shard_0: CertificateDer<'static>,
+    ca: CertificateDer<'static>,
+}
+
+fn checks() -> &'static Checks {
+    static CHECKS: OnceLock<Checks> = OnceLock::new();
+    CHECKS.get_or_init(|| {
         let swarm = Swarm::generate("fuzz").expect("a swarm");
         let shard = swarm
             .credentials("s1", Role::Server { shard: 1 })
             .expect("credentials");
+        let shard_0 = swarm
+            .credentials("s0", Role::Server { shard: 0 })
+            .expect("credentials");
         let worker = swarm.credentials("w", Role::Worker).expect("credentials");
-        (
-            murmur_net::tls::client_verifier(&shard).expect("a verifier"),
-            worker.chain[0].clone(),
-        )
+        Checks {
+            verifier: murmur_net::tls::client_verifier(&shard).expect("a verifier"),
+            holder: worker.chain[0].clone(),
+            shard_0: shard_0.chain[0].clone(),
+            ca: shard.ca.clone(),
+        }
     })
 }
 
@@ -64,8 +78,8 @@ fuzz_target!(|data: &[u8]| {
                 ..
             }) = frame.message::<Hello>()
             {
-                let (verifier, holder) = ticket_check();
-                let _ = ticket.check(verifier.as_ref(), holder, &[7; 32], rank, world);
+                let c = checks();
+                let _ = ticket.check(c.verifier.as_ref(), &c.holder, &[7; 32], rank, world);
             }
         }
         Kind::Register => {
@@ -94,7 +108,10 @@ fuzz_target!(|data: &[u8]| {
             let _ = frame.message::<Join>();
         }
         Kind::Welcome => {
-            let _ = frame.message::<Welcome>();
+            // The job's signature is checked against the swarm's certificate.
+            if let Ok(welcome) = frame.message::<Welcome>() {
+                let _ = verify_job(&checks().ca, &welcome.job, &welcome.signature);
+            }
         }
         Kind::CatchupRequest => {
             let _ = frame.message::<CatchupRequest>();
@@ -106,7 +123,10 @@ fuzz_target!(|data: &[u8]| {
             let _ = frame.message::<Closed>();
         }
         Kind::Participants => {
-            let _ = frame.message::<Participants>();
+            // Shard 0's word, relayed by a worker: its signature is checked.
+            if let Ok(word) = frame.message::<Participants>() {
+                let _ = check_participants(&checks().shard_0, &[7; 32], frame.step, &word);
+            }
         }
         _ => {}
     }

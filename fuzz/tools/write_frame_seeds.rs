@@ -62,10 +62,23 @@ fn main() -> std::io::Result<()> {
     let worker = swarm
         .credentials("worker-1", Role::Worker)
         .expect("credentials");
-    let ticket = TicketSigner::new(&shard_0)
-        .expect("a signer")
+    let signer = TicketSigner::new(&shard_0).expect("a signer");
+    let ticket = signer
         .sign(1, 4, &[7; 32], &worker.chain[0])
         .expect("a ticket");
+    // Shard 0's signed word on round 12.
+    let word = signer
+        .sign_participants(
+            &[7; 32],
+            12,
+            Participants {
+                ranks: vec![0, 1, 3],
+                samples: vec![32, 32, 64],
+                snapshot: Some(10),
+                signature: Vec::new(),
+            },
+        )
+        .expect("a signed word");
     let seeds = [
         (
             "hello",
@@ -153,6 +166,7 @@ fn main() -> std::io::Result<()> {
                     world: 4,
                     job: r#"{"model":"mlp"}"#.into(),
                     ticket: ticket.clone(),
+                    signature: swarm.sign_job(r#"{"model":"mlp"}"#).unwrap(),
                 },
             ),
         ),
@@ -173,6 +187,7 @@ fn main() -> std::io::Result<()> {
                         disagreed: true,
                     }),
                     next: Some(assignment),
+                    relay: Some(word.clone()),
                 },
             ),
         ),
@@ -182,9 +197,7 @@ fn main() -> std::io::Result<()> {
                 Kind::Participants,
                 0,
                 12,
-                &Participants {
-                    ranks: vec![0, 1, 3],
-                },
+                &word,
             ),
         ),
     ];

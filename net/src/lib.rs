@@ -11,6 +11,7 @@ pub mod identity;
 pub mod log;
 pub mod ps;
 pub mod relay;
+pub mod signing;
 pub mod stage;
 pub mod state_file;
 pub mod throughput;

@@ -27,7 +27,7 @@ use crate::ticket::Ticket;
 /// anything else.
 pub const MAGIC: u16 = 0x4D55;
 /// The protocol version carried in every header; peers refuse frames of any other version.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Size in bytes of a frame header: magic, version, kind, reserved flags, rank, key, step, element
 /// count and payload length.
 pub const HEADER: usize = 32;
@@ -480,6 +480,9 @@ pub struct Closed {
     /// From shard 0 of a job with a sample queue: the next round's assignment, cut when this
     /// one closed.
     pub next: Option<Assignment>,
+    /// From shard 0 of several shards: the round's [`Participants`] as it signed them, which
+    /// the worker relays to the other shards (if shard 0's early word did not reach it).
+    pub relay: Option<Participants>,
 }
 
 /// Shard 0's participants of a round, as a worker relays them to the other shards
@@ -488,6 +491,17 @@ pub struct Closed {
 pub struct Participants {
     /// The ranks whose pushes shard 0 summed into the round, ascending.
     pub ranks: Vec<u16>,
+    /// The samples shard 0 counted for each of `ranks`, in order (each rank's assigned
+    /// share): the other shards weigh each participant's pushes by these, whatever its pushes
+    /// there claim.
+    pub samples: Vec<u32>,
+    /// The round of the snapshot shard 0 holds, if any: the other shards drop the rounds
+    /// before it from their logs (a rejoining worker starts from that snapshot).
+    pub snapshot: Option<u64>,
+    /// Shard 0's signature of the round's step and the fields above, with the key of its
+    /// certificate, the issuer of every rank ticket (`crate::ticket`); empty where the
+    /// shards serve no job (and check no tickets).
+    pub signature: Vec<u8>,
 }
 
 /// The replica digests of one round, as shard 0 compared them.
@@ -512,6 +526,9 @@ pub struct Welcome {
     pub job: String,
     /// The rank, signed by shard 0 for the worker's certificate, to show every other shard.
     pub ticket: Ticket,
+    /// The swarm authority's signature of `job` ([`crate::identity::verify_job`]): a worker
+    /// trains no job without it.
+    pub signature: Vec<u8>,
 }
 
 /// A rejoining worker asks for what it missed.

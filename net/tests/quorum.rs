@@ -257,6 +257,7 @@ fn a_run_with_the_queues_unequal_shares_replays_in_process_to_its_bits() {
         world,
         start_with: world,
         description: "a test job".into(),
+        signature: swarm.sign_job("a test job").unwrap(),
         queue: Some(queue),
         fold_late: false,
     };

@@ -32,19 +32,33 @@ use crate::job::Job;
 /// reply codec, and the LoCo memories that go with them), and its LoCo codecs made rescalable
 /// where it asks for recalibration; unchanged otherwise.
 pub(crate) fn calibrate_loco(job: Job, sets: &Sets, world: usize, total_steps: u64) -> Result<Job> {
-    let pull = job.pull_codec.clone().unwrap_or_else(|| job.codec.clone());
-    let bits = match (
-        scale_left_to_calibration(&job.codec),
-        scale_left_to_calibration(&pull),
-    ) {
-        (Some(bits), _) | (None, Some(bits)) => Some(bits),
-        (None, None) => None,
-    };
-    let job = match bits {
-        None => job,
+    let log2s = match loco_bits_left_to_calibration(&job) {
+        None => None,
         Some(bits) => {
             let log2s = first_batch_log2s(&job, sets, world, total_steps, bits)?;
             tracing::info!("LoCo's scale calibrated from the first global batch: s = 2^{log2s}");
+            Some(log2s)
+        }
+    };
+    Ok(with_loco_scale(job, log2s))
+}
+
+/// The bits of the LoCo codec whose scale the job leaves to calibration (its push codec's,
+/// else its reply codec's), if it leaves one.
+pub(crate) fn loco_bits_left_to_calibration(job: &Job) -> Option<u32> {
+    let pull = job.pull_codec.as_deref().unwrap_or(&job.codec);
+    scale_left_to_calibration(&job.codec).or_else(|| scale_left_to_calibration(pull))
+}
+
+/// `job` as its workers run it once LoCo's scale is `log2s` (`None`: the job leaves no scale
+/// to calibration): the scale named in the push codec, the reply codec and the LoCo memories
+/// that go with them, and its LoCo codecs made rescalable where it asks for recalibration.
+/// What the servers hold registrations to ([`crate::layout`]), and what workers train with.
+pub(crate) fn with_loco_scale(job: Job, log2s: Option<i32>) -> Job {
+    let pull = job.pull_codec.clone().unwrap_or_else(|| job.codec.clone());
+    let job = match log2s {
+        None => job,
+        Some(log2s) => {
             let (codec, memory) = with_calibrated_scale(&job.codec, &job.memory, log2s);
             let (pull_codec, server_memory) =
                 with_calibrated_scale(&pull, &job.server_memory, log2s);
@@ -57,7 +71,7 @@ pub(crate) fn calibrate_loco(job: Job, sets: &Sets, world: usize, total_steps: u
             }
         }
     };
-    Ok(if job.loco_recalibrate_every.is_some() {
+    if job.loco_recalibrate_every.is_some() {
         // Payloads that carry their scale, so that the scale can move mid-job.
         let rescalable = |spec: &str| match spec.parse() {
             Ok(CodecSpec::Loco { bits, log2s, .. }) => CodecSpec::Loco {
@@ -75,7 +89,7 @@ pub(crate) fn calibrate_loco(job: Job, sets: &Sets, world: usize, total_steps: u
         }
     } else {
         job
-    })
+    }
 }
 
 /// The bits of the job's LoCo push codes, where it recalibrates LoCo's scale.

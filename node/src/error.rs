@@ -23,13 +23,15 @@ pub enum NodeError {
     /// The network: connections, the protocol, time-outs.
     #[error(transparent)]
     Net(#[from] murmur_net::NetError),
-    /// A failure at a known place of a run (which stage, which step).
-    #[error("{at}: {source}")]
+    /// A failure at a known place of a run (which stage, which step). The message holds
+    /// what happened, so it is not also given as the error's source (a chain printed in full
+    /// would say it twice).
+    #[error("{at}: {what}")]
     At {
         /// Where it happened, in words.
         at: String,
         /// What happened.
-        source: Box<NodeError>,
+        what: Box<NodeError>,
     },
     /// This worker's replica differs from the one most of the swarm's workers hold: a fault
     /// of this machine or of murmur. The worker stops rather than send the swarm a wrong
@@ -56,7 +58,7 @@ impl NodeError {
     pub fn at(self, at: impl Into<String>) -> NodeError {
         NodeError::At {
             at: at.into(),
-            source: Box::new(self),
+            what: Box::new(self),
         }
     }
 

@@ -72,6 +72,7 @@ pub mod error;
 pub mod event;
 pub mod files;
 pub mod job;
+pub mod layout;
 pub mod link;
 pub mod metrics;
 pub mod pipeline;

@@ -144,6 +144,7 @@ mod tests {
                 disagreed,
             }),
             next: None,
+            relay: None,
         }]
     }
 

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use murmur_net::identity::{signature_from_text, signature_text, verify_job, Swarm};
 use murmur_net::ps::{JobOffer, Server, ServerOptions};
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,7 @@ use crate::control::Stopper;
 use crate::error::{NodeError, Result};
 use crate::files::write_atomically;
 use crate::job::Job;
+use crate::layout::shard_checks;
 use crate::link::LinkConfig;
 use crate::worker::panic_message;
 
@@ -41,6 +43,11 @@ pub struct ServerConfig {
     /// The job: shard 0 hands it to every worker that joins; every shard takes the world
     /// size from it.
     pub job: Job,
+    /// The swarm authority's signature of the job (the hex line `murmur swarm sign-job`
+    /// writes), which every worker checks. Without it the shard signs the job itself with the
+    /// swarm folder's `ca.key`, if the folder holds it (a swarm run from one machine), and
+    /// refuses to start otherwise.
+    pub job_signature: Option<String>,
     /// Shard 0 only: write the model snapshots it keeps for rejoining workers here (the
     /// ranks send one in turn every `snapshot_every` rounds of the job), each replacing the last, so the
     /// file holds the newest model when the shard stops.
@@ -63,10 +70,53 @@ impl Default for ServerConfig {
             deadline_s: 30.0,
             link: LinkConfig::default(),
             job: Job::default(),
+            job_signature: None,
             save: None,
             state: None,
         }
     }
+}
+
+/// The job's signature: the one the config gives, or one made now with the swarm folder's
+/// authority key where the folder holds it.
+fn job_signature(config: &ServerConfig, description: &str) -> Result<Vec<u8>> {
+    if let Some(text) = &config.job_signature {
+        let signature = signature_from_text(text)?;
+        let ca = load_credentials(&config.swarm, &config.node)?.ca;
+        verify_job(&ca, description, &signature).map_err(|_| {
+            NodeError::Config(
+                "the job's signature does not verify against this swarm's ca.pem: the job \
+                 differs from the one signed (job flags on top of a signed file change it: \
+                 sign it with the same flags), or another swarm signed it"
+                    .into(),
+            )
+        })?;
+        return Ok(signature);
+    }
+    if !config.swarm.join("ca.key").exists() {
+        return Err(NodeError::Config(format!(
+            "the job is not signed, and {} holds no ca.key to sign it: sign it where the swarm's \
+             key is with `murmur swarm sign-job DIR --config JOB.toml` (and the job flags the \
+             servers get), then start the servers with --job-signature JOB.toml.sig",
+            config.swarm.display()
+        )));
+    }
+    let signature = Swarm::load(&config.swarm)?.sign_job(description)?;
+    tracing::info!(
+        "shard {}: signed the job with the swarm's key in {} (a swarm across machines keeps \
+         ca.key off its servers and gives them the signature: murmur swarm sign-job)",
+        config.shard,
+        config.swarm.display()
+    );
+    Ok(signature)
+}
+
+/// The authority's signature of `job`, as the hex line a `.sig` file holds: what
+/// [`ServerConfig::job_signature`] takes. Needs the swarm folder's `ca.key`.
+pub fn sign_job(swarm: &std::path::Path, job: &Job) -> Result<String> {
+    job.validate()?;
+    let signature = Swarm::load(swarm)?.sign_job(&job.to_wire())?;
+    Ok(signature_text(&signature))
 }
 
 /// Starts parameter-server shards.
@@ -94,7 +144,10 @@ impl ServerNode {
             .map_err(|e| NodeError::Address(format!("to listen on: {e}")))?;
         let creds = load_credentials(&config.swarm, &config.node)?;
         let fingerprint = creds.fingerprint();
+        let description = config.job.to_wire();
+        let signature = job_signature(&config, &description)?;
         let snapshots = config.save.clone().map(save_snapshots).transpose()?;
+        let (layout, snapshot_digest) = shard_checks(&config.job, config.shard, config.shards)?;
         let options = ServerOptions {
             shard: config.shard,
             shards: config.shards,
@@ -105,10 +158,13 @@ impl ServerNode {
             job: Some(JobOffer {
                 world: config.job.workers,
                 start_with: config.job.start_with.unwrap_or(config.job.workers),
-                description: config.job.to_wire(),
+                description,
+                signature,
                 queue: Some(config.job.queue_spec()?),
                 fold_late: config.job.folds_late_pushes(),
             }),
+            layout: Some(layout),
+            snapshot_digest,
             snapshots,
             state_dir: config.state.clone(),
             ..ServerOptions::default()

@@ -2,8 +2,9 @@
 //! JSON line on stdout, then serves until interrupted, logging every peer by its key
 //! fingerprint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::{ArgMatches, Args};
 use murmur_node::swarm::Listening;
 use murmur_node::{Job, LinkConfig, ServerConfig, ServerNode};
@@ -32,6 +33,11 @@ pub struct ServerArgs {
     /// The job, as a TOML file (job flags given here override its fields).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The swarm authority's signature of the job (`murmur swarm sign-job`); default: the job
+    /// file's name with .sig added, where it exists. Without one, the shard signs the job with
+    /// the swarm folder's ca.key if the folder holds it, and refuses to start otherwise.
+    #[arg(long, value_name = "FILE")]
+    job_signature: Option<PathBuf>,
     #[command(flatten)]
     link: LinkConfig,
     #[command(flatten)]
@@ -55,6 +61,16 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     if let Some(path) = &a.save {
         super::flag_checks::writable("--save", path)?;
     }
+    let signature_file = a.job_signature.clone().or_else(|| {
+        let beside = signature_beside(a.config.as_deref()?);
+        beside.exists().then_some(beside)
+    });
+    let job_signature = signature_file
+        .map(|path| {
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("reading the job's signature {}", path.display()))
+        })
+        .transpose()?;
     let server = ServerNode::start(ServerConfig {
         listen: a.listen,
         swarm: a.swarm,
@@ -64,6 +80,7 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
         deadline_s: a.deadline,
         link: a.link,
         job: job.clone(),
+        job_signature,
         save: a.save,
         state: a.state,
     })?;
@@ -82,4 +99,12 @@ pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     crate::signals::on_signal(move |_| stopper.stop());
     server.join()?;
     crate::signals::check()
+}
+
+/// Where `murmur swarm sign-job` writes the signature of the job file `job`: beside it, `.sig`
+/// added to its name.
+pub fn signature_beside(job: &Path) -> PathBuf {
+    let mut name = job.as_os_str().to_owned();
+    name.push(".sig");
+    PathBuf::from(name)
 }

@@ -205,6 +205,14 @@ impl KeyState {
         Ok(())
     }
 
+    /// Weighs `rank`'s push of the open round as standing for `samples` samples, whatever
+    /// it claimed (a shard that knows the rank's share better than the push does).
+    pub fn reweigh(&mut self, rank: usize, samples: u32) {
+        if let Some(push) = self.pending.get_mut(&rank) {
+            push.samples = samples;
+        }
+    }
+
     /// Forgets a rank's push of the open round (the rank left or missed the deadline).
     pub fn discard(&mut self, rank: usize) {
         self.pending.remove(&rank);

@@ -40,6 +40,21 @@ impl ImageDataset {
         }
     }
 
+    /// Values per image (28 × 28 grey levels for both): what a model of the dataset takes in,
+    /// known without loading the files.
+    pub fn features(self) -> usize {
+        match self {
+            ImageDataset::Mnist | ImageDataset::FashionMnist => 28 * 28,
+        }
+    }
+
+    /// Classes of the labels (ten for both).
+    pub fn classes(self) -> usize {
+        match self {
+            ImageDataset::Mnist | ImageDataset::FashionMnist => 10,
+        }
+    }
+
     /// Loads one split from `root/<folder>/`.
     pub fn load(self, root: &Path, split: Split) -> Result<ImageSet> {
         ImageSet::load(&root.join(self.folder()), split, self.name())

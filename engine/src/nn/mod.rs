@@ -70,16 +70,21 @@ pub trait Module {
     /// differing bits cancels out; not a cryptographic one (a worker reports its own digest,
     /// so strength against forgery would buy nothing), and fast enough for every round.
     fn parameter_digest(&self) -> crate::Result<u64> {
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        for values in Tensor::read_many(&self.parameters())? {
-            if cfg!(target_endian = "little") {
-                hasher.update(bytemuck::cast_slice::<f32, u8>(&values));
-            } else {
-                values.iter().for_each(|v| hasher.update(&v.to_le_bytes()));
-            }
-        }
-        Ok(hasher.digest())
+        Ok(digest_of_values(Tensor::read_many(&self.parameters())?))
     }
+}
+
+/// [`Module::parameter_digest`] of parameters whose values are `tensors`, in order.
+pub fn digest_of_values(tensors: impl IntoIterator<Item = Vec<f32>>) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for values in tensors {
+        if cfg!(target_endian = "little") {
+            hasher.update(bytemuck::cast_slice::<f32, u8>(&values));
+        } else {
+            values.iter().for_each(|v| hasher.update(&v.to_le_bytes()));
+        }
+    }
+    hasher.digest()
 }
 
 /// `child`'s named parameters under `prefix` (`prefix.name`): how a container names its

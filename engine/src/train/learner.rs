@@ -8,6 +8,7 @@ use crate::nn::Module;
 use crate::optim::Optimizer;
 use crate::tensor::{Device, Tensor};
 
+use super::state::Saved;
 use super::{Classifier, LanguageModel};
 
 /// A model with its optimizer, as a data-parallel rank holds it.
@@ -57,6 +58,12 @@ pub trait Learner {
 
     /// The digest replicas compare each round ([`Module::parameter_digest`]).
     fn parameter_digest(&self) -> Result<u64>;
+
+    /// The digest ([`Learner::parameter_digest`]) of the parameters in `snapshot`, bytes of
+    /// [`Learner::save_state`] from a replica of this model (the run it describes is not
+    /// compared): what a shard checks a snapshot by. An error if the bytes are not such a
+    /// snapshot.
+    fn snapshot_digest(&self, snapshot: &[u8]) -> Result<u64>;
 }
 
 impl Learner for Classifier {
@@ -109,6 +116,10 @@ impl Learner for Classifier {
 
     fn parameter_digest(&self) -> Result<u64> {
         Classifier::parameter_digest(self)
+    }
+
+    fn snapshot_digest(&self, snapshot: &[u8]) -> Result<u64> {
+        Saved::from_bytes(snapshot, &Device::Cpu)?.parameter_digest(&self.model)
     }
 }
 
@@ -163,5 +174,9 @@ impl Learner for LanguageModel {
 
     fn parameter_digest(&self) -> Result<u64> {
         self.model.parameter_digest()
+    }
+
+    fn snapshot_digest(&self, snapshot: &[u8]) -> Result<u64> {
+        Saved::from_bytes(snapshot, &Device::Cpu)?.parameter_digest(&self.model)
     }
 }

@@ -179,6 +179,28 @@ impl Saved {
         self.optimizer_steps.is_some()
     }
 
+    /// The digest of the weights this checkpoint holds for `model`'s parameters, as
+    /// [`Module::parameter_digest`] computes it for a replica holding them: what a shard
+    /// compares a snapshot against. Refuses a checkpoint that lacks one of the parameters or
+    /// holds it in another shape; the run it describes is not compared.
+    pub fn parameter_digest(&self, model: &dyn Module) -> Result<u64> {
+        let mut held = Vec::new();
+        for (name, param) in model.named_parameters() {
+            let Some((_, t)) = self.tensors.iter().find(|(n, _)| *n == name) else {
+                return Err(Error::Data(format!("the checkpoint lacks {name}")));
+            };
+            if t.shape() != param.shape() {
+                return Err(Error::Data(format!(
+                    "checkpoint tensor {name} has shape {:?}, the parameter {:?}",
+                    t.shape(),
+                    param.shape()
+                )));
+            }
+            held.push(t);
+        }
+        Ok(crate::nn::digest_of_values(Tensor::read_many(&held)?))
+    }
+
     /// Refuses a checkpoint of another kind of model than `model`.
     pub(super) fn expect_model(&self, model: &str) -> Result<()> {
         if self.model != model {
@@ -366,6 +388,34 @@ mod tests {
         out.clear();
         differences("", &ours, &ours.clone(), &mut out);
         assert!(out.is_empty());
+    }
+
+    /// A shard checks a snapshot by the digest of the parameters it holds: for a replica's
+    /// own snapshot that is the replica's digest, for anyone else's (another seed, weights
+    /// of another shape) it is not.
+    #[test]
+    fn a_snapshots_digest_is_its_replicas() {
+        use crate::train::{Classifier, ClassifierConfig, Learner};
+        let config = |seed| ClassifierConfig {
+            hidden: vec![5],
+            seed,
+            ..ClassifierConfig::default()
+        };
+        let ours = Classifier::new(&Device::Cpu, 7, 3, &config(1)).unwrap();
+        let theirs = Classifier::new(&Device::Cpu, 7, 3, &config(2)).unwrap();
+        let wider = Classifier::new(&Device::Cpu, 8, 3, &config(1)).unwrap();
+        let own = ours.save_state().unwrap();
+        assert_eq!(
+            ours.snapshot_digest(&own).unwrap(),
+            ours.parameter_digest().unwrap()
+        );
+        assert_ne!(
+            ours.snapshot_digest(&theirs.save_state().unwrap()).unwrap(),
+            ours.parameter_digest().unwrap()
+        );
+        assert!(ours.snapshot_digest(&wider.save_state().unwrap()).is_err());
+        assert!(ours.snapshot_digest(&own[..own.len() / 2]).is_err());
+        assert!(ours.snapshot_digest(b"not a checkpoint").is_err());
     }
 
     #[test]

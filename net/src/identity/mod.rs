@@ -11,9 +11,11 @@
 //! A certificate states its holder's [`Role`] and is valid for a number of days (a year
 //! unless the issuer says otherwise); TLS refuses an expired one.
 
+mod job_signature;
 mod revocation;
 mod role;
 
+pub use job_signature::{signature_from_text, signature_text, verify_job};
 pub use revocation::{RevocationList, REVOKED_FILE};
 pub use role::Role;
 

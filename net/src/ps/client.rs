@@ -16,7 +16,7 @@ use murmur_engine::comm::{Collective, Key, KeySpec};
 use quinn::{Connection, Endpoint};
 
 use crate::error::{NetError, Result};
-use crate::identity::{Credentials, Role};
+use crate::identity::{verify_job, Credentials, Role};
 use crate::ticket::Ticket;
 use crate::transport::{
     client_endpoint, close, connect, expect_peer, hang_up, send, send_push, Incoming, Link,
@@ -188,7 +188,12 @@ pub fn join_job(
         };
         hang_up(&conn, close::DONE, "joined");
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
-        welcome
+        // A job the swarm's authority did not sign is not trained, whoever offers it.
+        let welcome = welcome?;
+        verify_job(&creds.ca, &welcome.job, &welcome.signature).map_err(|e| {
+            NetError::Identity(format!("{server} offered a job this worker refuses: {e}"))
+        })?;
+        Ok(welcome)
     })
 }
 
@@ -297,8 +302,9 @@ impl QuicCollective {
         self.underway
     }
 
-    /// Sends a snapshot of the model after `step` rounds: its bytes to shard 0, which keeps
-    /// them for rejoining workers, and a notice to the others, which then forget older rounds.
+    /// Sends a snapshot of the model after `step` rounds to shard 0, which keeps it for
+    /// rejoining workers (once it has checked it) and tells the other shards, in its word on
+    /// the next rounds, to forget the rounds before it.
     pub fn snapshot(&mut self, step: u64, bytes: Vec<u8>) -> Result<()> {
         // Shard 0 would refuse it and drop this worker: say so here instead.
         if bytes.len() > self.options.limits.max_payload {
@@ -308,18 +314,10 @@ impl QuicCollective {
                 self.options.limits.max_payload
             )));
         }
-        let mut bytes = Some(bytes);
-        for (shard, conn) in self.shards.iter().enumerate() {
-            let payload = if shard == 0 {
-                bytes.take().expect("shard 0 comes once")
-            } else {
-                Vec::new()
-            };
-            let frame = Frame::new(Kind::Snapshot, self.rank, 0, step, 0, payload);
-            let conn = conn.clone();
-            self.in_flight
-                .push(self.runtime.spawn(async move { send(&conn, frame).await }));
-        }
+        let frame = Frame::new(Kind::Snapshot, self.rank, 0, step, 0, bytes);
+        let conn = self.shards[0].clone();
+        self.in_flight
+            .push(self.runtime.spawn(async move { send(&conn, frame).await }));
         Ok(())
     }
 
@@ -486,15 +484,12 @@ struct Relay {
 }
 
 impl Relay {
-    fn participants(&mut self, step: u64, ranks: &[u16]) {
+    fn participants(&mut self, step: u64, relayed: &Participants) {
         if self.to.is_empty() || self.last.is_some_and(|last| step <= last) {
             return;
         }
         self.last = Some(step);
-        let relayed = Participants {
-            ranks: ranks.to_vec(),
-        };
-        let frame = Frame::control(Kind::Participants, self.rank, step, &relayed);
+        let frame = Frame::control(Kind::Participants, self.rank, step, relayed);
         for conn in &self.to {
             let (conn, frame) = (conn.clone(), frame.clone());
             // A shard lost is found by its own reader; the relay of another worker may reach it.
@@ -544,11 +539,11 @@ async fn read_replies(
                     // and again in the round's summary (which a catch-up replays): both go
                     // on to the other shards, which take the first.
                     Kind::Participants if shard == 0 => frame.message::<Participants>().map(|m| {
-                        relay.participants(frame.step, &m.ranks);
+                        relay.participants(frame.step, &m);
                     }),
                     Kind::Closed => frame.message::<Closed>().map(|m| {
-                        if shard == 0 {
-                            relay.participants(frame.step, &m.participants);
+                        if let (0, Some(relayed)) = (shard, &m.relay) {
+                            relay.participants(frame.step, relayed);
                         }
                         inbox.update(|r| {
                             if let (0, Some(a), Some(next)) =

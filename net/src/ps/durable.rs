@@ -29,7 +29,7 @@ use crate::state_file;
 use crate::wire::Closed;
 
 /// The first bytes of every file in a shard's state folder, with the format's version.
-pub const MAGIC: &[u8; 8] = b"MMSHARD5";
+pub const MAGIC: &[u8; 8] = b"MMSHARD6";
 
 /// What `state` holds: a shard between rounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -279,6 +279,7 @@ mod tests {
                     participants: vec![0],
                     replicas: None,
                     next: None,
+                    relay: None,
                 },
             )
             .unwrap();

@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod durable;
+pub mod job_checks;
 pub mod queue;
 pub mod quorum;
 pub mod server;

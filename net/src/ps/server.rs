@@ -20,15 +20,16 @@ use murmur_engine::comm::Key;
 use quinn::{Connection, Endpoint};
 
 use super::durable::{job_digest, StateDir};
+use super::job_checks::{LayoutCheck, SnapshotDigest};
 use super::queue::QueueSpec;
 use super::quorum::QuorumRule;
 use super::state::{
     CatchupReply, ClosedRound, Departure, PeerId, PushCheck, ShardState, STRIKES_TO_EVICT,
 };
 use crate::error::{NetError, Result};
-use crate::identity::{fingerprint, Credentials, RevocationList, Role, REVOKED_FILE};
+use crate::identity::{fingerprint, verify_job, Credentials, RevocationList, Role, REVOKED_FILE};
 use crate::log::RateLimitedLog;
-use crate::ticket::TicketSigner;
+use crate::ticket::{check_participants, TicketSigner};
 use crate::tls::client_verifier;
 use crate::transport::{
     admit, close, expect_peer, hang_up, peer_certificate, receive, send, send_parts, server_config,
@@ -67,6 +68,12 @@ pub struct ServerOptions {
     /// The job this shard serves: it fixes the world size, and shard 0 hands it, with a rank,
     /// to every worker that joins with [`Kind::Join`].
     pub job: Option<JobOffer>,
+    /// The keys the job gives this shard: registrations that differ are refused (without
+    /// it, the first registration fixes the keys).
+    pub layout: Option<LayoutCheck>,
+    /// Shard 0: the digest of a snapshot's parameters, which must be the replicas' majority
+    /// digest of its round (without it, any rank's snapshot is kept).
+    pub snapshot_digest: Option<SnapshotDigest>,
     /// Where the snapshots this shard keeps (shard 0: the model every few rounds, from the ranks in turn) are
     /// also sent, as (step, bytes): what `murmur server --save` writes to disk.
     pub snapshots: Option<std::sync::mpsc::Sender<(u64, bytes::Bytes)>>,
@@ -92,6 +99,9 @@ pub struct JobOffer {
     pub start_with: u16,
     /// The job's description (JSON, written and read by the node library).
     pub description: String,
+    /// The swarm authority's signature of `description`, which every worker checks
+    /// ([`crate::identity::verify_job`]); [`Server::bind`] refuses a job it does not sign.
+    pub signature: Vec<u8>,
     /// The samples shard 0 hands out round by round ([`super::queue`]), if the job has a
     /// queue; without one every worker takes its own equal share of each round.
     pub queue: Option<QueueSpec>,
@@ -114,6 +124,8 @@ impl Default for ServerOptions {
             max_connections: 1024,
             aggregate: Aggregate::Mean,
             job: None,
+            layout: None,
+            snapshot_digest: None,
             snapshots: None,
             state_dir: None,
         }
@@ -127,6 +139,10 @@ struct Held {
     conn: Connection,
     cert: CertificateDer<'static>,
     fingerprint: String,
+    /// The certificate (DER) of the shard 0 that signed the peer's rank ticket, once its
+    /// hello showed one (shards other than 0 of a job): shard 0's word on each round, which
+    /// the peer relays, must carry that key's signature.
+    issuer: Option<Vec<u8>>,
 }
 
 struct Shared {
@@ -146,7 +162,7 @@ struct Shared {
     /// The shard's credentials, whose revocation list [`watch_revocations`] renews.
     creds: Mutex<Credentials>,
     /// Shard 0 of a job signs each rank it hands out ([`crate::ticket`]).
-    signer: Option<TicketSigner>,
+    signer: Option<Arc<TicketSigner>>,
     /// The digest of the job's description (empty without a job), which tickets name.
     job_digest: Vec<u8>,
     /// Connections held, handshakes under way included.
@@ -163,7 +179,7 @@ pub struct Server {
     endpoint: Endpoint,
     shared: Arc<Shared>,
     /// Shard 0's participants of each round, as it decides them ([`announce_participants`]).
-    decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Vec<u16>, Vec<PeerId>)>,
+    decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Participants, Vec<PeerId>)>,
 }
 
 impl Server {
@@ -227,6 +243,9 @@ impl Server {
         }
         state.set_quorum(options.quorum);
         state.set_aggregate(options.aggregate);
+        if let Some(layout) = &options.layout {
+            state.set_layout(layout.clone());
+        }
         // Shard 0 of several says who took part in each round as soon as it knows.
         let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
         if options.shard == 0 && options.shards > 1 {
@@ -253,6 +272,7 @@ impl Server {
                     job.start_with, job.world
                 )));
             }
+            verify_job(&creds.ca, &job.description, &job.signature)?;
             state.fix_world(job.world);
             state.start_with(job.start_with);
             state.set_fold_late(job.fold_late);
@@ -272,9 +292,12 @@ impl Server {
             .map_or(0, |j| 2 * usize::from(j.world) + 64)
             .max(options.max_connections);
         let signer = match (&options.job, options.shard) {
-            (Some(_), 0) => Some(TicketSigner::new(creds)?),
+            (Some(_), 0) => Some(Arc::new(TicketSigner::new(creds)?)),
             _ => None,
         };
+        if let (Some(signer), true) = (&signer, options.shards > 1) {
+            state.sign_participants_with(signer.clone(), job.clone());
+        }
         Ok(Server {
             decided: decided_rx,
             endpoint: endpoint.clone(),
@@ -365,14 +388,14 @@ impl Server {
 /// relay them to the other shards ([`Kind::Participants`]).
 async fn announce_participants(
     shared: Arc<Shared>,
-    mut decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Vec<u16>, Vec<PeerId>)>,
+    mut decided: tokio::sync::mpsc::UnboundedReceiver<(u64, Participants, Vec<PeerId>)>,
 ) {
-    while let Some((step, ranks, listeners)) = decided.recv().await {
+    while let Some((step, participants, listeners)) = decided.recv().await {
         let frame = Frame::control(
             Kind::Participants,
             shared.options.shard,
             step,
-            &Participants { ranks },
+            &participants,
         );
         for id in listeners {
             if let Some(conn) = conn_of(&shared, id) {
@@ -498,6 +521,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
             conn: conn.clone(),
             cert,
             fingerprint: fingerprint.clone(),
+            issuer: None,
         },
     );
     let outcome = match admission(&shared, id, &conn).await {
@@ -648,6 +672,11 @@ fn persist(shared: &Shared, state: &ShardState, round: Option<&ClosedRound>) -> 
 /// snapshot before it adopts it, so its state never names a snapshot its folder lacks; one it
 /// cannot write is not adopted (the log keeps the rounds it would have covered).
 fn keep_snapshot(shared: &Shared, id: PeerId, frame: Frame) -> Result<Option<(u64, Bytes)>> {
+    if let Some(digest_of) = &shared.options.snapshot_digest {
+        if !check_snapshot_digest(shared, digest_of, &frame)? {
+            return Ok(None);
+        }
+    }
     let mut state = lock(shared);
     state.check_snapshot(id, frame.step)?;
     if let (false, Some((dir, _))) = (frame.payload.is_empty(), &shared.durable) {
@@ -665,6 +694,45 @@ fn keep_snapshot(shared: &Shared, id: PeerId, frame: Frame) -> Result<Option<(u6
     // stops).
     persist(shared, &state, None);
     Ok(kept)
+}
+
+/// Holds a snapshot to the replicas' model: its parameters must hash to the digest more than
+/// half of the workers reported entering its round (a snapshot is sent once its round has
+/// confirmed the sender's replica). A snapshot of another model, or of other parameters, is
+/// refused with an error (the sender is hung up on); one whose round left no majority on
+/// record is dropped with a warning (the log keeps the rounds it would have covered).
+fn check_snapshot_digest(
+    shared: &Shared,
+    digest_of: &SnapshotDigest,
+    frame: &Frame,
+) -> Result<bool> {
+    let step = frame.step;
+    if frame.payload.is_empty() {
+        return Err(NetError::Protocol(format!(
+            "an empty snapshot of round {step} (shard {} keeps the model)",
+            shared.options.shard
+        )));
+    }
+    let digest = digest_of
+        .of(&frame.payload)
+        .map_err(|e| NetError::Protocol(format!("the snapshot of round {step}: {e}")))?;
+    match lock(shared).majority_digest(step) {
+        Some(majority) if majority == digest => Ok(true),
+        Some(majority) => Err(NetError::Protocol(format!(
+            "the snapshot of round {step} holds parameters with digest {digest:x}, not the \
+             replicas' ({majority:x})"
+        ))),
+        None => {
+            shared.warnings.warn("snapshot", || {
+                format!(
+                    "shard {}: the snapshot of round {step} was dropped: no majority of replica \
+                     digests on record for that round",
+                    shared.options.shard
+                )
+            });
+            Ok(false)
+        }
+    }
 }
 
 async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
@@ -697,6 +765,9 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                     hello.rank,
                     hello.world,
                 )?;
+                if let Some(held) = shared.conns.lock().expect("conns lock").get_mut(&id) {
+                    held.issuer = Some(ticket.issuer.clone());
+                }
             }
             let replaced = {
                 let mut state = lock(shared);
@@ -744,9 +815,16 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
         }
         Kind::Participants => {
             let relayed: Participants = frame.message()?;
+            if shared.options.job.is_some() {
+                // The relaying worker's ticket named shard 0's key: its word must carry it.
+                let issuer = held(shared, id).and_then(|h| h.issuer).ok_or_else(|| {
+                    NetError::Protocol("shard 0's participants relayed before a hello".into())
+                })?;
+                check_participants(&issuer, &shared.job_digest, frame.step, &relayed)?;
+            }
             let complete = {
                 let mut state = lock(shared);
-                state.follow(id, frame.step, &relayed.ranks)?;
+                state.follow(id, frame.step, &relayed)?;
                 state.round_complete()
             };
             // The participants may be the last thing a follower's round waited for.
@@ -810,6 +888,7 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 world: job.world,
                 job: job.description.clone(),
                 ticket: signer.sign(rank, job.world, &shared.job_digest, &peer.cert)?,
+                signature: job.signature.clone(),
             };
             let frame = Frame::control(Kind::Welcome, options.shard, 0, &welcome);
             tokio::spawn(async move { send(&peer.conn, frame).await });

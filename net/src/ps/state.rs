@@ -35,25 +35,32 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::durable::{Loaded, SavedShard};
+use super::job_checks::LayoutCheck;
 use super::queue::{QueueSpec, SampleQueue};
 use super::quorum::{PushTimes, QuorumRule};
+use crate::ticket::TicketSigner;
 use bytes::Bytes;
 use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::push::Push;
 use murmur_engine::comm::shard::{KeyState, PushDecoder};
 use murmur_engine::comm::Key;
+use std::sync::Arc;
 
 use crate::error::{NetError, Result};
 use crate::wire::{
-    Assignment, Catchup, Closed, Hello, Limits, Register, Registered, ReplicaVerdict,
+    Assignment, Catchup, Closed, Hello, Limits, Participants, Register, Registered, ReplicaVerdict,
 };
 
 /// A connection's identity inside the server.
 pub type PeerId = usize;
 
 /// What shard 0 does with a round's participants once it has decided them: (the round, its
-/// participants, the peers listening).
-pub type Decided = Box<dyn Fn(u64, Vec<u16>, Vec<PeerId>) + Send>;
+/// participants as the followers get them, the peers listening).
+pub type Decided = Box<dyn Fn(u64, Participants, Vec<PeerId>) + Send>;
+
+/// Shard 0's key, with the digest of the job, to sign each round's participants
+/// ([`TicketSigner::sign_participants`]).
+pub type RelaySigner = (Arc<TicketSigner>, Vec<u8>);
 
 #[derive(Debug, Clone)]
 struct Peer {
@@ -84,6 +91,9 @@ pub struct ClosedRound {
     pub diverged: Vec<(u16, u64)>,
     /// The next round's assignment (shard 0 of a job with a sample queue).
     pub next: Option<Assignment>,
+    /// Shard 0 of several: the participants it sent the followers (signed where it serves a
+    /// job), for the workers to relay.
+    pub relay: Option<Participants>,
     /// Ranks whose pushes stood out on some key (robust aggregation rules), with the largest
     /// multiple of the median push's distance.
     pub outliers: Vec<(u16, f32)>,
@@ -99,6 +109,7 @@ impl ClosedRound {
             participants: self.participants.clone(),
             replicas: self.replicas,
             next: self.next.clone(),
+            relay: self.relay.clone(),
         }
     }
 }
@@ -188,6 +199,11 @@ pub struct ShardState {
     /// Shard 0's participants of the open round, as the first worker relayed them (a
     /// follower's rounds close over them).
     decided: Option<BTreeSet<u16>>,
+    /// The samples shard 0 counted for each of `decided`: a follower weighs each
+    /// participant's pushes by these.
+    decided_samples: BTreeMap<u16, u32>,
+    /// Shard 0 of a job across several shards: signs the participants it decides.
+    relay_signer: Option<RelaySigner>,
     /// Shard 0 of several: told each round's participants (with the listeners) as soon as
     /// they are decided, before the round's sums, to send them on ([`ShardState::on_decided`]).
     on_decided: Option<Decided>,
@@ -205,6 +221,9 @@ pub struct ShardState {
     /// Ranks that left this shard for good (not to reconnect) during the open round before
     /// finishing it: a follower closes without them rather than wait ([`ShardState::follow`]).
     departed: BTreeSet<u16>,
+    /// The keys the job says this shard owns: a registration that differs is refused before
+    /// anything is built from it, so no peer fixes the layout by registering first.
+    layout: Option<LayoutCheck>,
 }
 
 /// A rank whose pushes stand out ([`murmur_engine::comm::aggregate::OUTLIER_RATIO`] times the
@@ -248,6 +267,8 @@ impl ShardState {
             queue: None,
             fold_late: false,
             decided: None,
+            decided_samples: BTreeMap::new(),
+            relay_signer: None,
             on_decided: None,
             samples: BTreeMap::new(),
             finished_after: BTreeMap::new(),
@@ -255,7 +276,13 @@ impl ShardState {
             strikes: BTreeMap::new(),
             evicted: BTreeSet::new(),
             departed: BTreeSet::new(),
+            layout: None,
         }
+    }
+
+    /// Holds every registration to the job's layout for this shard.
+    pub fn set_layout(&mut self, layout: LayoutCheck) {
+        self.layout = Some(layout);
     }
 
     /// Combines every key's pushes by `rule` from the next round on.
@@ -387,6 +414,7 @@ impl ShardState {
                 replicas: summary.replicas,
                 diverged: Vec::new(),
                 next: summary.next,
+                relay: summary.relay,
                 outliers: Vec::new(),
                 evicted: Vec::new(),
             })
@@ -579,6 +607,11 @@ impl ShardState {
             return protocol("registered twice".into());
         }
         register.check(&self.limits)?;
+        if let Some(layout) = &self.layout {
+            layout
+                .check(&register.keys)
+                .map_err(|e| NetError::Protocol(format!("keys other than the job's: {e}")))?;
+        }
         if register.replica_digests && self.shard != 0 {
             return protocol(format!(
                 "replica digests go to shard 0, not to shard {}",
@@ -779,21 +812,35 @@ impl ShardState {
         self.on_decided = Some(decided);
     }
 
+    /// Shard 0 signs the participants it decides with `signer`, for the job of digest `job`.
+    pub fn sign_participants_with(&mut self, signer: Arc<TicketSigner>, job: Vec<u8>) {
+        self.relay_signer = Some((signer, job));
+    }
+
     /// Whether this shard closes its rounds over shard 0's participants (every shard but 0).
     pub fn is_follower(&self) -> bool {
         self.shard != 0
     }
 
     /// Shard 0's participants of round `step`, relayed by peer `id` (a worker that received
-    /// shard 0's summary of it): the open round of a follower closes over them. The first
-    /// relay of the open round counts; one naming other ranks is logged and ignored, as are
-    /// relays of other rounds (the replayed summaries of a catch-up) and those of peers not yet
+    /// shard 0's summary of it; the server checked shard 0's signature): the open round of a
+    /// follower closes over them, weighing each participant's pushes by the samples shard 0
+    /// counted, and the rounds before shard 0's snapshot leave the log. The first relay of
+    /// the open round counts; one naming other ranks is logged and ignored, as are relays of
+    /// other rounds (the replayed summaries of a catch-up) and those of peers not yet
     /// registered. Shard 0 refuses them.
-    pub fn follow(&mut self, id: PeerId, step: u64, ranks: &[u16]) -> Result<()> {
+    pub fn follow(&mut self, id: PeerId, step: u64, relayed: &Participants) -> Result<()> {
         if !self.is_follower() {
             return protocol(
                 "shard 0's participants relayed to shard 0, which decides them".into(),
             );
+        }
+        if relayed.samples.len() != relayed.ranks.len() {
+            return protocol(format!(
+                "shard 0's participants of round {step}: {} ranks, {} sample counts",
+                relayed.ranks.len(),
+                relayed.samples.len()
+            ));
         }
         // Frames travel on streams of their own: a relay may overtake the sender's hello or
         // registration, and another worker's relay of the round will do.
@@ -803,7 +850,7 @@ impl ShardState {
         if step != self.open_step || !self.started {
             return Ok(());
         }
-        let ranks: BTreeSet<u16> = ranks.iter().copied().collect();
+        let ranks: BTreeSet<u16> = relayed.ranks.iter().copied().collect();
         match &self.decided {
             Some(first) if *first != ranks => tracing::warn!(
                 "shard {}: rank {} relayed shard 0's participants of round {step} as {:?}, \
@@ -814,7 +861,18 @@ impl ShardState {
                 first
             ),
             Some(_) => {}
-            None => self.decided = Some(ranks),
+            None => {
+                self.decided = Some(ranks);
+                self.decided_samples = relayed
+                    .ranks
+                    .iter()
+                    .copied()
+                    .zip(relayed.samples.iter().copied())
+                    .collect();
+                if let Some(snapshot) = relayed.snapshot.filter(|s| *s <= self.open_step) {
+                    self.drop_log_before(snapshot);
+                }
+            }
         }
         self.give_up_on_departed();
         Ok(())
@@ -1004,10 +1062,38 @@ impl ShardState {
             self.finished_after.remove(rank);
         }
         self.expected.clear();
+        if self.is_follower() {
+            self.weigh_as_shard_0(keep);
+        }
         let mut round = self.close_now(&late);
         round.late = late;
         self.quorum_rounds += u64::from(!round.late.is_empty());
         round
+    }
+
+    /// Weighs each of `ranks`' pushes by the samples shard 0 counted for it, where its pushes
+    /// here claimed others: a worker cannot weigh more on a follower than its share.
+    fn weigh_as_shard_0(&mut self, ranks: &BTreeSet<u16>) {
+        for rank in ranks {
+            let (Some(&counted), Some(&claimed)) =
+                (self.decided_samples.get(rank), self.samples.get(rank))
+            else {
+                continue;
+            };
+            if counted == claimed {
+                continue;
+            }
+            tracing::warn!(
+                "shard {}: rank {rank}'s pushes of round {} claim {claimed} samples, shard 0 \
+                 counted {counted}: weighed as {counted}",
+                self.shard,
+                self.open_step
+            );
+            for entry in self.keys.values_mut() {
+                entry.reweigh(usize::from(*rank), counted);
+            }
+            self.samples.insert(*rank, counted);
+        }
     }
 
     /// Whether every active rank has pushed every key and no expected rank is missing.
@@ -1071,16 +1157,45 @@ impl ShardState {
         Some(self.close_now(&[]))
     }
 
+    /// Shard 0's word on round `step` for the followers: who took part, the samples each
+    /// stands for, and the snapshot it holds; signed where it serves a job.
+    fn participants_to_relay(&self, step: u64) -> Participants {
+        let ranks: Vec<u16> = self.pushed.keys().copied().collect();
+        let participants = Participants {
+            samples: ranks
+                .iter()
+                .map(|r| self.samples.get(r).copied().unwrap_or(0))
+                .collect(),
+            ranks,
+            snapshot: self.snapshot.as_ref().map(|(s, _)| *s),
+            signature: Vec::new(),
+        };
+        match &self.relay_signer {
+            None => participants,
+            Some((signer, job)) => signer
+                .sign_participants(job, step, participants.clone())
+                .unwrap_or_else(|e| {
+                    // Signing with a key that signed the tickets does not fail; if it did,
+                    // the followers refuse the relay and close the round at its deadline.
+                    tracing::error!("shard 0: signing round {step}'s participants: {e}");
+                    participants
+                }),
+        }
+    }
+
     /// Closes the open round over the pushes it holds; `late` are the members it closes
     /// without.
     fn close_now(&mut self, late: &[u16]) -> ClosedRound {
         use rayon::prelude::*;
         let step = self.open_step;
         let closed_after = self.opened.map(|o| o.elapsed().as_secs_f64());
-        if let Some(decided) = &self.on_decided {
+        let relay = self
+            .on_decided
+            .is_some()
+            .then(|| self.participants_to_relay(step));
+        if let (Some(decided), Some(relay)) = (&self.on_decided, &relay) {
             // Before the sums: the followers close their share of the round beside this one.
-            let participants: Vec<u16> = self.pushed.keys().copied().collect();
-            decided(step, participants, self.listeners());
+            decided(step, relay.clone(), self.listeners());
         }
         // Every key closes, even when another fails: one bad key must not leave the others
         // open (a key left behind would refuse every later push as the wrong step).
@@ -1117,6 +1232,7 @@ impl ShardState {
             replicas: None,
             diverged: Vec::new(),
             next: None,
+            relay,
             outliers: outliers.into_iter().collect(),
             evicted,
         };
@@ -1164,6 +1280,7 @@ impl ShardState {
         }
         self.pushed.clear();
         self.decided = None;
+        self.decided_samples.clear();
         self.departed.clear();
         self.open_step += 1;
         self.quorum_armed = false;
@@ -1183,17 +1300,29 @@ impl ShardState {
         let kept = (!payload.is_empty()).then(|| (step, Bytes::from(payload)));
         if kept.is_some() {
             self.snapshot = kept.clone();
+            self.drop_log_before(step);
         }
+        Ok(kept)
+    }
+
+    /// Drops the logged rounds before `step` (a snapshot covers them).
+    fn drop_log_before(&mut self, step: u64) {
         while self.log.front().is_some_and(|r| r.step < step) {
             self.log.pop_front();
         }
-        Ok(kept)
     }
 
     /// Checks that peer `id` may send a snapshot of round `step` (before a durable shard
     /// writes it to disk).
     pub fn check_snapshot(&self, id: PeerId, step: u64) -> Result<()> {
         self.peer(id)?;
+        if self.is_follower() {
+            return protocol(format!(
+                "a snapshot sent to shard {}: snapshots go to shard 0, whose word on each \
+                 round tells the other shards which rounds to keep",
+                self.shard
+            ));
+        }
         if step > self.open_step {
             return protocol(format!(
                 "snapshot of step {step}, ahead of the open round {}",
@@ -1201,6 +1330,16 @@ impl ShardState {
             ));
         }
         Ok(())
+    }
+
+    /// The digest more than half of the workers reported entering round `step`, if that
+    /// round is still in the log and had one.
+    pub fn majority_digest(&self, step: u64) -> Option<u64> {
+        self.log
+            .iter()
+            .find(|r| r.step == step)
+            .and_then(|r| r.replicas)
+            .and_then(|v| v.majority)
     }
 
     /// What a rejoining peer is sent.
@@ -1398,6 +1537,16 @@ mod tests {
     }
 
     /// Peer `id` pushes `value` twice for `step`; whether the push counted.
+    /// Shard 0's word on a round whose participants pushed one sample each.
+    fn word(ranks: &[u16]) -> Participants {
+        Participants {
+            ranks: ranks.to_vec(),
+            samples: vec![1; ranks.len()],
+            snapshot: None,
+            signature: Vec::new(),
+        }
+    }
+
     fn push(state: &mut ShardState, id: PeerId, step: u64, value: f32) -> bool {
         match state.check_push(id, 1, step, 2).unwrap() {
             PushCheck::Ignore => false,
@@ -1492,6 +1641,43 @@ mod tests {
         assert_eq!(state.evict_stragglers(4, attempt).len(), 2);
     }
 
+    /// A follower takes shard 0's word for what it cannot know: a participant's pushes
+    /// weigh the samples shard 0 counted for it (not the thousand rank 1 claims here), and
+    /// the log keeps the rounds from shard 0's snapshot on; a snapshot sent to the follower
+    /// itself is refused.
+    #[test]
+    fn a_follower_weighs_and_prunes_by_shard_0s_word() {
+        let mut state = ShardState::new(1, Limits::default(), 10);
+        state.fix_world(2);
+        join(&mut state, 0..2, 2);
+        for step in 0..3 {
+            let claims = [(0, 1.0, 1), (1, 5.0, if step == 2 { 1000 } else { 1 })];
+            for (id, value, samples) in claims {
+                let PushCheck::Decode(d) = state.check_push(id, 1, step, 2).unwrap() else {
+                    panic!("round {step} is open");
+                };
+                let push = d.decode(samples, &bytemuck_f32(&[value, value])).unwrap();
+                state.insert_push(id, 1, step, push).unwrap();
+            }
+            let mut said = word(&[0, 1]);
+            said.snapshot = (step == 2).then_some(1);
+            state.follow(0, step, &said).unwrap();
+            let round = state.close_round().expect("both pushed");
+            // Equal weights: the mean of 1 and 5, rank 1's claim of 1000 notwithstanding.
+            assert_eq!(f32_reply(&round.replies), [3.0, 3.0], "round {step}");
+        }
+        let catchup = state.catchup(0).unwrap();
+        assert_eq!(
+            catchup.rounds.iter().map(|r| r.step).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        let refused = state.check_snapshot(0, 2).unwrap_err().to_string();
+        assert!(refused.contains("snapshots go to shard 0"), "{refused}");
+        let mut torn = word(&[0, 1]);
+        torn.samples.pop();
+        assert!(state.follow(0, 3, &torn).is_err());
+    }
+
     /// Shard 1 of a swarm follows shard 0: it closes on no quorum of its own, not even with
     /// every member's push in, until a worker relays shard 0's participants; then over those
     /// exactly, the others' pushes discarded as late, and the first relay stands. Its hard
@@ -1510,10 +1696,10 @@ mod tests {
         assert!(!state.round_complete(), "no relay yet");
         assert_eq!(state.arm_quorum(ceiling), None, "never on its own quorum");
         assert!(state.close_round().is_none());
-        state.follow(0, 1, &[0, 1, 2]).unwrap();
+        state.follow(0, 1, &word(&[0, 1, 2])).unwrap();
         assert!(!state.round_complete(), "a relay of another round");
-        state.follow(1, 0, &[0, 1]).unwrap();
-        state.follow(2, 0, &[0, 1, 2]).unwrap();
+        state.follow(1, 0, &word(&[0, 1])).unwrap();
+        state.follow(2, 0, &word(&[0, 1, 2])).unwrap();
         let round = state.close_round().expect("shard 0's participants pushed");
         assert_eq!((round.participants, round.late), (vec![0, 1], vec![2]));
         let reply = f32_reply(&round.replies);
@@ -1523,13 +1709,13 @@ mod tests {
             "rank 2's push is left out, as on shard 0"
         );
         // Round 1: the relay comes first; rank 1's push is still on its way.
-        state.follow(0, 1, &[0, 1]).unwrap();
+        state.follow(0, 1, &word(&[0, 1])).unwrap();
         assert!(push(&mut state, 0, 1, 1.0));
         assert!(!state.round_complete());
         assert!(push(&mut state, 1, 1, 1.0));
         assert_eq!(state.close_round().unwrap().participants, [0, 1]);
         // Round 2: a participant's push never comes here; the deadline closes over the rest.
-        state.follow(0, 2, &[0, 1]).unwrap();
+        state.follow(0, 2, &word(&[0, 1])).unwrap();
         assert!(push(&mut state, 0, 2, 1.0));
         let attempt = state.attempt();
         let round = state.close_at_deadline(2, attempt).expect("relayed");
@@ -1540,7 +1726,7 @@ mod tests {
         assert!(state.close_at_deadline(3, attempt).is_none());
         // Shard 0 decides its own rounds.
         let mut shard_0 = two_ranks();
-        assert!(shard_0.follow(0, 0, &[0, 1]).is_err());
+        assert!(shard_0.follow(0, 0, &word(&[0, 1])).is_err());
     }
 
     /// A participant that leaves a follower: its finished pushes still count (shard 0 summed
@@ -1556,7 +1742,7 @@ mod tests {
             assert!(push(&mut state, rank, 0, rank as f32));
         }
         state.disconnect(2, Departure::Left);
-        state.follow(0, 0, &[0, 1, 2]).unwrap();
+        state.follow(0, 0, &word(&[0, 1, 2])).unwrap();
         let round = state
             .close_round()
             .expect("every participant's pushes are here");
@@ -1565,7 +1751,7 @@ mod tests {
         // Round 1: rank 1 leaves before pushing; shard 0 had counted it. The round closes
         // over rank 0 at once, not at the deadline.
         assert!(push(&mut state, 0, 1, 4.0));
-        state.follow(0, 1, &[0, 1]).unwrap();
+        state.follow(0, 1, &word(&[0, 1])).unwrap();
         assert!(!state.round_complete());
         state.disconnect(1, Departure::Left);
         let round = state.close_round().expect("rank 1 cannot push any more");
@@ -1579,7 +1765,7 @@ mod tests {
         state.disconnect(1, Departure::Reconnecting);
         come(&mut state, 7, 1, 2);
         assert!(push(&mut state, 7, 0, 5.0));
-        state.follow(0, 0, &[0, 1]).unwrap();
+        state.follow(0, 0, &word(&[0, 1])).unwrap();
         assert_eq!(f32_reply(&state.close_round().unwrap().replies), [3.0, 3.0]);
         // A rank that hung up to reconnect (as after a shard restart) is waited for: only
         // one that left for good is given up on.
@@ -1588,7 +1774,7 @@ mod tests {
         join(&mut state, 0..2, 2);
         assert!(push(&mut state, 0, 0, 1.0));
         state.disconnect(1, Departure::Reconnecting);
-        state.follow(0, 0, &[0, 1]).unwrap();
+        state.follow(0, 0, &word(&[0, 1])).unwrap();
         assert!(!state.round_complete(), "rank 1 is on its way back");
         come(&mut state, 11, 1, 2);
         assert!(push(&mut state, 11, 0, 1.0));
@@ -1599,7 +1785,7 @@ mod tests {
         join(&mut state, 0..2, 2);
         assert!(push(&mut state, 0, 0, 1.0));
         state.disconnect(1, Departure::Left);
-        state.follow(0, 0, &[0, 1]).unwrap();
+        state.follow(0, 0, &word(&[0, 1])).unwrap();
         assert_eq!(state.close_round().expect("closed").participants, [0]);
     }
 

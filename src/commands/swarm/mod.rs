@@ -1,4 +1,4 @@
-//! `murmur swarm`: credentials for a swarm (`init`, `issue`), and a whole swarm on this machine
+//! `murmur swarm`: credentials for a swarm (`init`, `issue`, `revoke`), signed jobs (`sign-job`), and a whole swarm on this machine
 //! as separate processes over loopback QUIC (no subcommand).
 
 mod launch;
@@ -9,6 +9,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{ArgMatches, Args, Subcommand};
 use murmur_net::identity::{Role, Swarm, DEFAULT_DAYS, REVOKED_FILE};
+
+use super::job_flags::job_from;
+use super::server::signature_beside;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -44,6 +47,22 @@ enum SwarmCommand {
         /// Days the certificate is valid (nodes refuse it afterwards; issue it again).
         #[arg(long, default_value_t = DEFAULT_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
         days: u32,
+    },
+    /// Sign a job with the swarm's key, so that servers serve it and workers train it (they
+    /// refuse jobs the swarm did not sign): writes the signature beside the job file
+    /// (JOB.toml.sig), or to --out. Give it the job flags the servers will get on top of the
+    /// file: the signature covers the job as the servers run it.
+    SignJob {
+        /// The swarm folder (holding ca.key).
+        dir: PathBuf,
+        /// The job, as a TOML file (job flags given here override its fields).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where to write the signature [default: the job file's name with .sig added].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        job: Box<murmur_node::Job>,
     },
     /// Revoke nodes' certificates: add them to DIR/revoked.pem, which servers reread within
     /// seconds (hanging up the revoked nodes) and every node reads when it starts.
@@ -111,6 +130,38 @@ pub fn run(a: SwarmArgs, matches: &ArgMatches) -> anyhow::Result<()> {
                     eprintln!("{name} was already revoked");
                 }
             }
+            Ok(())
+        }
+        Some(SwarmCommand::SignJob {
+            dir,
+            config,
+            out,
+            job,
+        }) => {
+            let sub = matches
+                .subcommand_matches("sign-job")
+                .context("the sign-job arguments")?;
+            let job = job_from(config.as_deref(), &job, sub)?;
+            let out = match (out, &config) {
+                (Some(out), _) => out,
+                (None, Some(config)) => signature_beside(config),
+                (None, None) => anyhow::bail!(
+                    "a job given by flags alone: say where the signature goes with --out FILE"
+                ),
+            };
+            let signature = murmur_node::server::sign_job(&dir, &job).with_context(|| {
+                format!("signing the job with the swarm key in {}", dir.display())
+            })?;
+            std::fs::write(&out, format!("{signature}\n"))
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!(
+                "signed the job ({} workers, model {}, codec {}) in {}: give it to every server \
+                 with the job (--job-signature; found beside --config by default)",
+                job.workers,
+                job.model,
+                job.codec,
+                out.display()
+            );
             Ok(())
         }
         None => launch::run(a.launch, matches),
