@@ -9,7 +9,7 @@ use murmur_engine::comm::local::aggregating_collectives;
 use murmur_engine::comm::Collective;
 use murmur_engine::compress::parse;
 use murmur_net::identity::Swarm;
-use murmur_net::ps::state::STRIKES_TO_EVICT;
+use murmur_net::ps::state::{MISALIGNED_STRIKES_TO_EVICT, STRIKES_TO_EVICT};
 use murmur_net::ps::ServerOptions;
 
 fn with_rule(rule: Aggregate) -> ServerOptions {
@@ -116,5 +116,56 @@ fn a_worker_whose_pushes_keep_standing_out_is_evicted_and_the_others_go_on() {
                 "round {step}: the outlier moved the result to {reply:?}"
             );
         }
+    }
+}
+
+/// A worker that pushes with an honest norm in the wrong direction: each round every worker
+/// sends one coordinate of the common direction (a different one each, as top-k does), the
+/// fourth negated. No round singles it out (every push lies as far from the result as the
+/// others), but its history points against the others' and it is evicted once that has lasted;
+/// the honest workers are never struck.
+#[test]
+fn a_worker_whose_pushes_keep_pointing_against_the_others_is_evicted() {
+    use murmur_engine::comm::history::HISTORY_ROUNDS;
+
+    let swarm = Swarm::generate("evict-flip").unwrap();
+    let servers = start_servers(
+        &swarm,
+        1,
+        with_rule(Aggregate::CenteredClip { iterations: 3 }),
+    );
+    let (key, numel) = (1, 8usize);
+    let spec = murmur_engine::comm::KeySpec {
+        numel: numel as u32,
+        ..f32_key(key)
+    };
+    let rounds = u64::from(HISTORY_ROUNDS + MISALIGNED_STRIKES_TO_EVICT) + 3;
+    let outcomes: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..4u16)
+            .map(|rank| {
+                let (swarm, addrs, spec) = (&swarm, &servers.addrs, spec.clone());
+                s.spawn(move || {
+                    let mut c = worker(swarm, addrs, rank, 4);
+                    c.register(&[spec]).unwrap();
+                    for step in 0..rounds {
+                        let mut mine = vec![0.0f32; numel];
+                        mine[(step as usize + 2 * rank as usize) % numel] =
+                            if rank == 3 { -1.0 } else { 1.0 };
+                        if let Err(e) = c.push_pull(step, 1, vec![(key, f32_payload(&mine))]) {
+                            return Err(format!("round {step}: {e}"));
+                        }
+                    }
+                    Ok(rounds)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let evicted = outcomes[3]
+        .as_ref()
+        .expect_err("the worker pushing against the others was never evicted");
+    assert!(evicted.contains("evicted"), "{evicted}");
+    for (rank, outcome) in outcomes.iter().enumerate().take(3) {
+        assert_eq!(outcome.as_ref(), Ok(&rounds), "rank {rank}");
     }
 }

@@ -5,6 +5,7 @@
 //! gives the bits of the same run in-process.
 
 pub mod aggregate;
+pub mod history;
 pub mod local;
 pub mod owner;
 pub mod partition;

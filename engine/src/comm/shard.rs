@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::aggregate::{Aggregate, Aggregated};
+use super::history::{Alignment, PushHistory};
 use super::owner::{Owner, SavedOwner, StepHeader};
 use super::push::Push;
 use super::{codec_context, KeySpec, PLAIN};
@@ -88,6 +89,10 @@ pub struct KeyState {
     rule: Aggregate,
     /// The pushes of the last closed round that stood far out ([`Aggregated::outliers`]).
     outliers: Vec<(usize, f32)>,
+    /// Under a robust rule: each rank's pushes, decayed, and how the history of each rank of
+    /// the last closed round points against the others' ([`super::history`]).
+    history: PushHistory,
+    alignment: Vec<(usize, Alignment)>,
 }
 
 impl KeyState {
@@ -139,6 +144,8 @@ impl KeyState {
             pending: BTreeMap::new(),
             rule,
             outliers: Vec::new(),
+            history: PushHistory::default(),
+            alignment: Vec::new(),
         })
     }
 
@@ -234,8 +241,18 @@ impl KeyState {
         &self.outliers
     }
 
-    /// The round's pushes combined by the key's rule; keeps the rule's outliers.
+    /// How the push history of each rank of the last closed round points against the other
+    /// ranks' ([`super::history`]); empty under the mean.
+    pub fn alignment(&self) -> &[(usize, Alignment)] {
+        &self.alignment
+    }
+
+    /// The round's pushes combined by the key's rule; keeps the rule's outliers and, under a
+    /// robust rule, the pushes' history.
     fn combine(&mut self, pending: BTreeMap<usize, Push>, numel: usize) -> Vec<f32> {
+        if self.rule != Aggregate::Mean {
+            self.alignment = self.history.record(&pending);
+        }
         let Aggregated { values, outliers } = self.rule.combine(pending, numel);
         self.outliers = outliers;
         values

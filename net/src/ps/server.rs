@@ -1112,10 +1112,20 @@ fn report_outliers(shared: &Shared, round: &ClosedRound) {
             )
         });
     }
+    for &(rank, cosine) in &round.misaligned {
+        let (who, _) = identity(rank);
+        shared.warnings.warn("misaligned", || {
+            format!(
+                "shard {shard}: round {}: rank {rank} ({who}) has pushed against the others \
+                 lately (cosine {cosine:.2} between its recent pushes and theirs)",
+                round.step
+            )
+        });
+    }
     for &rank in &round.evicted {
         let (who, conn) = identity(rank);
         tracing::warn!(
-            "shard {shard}: evicting rank {rank} ({who}): its pushes stood far from the others' \
+            "shard {shard}: evicting rank {rank} ({who}): its pushes stood out (far from the others', or against them) \
              in {STRIKES_TO_EVICT} more rounds than not"
         );
         if let Some(conn) = conn {
