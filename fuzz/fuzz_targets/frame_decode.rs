@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::identity::{verify_job, Role, Swarm};
-use murmur_net::ticket::check_participants;
+use murmur_net::word::check_participants;
 use rustls::pki_types::CertificateDer;
 use murmur_net::wire::{
     split_push, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,

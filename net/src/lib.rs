@@ -19,6 +19,7 @@ pub mod ticket;
 pub mod tls;
 pub mod transport;
 pub mod wire;
+pub mod word;
 
 pub use error::{NetError, Result};
 pub use murmur_engine as engine;

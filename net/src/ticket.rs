@@ -6,10 +6,7 @@
 //! was signed by a certificate the swarm issued to shard 0 (not expired, not revoked). So no
 //! certificate takes another's place on any shard, and the shards need no link of their own.
 //!
-//! Shard 0 signs its word on each round the same way ([`TicketSigner::sign_participants`]):
-//! the workers relay it to the other shards, which check it against the issuer of the
-//! relaying worker's ticket, so no worker can make them close a round over other ranks,
-//! weigh a push by other samples, or drop logged rounds.
+//! Shard 0 signs its word on each round with the same key ([`crate::word`]).
 //!
 //! Signatures are ECDSA P-256 with SHA-256 ([`crate::signing`]).
 
@@ -19,58 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{NetError, Result};
 use crate::identity::{key_digest, Credentials, Role};
 use crate::signing::{verify, Signer};
-use crate::wire::Participants;
 
 /// What a ticket's signature covers is prefixed with this, so that no other message murmur
 /// signs can pass for a ticket.
 const DOMAIN: &[u8] = b"murmur rank ticket v1\0";
-
-/// What the signature of a round's participants covers starts with this.
-const PARTICIPANTS_DOMAIN: &[u8] = b"murmur participants v1\0";
-
-/// What shard 0 signs of round `step`'s participants in the job `job`.
-fn participants_message(job: &[u8], step: u64, p: &Participants) -> Vec<u8> {
-    let mut m = PARTICIPANTS_DOMAIN.to_vec();
-    m.extend_from_slice(&(job.len() as u32).to_le_bytes());
-    m.extend_from_slice(job);
-    m.extend_from_slice(&step.to_le_bytes());
-    m.extend_from_slice(&(p.ranks.len() as u32).to_le_bytes());
-    p.ranks
-        .iter()
-        .for_each(|r| m.extend_from_slice(&r.to_le_bytes()));
-    m.extend_from_slice(&(p.samples.len() as u32).to_le_bytes());
-    p.samples
-        .iter()
-        .for_each(|n| m.extend_from_slice(&n.to_le_bytes()));
-    match p.snapshot {
-        Some(step) => {
-            m.push(1);
-            m.extend_from_slice(&step.to_le_bytes());
-        }
-        None => m.push(0),
-    }
-    m
-}
-
-/// Checks shard 0's signature of round `step`'s participants in the job `job`, against the
-/// certificate (DER) that issued the relaying worker's ticket (already checked with it).
-pub fn check_participants(
-    issuer: &[u8],
-    job: &[u8],
-    step: u64,
-    participants: &Participants,
-) -> Result<()> {
-    verify(
-        issuer,
-        &participants_message(job, step, participants),
-        &participants.signature,
-    )
-    .map_err(|e| {
-        NetError::Identity(format!(
-            "shard 0's participants of round {step}, as relayed: {e}"
-        ))
-    })
-}
 
 /// Rank `rank` of the job whose description hashes to `job` belongs to the key `holder`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,7 +63,7 @@ fn message(rank: u16, world: u16, job: &[u8], holder: &[u8]) -> Vec<u8> {
 
 /// Shard 0's signing key, from its credentials.
 pub struct TicketSigner {
-    key: Signer,
+    pub(crate) key: Signer,
     cert: CertificateDer<'static>,
 }
 
@@ -149,25 +98,6 @@ impl TicketSigner {
             holder,
             issuer: self.cert.to_vec(),
             signature,
-        })
-    }
-}
-
-impl TicketSigner {
-    /// `participants` of round `step` in the job `job`, with shard 0's signature.
-    pub fn sign_participants(
-        &self,
-        job: &[u8],
-        step: u64,
-        participants: Participants,
-    ) -> Result<Participants> {
-        let signature = self
-            .key
-            .sign(&participants_message(job, step, &participants))
-            .map_err(err)?;
-        Ok(Participants {
-            signature,
-            ..participants
         })
     }
 }

@@ -499,7 +499,7 @@ pub struct Participants {
     /// before it from their logs (a rejoining worker starts from that snapshot).
     pub snapshot: Option<u64>,
     /// Shard 0's signature of the round's step and the fields above, with the key of its
-    /// certificate, the issuer of every rank ticket (`crate::ticket`); empty where the
+    /// certificate, the issuer of every rank ticket (`crate::word`); empty where the
     /// shards serve no job (and check no tickets).
     pub signature: Vec<u8>,
 }

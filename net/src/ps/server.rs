@@ -29,7 +29,7 @@ use super::state::{
 use crate::error::{NetError, Result};
 use crate::identity::{fingerprint, verify_job, Credentials, RevocationList, Role, REVOKED_FILE};
 use crate::log::RateLimitedLog;
-use crate::ticket::{check_participants, TicketSigner};
+use crate::ticket::TicketSigner;
 use crate::tls::client_verifier;
 use crate::transport::{
     admit, close, expect_peer, hang_up, peer_certificate, receive, send, send_parts, server_config,
@@ -39,6 +39,7 @@ use crate::wire::{
     split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
     ReplicaDigest, Welcome,
 };
+use crate::word::check_participants;
 use rustls::pki_types::CertificateDer;
 
 /// How a shard runs.
