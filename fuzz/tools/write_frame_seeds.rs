@@ -67,17 +67,14 @@ fn main() -> std::io::Result<()> {
         .sign(1, 4, &[7; 32], &worker.chain[0])
         .expect("a ticket");
     // Shard 0's signed word on round 12.
-    let word = signer
-        .sign_participants(
-            &[7; 32],
-            12,
-            Participants {
-                ranks: vec![0, 1, 3],
-                samples: vec![32, 32, 64],
-                snapshot: Some(10),
-                signature: Vec::new(),
-            },
-        )
+    let mut word = Participants {
+        ranks: vec![0, 1, 3],
+        samples: vec![32, 32, 64],
+        snapshot: Some(10),
+        signature: Vec::new(),
+    };
+    word.signature = signer
+        .sign_participants(&[7; 32], 12, &word)
         .expect("a signed word");
     let seeds = [
         (

@@ -61,20 +61,16 @@ pub fn check_participants(
 }
 
 impl TicketSigner {
-    /// `participants` of round `step` in the job `job`, with shard 0's signature.
+    /// Shard 0's signature of `participants` (its fields but the signature) of round `step`
+    /// in the job `job`.
     pub fn sign_participants(
         &self,
         job: &[u8],
         step: u64,
-        participants: Participants,
-    ) -> Result<Participants> {
-        let signature = self
-            .key
-            .sign(&participants_message(job, step, &participants))
-            .map_err(err)?;
-        Ok(Participants {
-            signature,
-            ..participants
-        })
+        participants: &Participants,
+    ) -> Result<Vec<u8>> {
+        self.key
+            .sign(&participants_message(job, step, participants))
+            .map_err(err)
     }
 }

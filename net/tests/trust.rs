@@ -62,6 +62,32 @@ impl Drop for Folder {
     }
 }
 
+/// A job of `world` workers, `start_with` of them to start, signed by `swarm`.
+fn signed_job(swarm: &Swarm, description: &str, world: u16, start_with: u16) -> JobOffer {
+    JobOffer {
+        world,
+        start_with,
+        description: description.into(),
+        signature: swarm.sign_job(description).unwrap(),
+        queue: None,
+        fold_late: false,
+    }
+}
+
+/// Connects to the shard at `addr` with `creds` and says `hello` there, as a worker would
+/// (or an impostor), without waiting for an answer. A send may fail on a connection the shard
+/// refused: its close says why.
+async fn hello_to_shard(
+    creds: &Credentials,
+    addr: SocketAddr,
+    hello: Hello,
+) -> murmur_net::Result<(quinn::Endpoint, quinn::Connection)> {
+    let endpoint = client_endpoint(creds, &Link::default())?;
+    let conn = connect(&endpoint, addr).await?;
+    let _ = send(&conn, Frame::control(Kind::Hello, hello.rank, 0, &hello)).await;
+    Ok((endpoint, conn))
+}
+
 /// Waits up to `within` for `conn` to close; the reason if it did.
 async fn closed_within(conn: &quinn::Connection, within: Duration) -> Option<String> {
     tokio::time::timeout(within, conn.closed())
@@ -200,8 +226,6 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
     let say_hello = |name: &'static str, rank: u16| {
         let creds = Credentials::load(&dir.0, name).unwrap();
         async move {
-            let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
-            let conn = connect(&endpoint, addr).await?;
             let hello = Hello {
                 rank,
                 world: 2,
@@ -210,9 +234,7 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
                 node: name.into(),
                 ticket: None,
             };
-            // A send may fail on a connection the server refused: its close says why.
-            let _ = send(&conn, Frame::control(Kind::Hello, rank, 0, &hello)).await;
-            Ok::<_, murmur_net::NetError>((endpoint, conn))
+            hello_to_shard(&creds, addr, hello).await
         }
     };
     rt.block_on(async {
@@ -254,14 +276,7 @@ fn revoked_certificates_are_hung_up_and_refused_without_a_restart() {
 #[test]
 fn no_certificate_takes_another_ones_rank_on_any_shard() {
     let swarm = Swarm::generate("ranks").unwrap();
-    let job = JobOffer {
-        world: 2,
-        start_with: 2,
-        description: r#"{"job":"ranks"}"#.into(),
-        signature: swarm.sign_job(r#"{"job":"ranks"}"#).unwrap(),
-        queue: None,
-        fold_late: false,
-    };
+    let job = signed_job(&swarm, r#"{"job":"ranks"}"#, 2, 2);
     let servers = start_servers(
         &swarm,
         2,
@@ -281,8 +296,6 @@ fn no_certificate_takes_another_ones_rank_on_any_shard() {
         let hello_as = |creds: Credentials, shard: usize, rank: u16, ticket: Option<Ticket>| {
             let addr = addrs[shard];
             async move {
-                let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
-                let conn = connect(&endpoint, addr).await.unwrap();
                 let hello = Hello {
                     rank,
                     world: 2,
@@ -291,10 +304,7 @@ fn no_certificate_takes_another_ones_rank_on_any_shard() {
                     node: "n".into(),
                     ticket,
                 };
-                send(&conn, Frame::control(Kind::Hello, rank, 0, &hello))
-                    .await
-                    .unwrap();
-                (endpoint, conn)
+                hello_to_shard(&creds, addr, hello).await.unwrap()
             }
         };
         // Alice takes her place on both shards with her ticket.
@@ -389,14 +399,7 @@ fn the_job_fixes_the_keys_whatever_registers_first() {
     use murmur_net::ps::job_checks::LayoutCheck;
 
     let swarm = Swarm::generate("layout").unwrap();
-    let job = JobOffer {
-        world: 3,
-        start_with: 2,
-        description: r#"{"job":"layout"}"#.into(),
-        signature: swarm.sign_job(r#"{"job":"layout"}"#).unwrap(),
-        queue: None,
-        fold_late: false,
-    };
+    let job = signed_job(&swarm, r#"{"job":"layout"}"#, 3, 2);
     let keys = vec![f32_key(1)];
     let expected = keys.clone();
     let servers = start_servers(
@@ -614,15 +617,7 @@ fn a_forged_word_of_shard_0_is_refused_by_the_other_shards() {
     use murmur_net::wire::Participants;
 
     let swarm = Swarm::generate("relays").unwrap();
-    let description = r#"{"job":"relays"}"#;
-    let job = JobOffer {
-        world: 2,
-        start_with: 2,
-        description: description.into(),
-        signature: swarm.sign_job(description).unwrap(),
-        queue: None,
-        fold_late: false,
-    };
+    let job = signed_job(&swarm, r#"{"job":"relays"}"#, 2, 2);
     let servers = start_servers(
         &swarm,
         2,
@@ -635,8 +630,6 @@ fn a_forged_word_of_shard_0_is_refused_by_the_other_shards() {
     let joined = join_job(servers.addrs[0], &mallory, "mallory", &quick()).unwrap();
     let shard_1 = servers.addrs[1];
     servers.runtime.block_on(async move {
-        let endpoint = client_endpoint(&mallory, &Link::default()).unwrap();
-        let conn = connect(&endpoint, shard_1).await.unwrap();
         let hello = Hello {
             rank: joined.rank,
             world: 2,
@@ -645,9 +638,7 @@ fn a_forged_word_of_shard_0_is_refused_by_the_other_shards() {
             node: "mallory".into(),
             ticket: Some(joined.ticket.clone()),
         };
-        send(&conn, Frame::control(Kind::Hello, joined.rank, 0, &hello))
-            .await
-            .unwrap();
+        let (_endpoint, conn) = hello_to_shard(&mallory, shard_1, hello).await.unwrap();
         let forged = Participants {
             ranks: vec![joined.rank],
             samples: vec![1_000_000],

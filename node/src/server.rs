@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use murmur_net::identity::{signature_from_text, signature_text, verify_job, Swarm};
+use murmur_net::identity::{signature_from_text, signature_text, verify_job, Credentials, Swarm};
 use murmur_net::ps::{JobOffer, Server, ServerOptions};
 use serde::{Deserialize, Serialize};
 
@@ -79,11 +79,11 @@ impl Default for ServerConfig {
 
 /// The job's signature: the one the config gives, or one made now with the swarm folder's
 /// authority key where the folder holds it.
-fn job_signature(config: &ServerConfig, description: &str) -> Result<Vec<u8>> {
+fn job_signature(config: &ServerConfig, creds: &Credentials, description: &str) -> Result<Vec<u8>> {
     if let Some(text) = &config.job_signature {
         let signature = signature_from_text(text)?;
-        let ca = load_credentials(&config.swarm, &config.node)?.ca;
-        verify_job(&ca, description, &signature).map_err(|_| {
+        // Server::bind checks it too; here the refusal can say what to do.
+        verify_job(&creds.ca, description, &signature).map_err(|_| {
             NodeError::Config(
                 "the job's signature does not verify against this swarm's ca.pem: the job \
                  differs from the one signed (job flags on top of a signed file change it: \
@@ -145,7 +145,7 @@ impl ServerNode {
         let creds = load_credentials(&config.swarm, &config.node)?;
         let fingerprint = creds.fingerprint();
         let description = config.job.to_wire();
-        let signature = job_signature(&config, &description)?;
+        let signature = job_signature(&config, &creds, &description)?;
         let snapshots = config.save.clone().map(save_snapshots).transpose()?;
         let (layout, snapshot_digest) = shard_checks(&config.job, config.shard, config.shards)?;
         let options = ServerOptions {

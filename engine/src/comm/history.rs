@@ -64,6 +64,8 @@ impl Alignment {
 #[derive(Debug, Default)]
 pub struct PushHistory {
     ranks: BTreeMap<usize, (Vec<f32>, u32)>,
+    /// The round's sum of unit histories, kept to be reused (a key's size, every round).
+    total: Vec<f64>,
 }
 
 impl PushHistory {
@@ -102,7 +104,9 @@ impl PushHistory {
             })
             .collect();
         // The sum of the judged ranks' unit histories; each one's "others" is that less its own.
-        let mut total = vec![0.0f64; numel];
+        let total = &mut self.total;
+        total.clear();
+        total.resize(numel, 0.0);
         for rank in &judged {
             for (t, h) in total.iter_mut().zip(&self.ranks[rank].0) {
                 *t += f64::from(*h) * unit[rank];
@@ -116,7 +120,7 @@ impl PushHistory {
                     rounds: *rounds,
                     ..Alignment::default()
                 };
-                for (h, t) in history.iter().zip(&total) {
+                for (h, t) in history.iter().zip(total.iter()) {
                     let h = f64::from(*h);
                     let others = t - h * unit[&rank];
                     a.dot += h * others;

@@ -171,6 +171,9 @@ struct Shared {
     /// The most connections held at once ([`ServerOptions::max_connections`], raised for a
     /// large job).
     max_connections: usize,
+    /// The last word of shard 0 whose signature this shard checked, with its round: the
+    /// same word relayed by the other workers is not checked again.
+    last_word: Mutex<Option<(u64, Participants)>>,
     /// Repeated warnings, summarised.
     warnings: RateLimitedLog,
 }
@@ -316,6 +319,7 @@ impl Server {
                 job_digest: job,
                 live: AtomicUsize::new(0),
                 max_connections,
+                last_word: Mutex::default(),
                 warnings: RateLimitedLog::default(),
             }),
         })
@@ -821,7 +825,15 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 let issuer = held(shared, id).and_then(|h| h.issuer).ok_or_else(|| {
                     NetError::Protocol("shard 0's participants relayed before a hello".into())
                 })?;
-                check_participants(&issuer, &shared.job_digest, frame.step, &relayed)?;
+                // Every worker relays the same word: one check of it does for all.
+                let mut last = shared.last_word.lock().expect("last_word lock");
+                if !last
+                    .as_ref()
+                    .is_some_and(|(step, word)| *step == frame.step && *word == relayed)
+                {
+                    check_participants(&issuer, &shared.job_digest, frame.step, &relayed)?;
+                    *last = Some((frame.step, relayed.clone()));
+                }
             }
             let complete = {
                 let mut state = lock(shared);

@@ -102,7 +102,8 @@ pub struct ClosedRound {
     /// ([`murmur_engine::comm::history`]), with the cosine: a strike each, as for outliers.
     pub misaligned: Vec<(u16, f32)>,
     /// Ranks evicted this round: their pushes stood out in [`STRIKES_TO_EVICT`] more rounds
-    /// than not. The server hangs up on them; their hellos are refused from now on.
+    /// than not, or their histories pointed against the others' in
+    /// [`MISALIGNED_STRIKES_TO_EVICT`] more rounds than not. The server hangs up on them; their hellos are refused from now on.
     pub evicted: Vec<u16>,
 }
 
@@ -1204,7 +1205,7 @@ impl ShardState {
     /// stands for, and the snapshot it holds; signed where it serves a job.
     fn participants_to_relay(&self, step: u64) -> Participants {
         let ranks: Vec<u16> = self.pushed.keys().copied().collect();
-        let participants = Participants {
+        let mut participants = Participants {
             samples: ranks
                 .iter()
                 .map(|r| self.samples.get(r).copied().unwrap_or(0))
@@ -1213,17 +1214,15 @@ impl ShardState {
             snapshot: self.snapshot.as_ref().map(|(s, _)| *s),
             signature: Vec::new(),
         };
-        match &self.relay_signer {
-            None => participants,
-            Some((signer, job)) => signer
-                .sign_participants(job, step, participants.clone())
-                .unwrap_or_else(|e| {
-                    // Signing with a key that signed the tickets does not fail; if it did,
-                    // the followers refuse the relay and close the round at its deadline.
-                    tracing::error!("shard 0: signing round {step}'s participants: {e}");
-                    participants
-                }),
+        if let Some((signer, job)) = &self.relay_signer {
+            match signer.sign_participants(job, step, &participants) {
+                Ok(signature) => participants.signature = signature,
+                // Signing with a key that signed the tickets does not fail; if it did, the
+                // followers refuse the relay and close the round at its deadline.
+                Err(e) => tracing::error!("shard 0: signing round {step}'s participants: {e}"),
+            }
         }
+        participants
     }
 
     /// Closes the open round over the pushes it holds; `late` are the members it closes
@@ -1271,19 +1270,19 @@ impl ShardState {
                     .or_insert(a);
             }
         }
-        if !alignment.is_empty() {
+        let cosines: Vec<(u16, f32)> = alignment
+            .into_iter()
+            .filter_map(|(rank, a)| Some((rank, a.judged_cosine()? as f32)))
+            .collect();
+        if !cosines.is_empty() {
+            // What MISALIGNED_BELOW was measured from (RUST_LOG=murmur_net::ps::state=debug).
             tracing::debug!(
-                "shard {}: round {step}: push history cosines {:?}",
-                self.shard,
-                alignment
-                    .iter()
-                    .filter_map(|(r, a)| Some((*r, a.judged_cosine()? as f32)))
-                    .collect::<Vec<_>>()
+                "shard {}: round {step}: push history cosines {cosines:?}",
+                self.shard
             );
         }
-        let misaligned: Vec<(u16, f32)> = alignment
+        let misaligned: Vec<(u16, f32)> = cosines
             .into_iter()
-            .filter_map(|(rank, a)| a.judged_cosine().map(|c| (rank, c as f32)))
             .filter(|&(_, cosine)| cosine < MISALIGNED_BELOW)
             .collect();
         let evicted = self.strike(
