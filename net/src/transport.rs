@@ -328,9 +328,77 @@ async fn next_stream(conn: &Connection) -> Result<Option<quinn::RecvStream>> {
 /// The most a frame's buffer holds before its first bytes arrive.
 const READ_CHUNK: usize = 64 << 10;
 
+/// Bytes a connection's frames hold between arriving and being handled, against
+/// [`Limits::max_buffered`].
+#[derive(Debug)]
+struct Buffered {
+    bytes: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+impl Buffered {
+    /// Counts `n` more bytes, or refuses them when they would pass the limit.
+    fn take(&self, n: usize) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.bytes
+            .fetch_update(Relaxed, Relaxed, |held| {
+                held.checked_add(n).filter(|after| *after <= self.max)
+            })
+            .map(|_| ())
+            .map_err(|held| {
+                NetError::Protocol(format!(
+                    "the peer's frames waiting to be handled would pass {} bytes ({held} \
+                     waiting, {n} more arriving): it sends faster than it is served",
+                    self.max
+                ))
+            })
+    }
+
+    fn release(&self, n: usize) {
+        self.bytes
+            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// What a frame being read has counted against its connection's [`Buffered`]; given back if
+/// the read fails, kept by a frame that was read until it is handed out.
+struct Counted<'a> {
+    budget: Option<&'a Buffered>,
+    bytes: usize,
+}
+
+impl Counted<'_> {
+    fn take(&mut self, n: usize) -> Result<()> {
+        if let Some(budget) = self.budget {
+            budget.take(n)?;
+            self.bytes += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        if let Some(budget) = self.budget {
+            budget.release(self.bytes);
+        }
+    }
+}
+
 /// Reads one frame: the header first, checked against the limits before any payload is
 /// buffered, then exactly the payload it announces, into a buffer that grows as it arrives.
-async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Frame> {
+async fn read_frame(stream: quinn::RecvStream, limits: &Limits) -> Result<Frame> {
+    read_frame_within(stream, limits, None).await
+}
+
+/// [`read_frame`], counting the payload against `budget` as it arrives; a frame read whole
+/// stays counted (its reader gives it back when it hands the frame out).
+async fn read_frame_within(
+    mut stream: quinn::RecvStream,
+    limits: &Limits,
+    budget: Option<&Buffered>,
+) -> Result<Frame> {
+    let mut counted = Counted { budget, bytes: 0 };
     let wire = |e: String| NetError::Wire(e);
     let mut head = [0u8; HEADER];
     stream.read_exact(&mut head).await.map_err(|e| match e {
@@ -347,6 +415,7 @@ async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Fr
         let want = header.len - payload.len();
         match stream.read_chunk(want, true).await {
             Ok(Some(chunk)) => {
+                counted.take(chunk.bytes.len())?;
                 if payload.capacity() - payload.len() < chunk.bytes.len() {
                     // Double, up to the announced length: at most twice what arrived.
                     payload.reserve(payload.len().max(chunk.bytes.len()).min(want));
@@ -364,7 +433,12 @@ async fn read_frame(mut stream: quinn::RecvStream, limits: &Limits) -> Result<Fr
         }
     }
     match stream.read_chunk(1, true).await {
-        Ok(None) => header.with_payload(payload),
+        Ok(None) => {
+            let frame = header.with_payload(payload)?;
+            // Counted until `Incoming::next` hands it out.
+            counted.bytes = 0;
+            Ok(frame)
+        }
         Ok(Some(_)) => Err(wire(format!(
             "more bytes follow the {} payload bytes the header announces",
             header.len
@@ -386,14 +460,16 @@ enum Arrival {
 /// connection window holds would fill the window with the later streams while the reader
 /// waits on the first, and both sides would stall for good. Reading every stream as it opens
 /// keeps the credit flowing; frames that are read wait here, in order, for
-/// [`Incoming::next`]. Nothing bounds that queue but the consumer keeping up: murmur's
-/// consumers never wait on the network (the server checks a push and hands its decoding to
-/// the blocking pool), and an honest peer sends one round's partitions, then waits for the
-/// replies. Bounding it would bring the stall back (a full queue stops accepting streams whose
-/// data still holds credit), so a peer that floods a connection costs memory, not a stall.
+/// [`Incoming::next`]. An honest peer sends one round's partitions, then waits for the
+/// replies, so the queue holds at most a round. Making the readers wait for room would bring
+/// the stall back (a full queue stops reading streams whose data still holds credit), so the
+/// queue is bounded differently: frames read and partly read count against
+/// [`Limits::max_buffered`], and a peer that sends past it loses its connection (the frame
+/// that would pass the limit reads as a protocol error), never the receiver's memory.
 pub struct Incoming {
     arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     acceptor: tokio::task::JoinHandle<()>,
+    buffered: Arc<Buffered>,
 }
 
 impl Incoming {
@@ -401,32 +477,46 @@ impl Incoming {
     /// `limits`; must be called inside a tokio runtime.
     pub fn new(conn: Connection, limits: Limits) -> Self {
         let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let buffered = Arc::new(Buffered {
+            bytes: 0.into(),
+            max: limits.max_buffered,
+        });
+        let budget = buffered.clone();
         let acceptor = tokio::spawn(async move {
             loop {
-                let arrival =
-                    match next_stream(&conn).await {
-                        Ok(Some(stream)) => Arrival::Frame(tokio::spawn(async move {
-                            read_frame(stream, &limits).await
-                        })),
-                        Ok(None) => Arrival::End(Ok(())),
-                        Err(e) => Arrival::End(Err(e)),
-                    };
+                let arrival = match next_stream(&conn).await {
+                    Ok(Some(stream)) => {
+                        let budget = budget.clone();
+                        Arrival::Frame(tokio::spawn(async move {
+                            read_frame_within(stream, &limits, Some(&budget)).await
+                        }))
+                    }
+                    Ok(None) => Arrival::End(Ok(())),
+                    Err(e) => Arrival::End(Err(e)),
+                };
                 let end = matches!(arrival, Arrival::End(_));
                 if tx.send(arrival).is_err() || end {
                     return;
                 }
             }
         });
-        Incoming { arrivals, acceptor }
+        Incoming {
+            arrivals,
+            acceptor,
+            buffered,
+        }
     }
 
     /// The next frame; `Ok(None)` once the peer closed the connection in order.
     pub async fn next(&mut self) -> Result<Option<Frame>> {
         match self.arrivals.recv().await {
-            Some(Arrival::Frame(read)) => read
-                .await
-                .map_err(|e| NetError::Connection(format!("reading task: {e}")))?
-                .map(Some),
+            Some(Arrival::Frame(read)) => {
+                let frame = read
+                    .await
+                    .map_err(|e| NetError::Connection(format!("reading task: {e}")))??;
+                self.buffered.release(frame.payload.len());
+                Ok(Some(frame))
+            }
             Some(Arrival::End(end)) => end.map(|()| None),
             None => Ok(None),
         }
@@ -538,5 +628,90 @@ mod tests {
         let err = first.unwrap_err().to_string();
         assert!(err.contains("more bytes follow"), "{err}");
         assert_eq!(second.unwrap().unwrap(), frame);
+    }
+
+    /// A peer that sends frames faster than they are handled: the frames that fit in
+    /// `max_buffered` come out in order, then a protocol error, and the reader never holds
+    /// more than the limit. Handled promptly, the same frames all pass.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_sent_faster_than_handled_cost_the_connection_past_the_limit() {
+        let swarm = Swarm::generate("t").unwrap();
+        let (server, client) = (
+            swarm.credentials("s", Role::Server { shard: 0 }).unwrap(),
+            swarm.credentials("c", Role::Worker).unwrap(),
+        );
+        let link = Link::default();
+        let (frames, size) = (12u64, 100_000usize);
+        let limits = Limits {
+            max_payload: size,
+            max_buffered: 3 * size + size / 2,
+            ..Limits::default()
+        };
+        for handled_promptly in [true, false] {
+            let listener = server_endpoint("127.0.0.1:0".parse().unwrap(), &server, &link).unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+            let (handled_tx, mut handled_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let reader = tokio::spawn(async move {
+                let conn = listener.accept().await.unwrap().await.unwrap();
+                let mut incoming = Incoming::new(conn, limits);
+                let mut keys = Vec::new();
+                if !handled_promptly {
+                    // Everything arrives (or is refused) before the first frame is handled.
+                    let _ = sent_rx.await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let held = incoming
+                        .buffered
+                        .bytes
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    assert!(held <= limits.max_buffered, "{held} bytes held");
+                }
+                loop {
+                    match incoming.next().await {
+                        Ok(Some(f)) => {
+                            keys.push(f.key);
+                            let _ = handled_tx.send(());
+                        }
+                        Ok(None) => return (keys, None),
+                        Err(e) => return (keys, Some(e)),
+                    }
+                }
+            });
+            let endpoint = client_endpoint(&client, &link).unwrap();
+            let conn = connect(&endpoint, addr).await.unwrap();
+            // Promptly handled, the peer sends three frames at a time (what fits), the next
+            // three once those were handled, as an honest peer sends a round, then waits.
+            for key in 0..frames {
+                if handled_promptly && key >= 3 {
+                    handled_rx.recv().await.expect("the reader handled a frame");
+                }
+                let frame = Frame::new(Kind::Push, 0, key, 0, 0, vec![key as u8; size]);
+                if send(&conn, frame).await.is_err() {
+                    break;
+                }
+            }
+            let _ = sent_tx.send(());
+            if handled_promptly {
+                for _ in 0..3 {
+                    handled_rx.recv().await.expect("the reader handled a frame");
+                }
+            }
+            conn.close(VarInt::from_u32(close::DONE), b"done");
+            let (keys, error) = tokio::time::timeout(Duration::from_secs(30), reader)
+                .await
+                .expect("the reader stalled")
+                .unwrap();
+            if handled_promptly {
+                assert!(error.is_none(), "{error:?}");
+                assert_eq!(keys, (0..frames).collect::<Vec<_>>());
+            } else {
+                let error = error
+                    .expect("a flood past the limit is an error")
+                    .to_string();
+                assert!(error.contains("faster than it is served"), "{error}");
+                assert!(keys.len() <= 3, "{keys:?}");
+                assert_eq!(keys, (0..keys.len() as u64).collect::<Vec<_>>());
+            }
+        }
     }
 }

@@ -112,6 +112,10 @@ pub struct Limits {
     pub max_numel: u32,
     /// Elements over all registered keys (what the server allocates for them).
     pub max_total_numel: u64,
+    /// Bytes of frames a connection may hold read but not yet handled, partly read ones
+    /// included ([`crate::transport::Incoming`]): a peer that sends faster than it is served
+    /// loses its connection instead of growing the receiver's memory.
+    pub max_buffered: usize,
 }
 
 impl Default for Limits {
@@ -121,6 +125,8 @@ impl Default for Limits {
             max_keys: 1 << 16,
             max_numel: 1 << 28,
             max_total_numel: 1 << 30,
+            // The largest frame twice: an honest peer has one round in flight.
+            max_buffered: 512 << 20,
         }
     }
 }
@@ -559,6 +565,7 @@ mod tests {
             max_keys: 4,
             max_numel: 1000,
             max_total_numel: 10_000,
+            max_buffered: 1000,
         };
         let f = Frame::new(Kind::Push, 3, 0x2_0001, 42, 10, vec![1, 2, 3]);
         let bytes = f.encode();
