@@ -354,3 +354,96 @@ fn a_silent_worker_is_out_of_the_round_within_the_peer_timeout() {
         );
     }
 }
+
+/// Rank 2 pushes every round but never takes a reply: once the shard has
+/// `MAX_UNSENT_ROUNDS` rounds of replies it cannot hand over (after the stream credit the
+/// rogue granted is spent), it drops the rank, and the honest ranks' rounds go on without it.
+#[test]
+fn a_worker_that_never_takes_its_replies_is_dropped_and_pins_a_bounded_backlog() {
+    use murmur_net::ps::MAX_UNSENT_ROUNDS;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let swarm = Swarm::generate("unread").unwrap();
+    let servers = start_servers(&swarm, 1, every_member());
+    // Two reply frames a round (the reply and the summary) fill the rogue's stream credit
+    // after half of it; the backlog then grows by a round a round.
+    let streams = murmur_net::transport::MAX_STREAMS_IN_FLIGHT as u64;
+    let rounds = streams / 2 + MAX_UNSENT_ROUNDS as u64 + 40;
+    // Rounds the honest rank 0 has finished: the rogue pushes the next one.
+    let finished = AtomicU64::new(1);
+    let creds = swarm
+        .credentials("rogue", murmur_net::identity::Role::Worker)
+        .unwrap();
+    let addr = servers.addrs[0];
+    let (reason, means) = std::thread::scope(|s| {
+        let rogue = s.spawn(|| {
+            servers.runtime.block_on(async {
+                let endpoint = client_endpoint(&creds, &Link::default()).unwrap();
+                let conn = connect(&endpoint, addr).await.unwrap();
+                rank_2_through_round_0(&conn, "rogue").await;
+                for step in 1..rounds {
+                    while finished.load(Ordering::Acquire) < step {
+                        if conn.close_reason().is_some() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                    let push = Frame::new(Kind::Push, 2, KEY, step, 4, f32_push(&[9.0; 4]));
+                    if conn.close_reason().is_some() || send(&conn, push).await.is_err() {
+                        break;
+                    }
+                }
+                match conn.close_reason() {
+                    Some(quinn::ConnectionError::ApplicationClosed(c)) => {
+                        String::from_utf8_lossy(&c.reason).into_owned()
+                    }
+                    other => format!("not closed by the shard: {other:?}"),
+                }
+            })
+        });
+        let honest: Vec<_> = (0..2u16)
+            .map(|rank| {
+                let (swarm, addrs, finished) = (&swarm, &servers.addrs, &finished);
+                s.spawn(move || {
+                    let mut c = worker(swarm, addrs, rank, 3);
+                    c.register(&keys()).unwrap();
+                    let mut means = Vec::new();
+                    for step in 0..rounds {
+                        let mine = [rank as f32, 0.0, 1.0, 2.0];
+                        let reply = c
+                            .push_pull(step, 1, vec![(KEY, f32_payload(&mine))])
+                            .unwrap();
+                        means.push(
+                            parse("f32")
+                                .unwrap()
+                                .decode(&reply[0].1, 4, &Default::default())
+                                .unwrap(),
+                        );
+                        if rank == 0 {
+                            finished.store(step + 1, Ordering::Release);
+                        }
+                    }
+                    means
+                })
+            })
+            .collect();
+        let means: Vec<Vec<Vec<f32>>> = honest.into_iter().map(|j| j.join().unwrap()).collect();
+        (rogue.join().unwrap(), means)
+    });
+    assert!(reason.contains("rounds of replies not taken"), "{reason}");
+    assert_eq!(means[0], means[1]);
+    let with_rogue = [(0.0 + 1.0 + 9.0) / 3.0, 3.0, 11.0 / 3.0, 13.0 / 3.0];
+    let without = [0.5, 0.0, 1.0, 2.0];
+    let dropped_after = means[0]
+        .iter()
+        .position(|m| m[..] == without)
+        .expect("the rounds went on without the rogue");
+    assert!(
+        dropped_after as u64 >= streams / 2
+            && dropped_after as u64 <= streams / 2 + MAX_UNSENT_ROUNDS as u64 + 8,
+        "dropped after round {dropped_after}"
+    );
+    assert!(means[0][dropped_after..].iter().all(|m| m[..] == without));
+    assert!(means[0][1..dropped_after]
+        .iter()
+        .all(|m| (m[0] - with_rogue[0]).abs() < 1e-6));
+}

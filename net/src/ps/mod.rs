@@ -17,7 +17,7 @@ pub mod server;
 pub mod state;
 
 pub use client::{join_job, CatchupPlan, ClientOptions, QuicCollective};
-pub use server::{JobOffer, Server, ServerOptions};
+pub use server::{JobOffer, Server, ServerOptions, MAX_UNSENT_ROUNDS};
 
 use murmur_engine::train::{DataParallel, Learner};
 

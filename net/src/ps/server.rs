@@ -144,6 +144,8 @@ struct Held {
     /// hello showed one (shards other than 0 of a job): shard 0's word on each round, which
     /// the peer relays, must carry that key's signature.
     issuer: Option<Vec<u8>>,
+    /// Reply frames handed to the connection and not yet taken by it (see [`deliver`]).
+    unsent: Arc<AtomicUsize>,
 }
 
 struct Shared {
@@ -527,6 +529,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
             cert,
             fingerprint: fingerprint.clone(),
             issuer: None,
+            unsent: Arc::default(),
         },
     );
     let outcome = match admission(&shared, id, &conn).await {
@@ -576,6 +579,7 @@ const ADMISSION_LIMITS: Limits = Limits {
     max_keys: 0,
     max_numel: 0,
     max_total_numel: 0,
+    max_buffered: 64 << 10,
 };
 
 /// Reads and handles a connection's first frame, within [`HELLO_DEADLINE`], on the
@@ -1201,18 +1205,56 @@ fn summary_frame(shard: u16, round: &ClosedRound) -> (Header, Bytes) {
     (frame.header(), Bytes::from(frame.payload))
 }
 
+/// Rounds of replies a listener may leave untaken (its flow control full) before the shard
+/// drops it. An honest worker takes a round's replies before it pushes the next round, and
+/// catching up it takes the logged rounds first: this leaves it far more than it needs,
+/// while a peer that pushes and never reads can pin no more than this many rounds' reply
+/// buffers (each send holds its round's bytes until the peer takes them).
+pub const MAX_UNSENT_ROUNDS: usize = 64;
+
 /// Sends one round's replies to every listener, the same bytes to each: one stream per reply,
-/// then the round's [`crate::wire::Closed`] summary.
+/// then the round's [`crate::wire::Closed`] summary. A listener that has left
+/// [`MAX_UNSENT_ROUNDS`] rounds untaken is dropped instead.
 fn deliver(shared: &Shared, round: &ClosedRound, listeners: &[PeerId]) {
-    let mut replies = reply_headers(shared.options.shard, round);
-    replies.push(summary_frame(shared.options.shard, round));
+    let shard = shared.options.shard;
+    let mut replies = reply_headers(shard, round);
+    replies.push(summary_frame(shard, round));
     for id in listeners {
-        let Some(conn) = conn_of(shared, *id) else {
+        let Some((conn, unsent)) = shared
+            .conns
+            .lock()
+            .expect("conns lock")
+            .get(id)
+            .map(|h| (h.conn.clone(), h.unsent.clone()))
+        else {
             continue;
         };
+        let waiting = unsent.load(Ordering::Relaxed);
+        if waiting >= MAX_UNSENT_ROUNDS * replies.len() {
+            let rank = lock(shared).rank_of(*id);
+            shared.warnings.warn("not reading", || {
+                format!(
+                    "shard {shard}: dropping rank {rank:?} from {}: it has not taken \
+                     {waiting} reply frames of its last {MAX_UNSENT_ROUNDS} rounds",
+                    conn.remote_address()
+                )
+            });
+            hang_up(
+                &conn,
+                close::PROTOCOL,
+                &format!("{MAX_UNSENT_ROUNDS} rounds of replies not taken"),
+            );
+            continue;
+        }
+        unsent.fetch_add(replies.len(), Ordering::Relaxed);
         for (header, payload) in &replies {
             let (conn, header, payload) = (conn.clone(), *header, payload.clone());
-            tokio::spawn(async move { send_parts(&conn, &header, payload).await });
+            let unsent = unsent.clone();
+            tokio::spawn(async move {
+                let sent = send_parts(&conn, &header, payload).await;
+                unsent.fetch_sub(1, Ordering::Relaxed);
+                sent
+            });
         }
     }
 }
