@@ -68,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         match event {
             Event::Waiting { what } => println!("waiting for {what}"),
+            Event::Assigned { rank, world } => println!("rank {rank} of {world}"),
             Event::Joined {
                 rank, world, steps, ..
             } => {

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 
-use murmur_engine::train::Tamper;
+use murmur_engine::train::{ClassifierConfig, Tamper};
 
 use crate::error::{NodeError, Result};
 
@@ -69,11 +69,15 @@ impl fmt::Display for Attack {
 }
 
 impl Attack {
-    /// The factor on the attacker's own learning rate.
-    pub fn lr_factor(&self) -> f32 {
-        match self {
-            Attack::DivergingLr(f) => *f,
-            _ => 1.0,
+    /// Sets the attacker's own optimizer as the attack says: under `lr:F`, F times the
+    /// learning rate, and F times the schedule's peak, which sets the rate every step where
+    /// there is one (scaling `lr` alone left a scheduled attacker honest).
+    pub fn configure(&self, config: &mut ClassifierConfig) {
+        if let Attack::DivergingLr(factor) = *self {
+            config.lr *= factor;
+            if let Some(schedule) = &mut config.schedule {
+                schedule.peak *= factor;
+            }
         }
     }
 
@@ -133,6 +137,32 @@ fn gaussian(state: &mut u64) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diverging_learning_rate_scales_the_schedule_too() {
+        use murmur_engine::train::WarmupCosine;
+        let honest = ClassifierConfig {
+            lr: 2e-3,
+            schedule: Some(WarmupCosine {
+                peak: 2e-3,
+                warmup: 10,
+                total: 100,
+                min_ratio: 0.1,
+            }),
+            ..ClassifierConfig::default()
+        };
+        let mut attacker = honest.clone();
+        Attack::DivergingLr(1000.0).configure(&mut attacker);
+        let (h, a) = (honest.schedule.unwrap(), attacker.schedule.unwrap());
+        for step in [0, 9, 50, 99] {
+            let ratio = a.lr(step) / h.lr(step);
+            assert!((ratio - 1000.0).abs() < 0.01, "step {step}: {ratio}");
+        }
+        assert_eq!(attacker.lr, honest.lr * 1000.0);
+        let mut untouched = honest.clone();
+        Attack::SignFlip.configure(&mut untouched);
+        assert_eq!(untouched.lr, honest.lr);
+    }
 
     #[test]
     fn attacks_parse_print_and_do_what_they_say() {

@@ -14,6 +14,14 @@ pub enum Event {
         /// What it waits for, in words.
         what: String,
     },
+    /// Shard 0 took the worker into the job and gave it its rank; it trains once the job
+    /// starts (or, in a running swarm, once it has caught up: then [`Event::Joined`]).
+    Assigned {
+        /// Its rank, assigned by the servers.
+        rank: u16,
+        /// Workers in the job.
+        world: u16,
+    },
     /// The worker joined the job (and caught up, in a running swarm).
     Joined {
         /// Its rank, assigned by the servers.

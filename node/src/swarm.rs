@@ -378,10 +378,19 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
     }
     let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
     let mut workers = Vec::new();
+    let mut forwarding = Vec::new();
     for index in 0..config.job.workers as usize {
         let attack = config
             .attacker
             .filter(|_| index + 1 == usize::from(config.job.workers));
+        if attack.is_some() {
+            // Ranks go to workers in the order they reach shard 0: the attacker starts once
+            // every honest worker holds its rank, so that it always takes the last one and
+            // an arm's bits do not depend on which thread was faster.
+            for forward in forwarding.drain(..) {
+                forward_until_assigned(forward, &tx);
+            }
+        }
         let worker = Worker::start(WorkerConfig {
             servers: addrs.clone(),
             swarm: config.dir.clone(),
@@ -401,30 +410,90 @@ fn start_threads(config: &SwarmConfig, tx: mpsc::Sender<SwarmEvent>) -> Result<N
             },
             ..WorkerConfig::default()
         })?;
-        let mut events = worker.events();
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut error = None;
-            loop {
-                let event = match events.blocking_recv() {
-                    Ok(event) => event,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(_) => break,
-                };
-                if let Event::Error { message, .. } = &event {
-                    error = Some(message.clone());
-                }
-                let done = matches!(event, Event::Done { .. });
-                let _ = tx.send(SwarmEvent::Worker { index, event });
-                if done || error.is_some() {
-                    break;
-                }
-            }
-            let _ = tx.send(SwarmEvent::Ended { index, error });
+        forwarding.push(Forward {
+            index,
+            events: worker.events(),
+            error: None,
         });
         workers.push(worker);
     }
+    for forward in forwarding {
+        let tx = tx.clone();
+        std::thread::spawn(move || forward.rest(&tx));
+    }
     Ok(Nodes::Threads { workers, servers })
+}
+
+/// A worker's events on their way to the swarm's stream.
+struct Forward {
+    index: usize,
+    events: tokio::sync::broadcast::Receiver<Event>,
+    /// The worker's error, once it said one.
+    error: Option<String>,
+}
+
+/// What the event [`Forward::one`] passed on said.
+#[derive(PartialEq)]
+enum Passed {
+    Assigned,
+    Other,
+    /// The worker is done, failed or gone: nothing more will come.
+    End,
+}
+
+impl Forward {
+    /// Passes on the worker's next event.
+    fn one(&mut self, tx: &mpsc::Sender<SwarmEvent>) -> Passed {
+        let event = loop {
+            match self.events.blocking_recv() {
+                Ok(event) => break event,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return Passed::End,
+            }
+        };
+        if let Event::Error { message, .. } = &event {
+            self.error = Some(message.clone());
+        }
+        let passed = match event {
+            Event::Done { .. } | Event::Error { .. } => Passed::End,
+            Event::Assigned { .. } => Passed::Assigned,
+            _ => Passed::Other,
+        };
+        let _ = tx.send(SwarmEvent::Worker {
+            index: self.index,
+            event,
+        });
+        passed
+    }
+
+    /// Passes on every event to the worker's end, then says it ended.
+    fn rest(mut self, tx: &mpsc::Sender<SwarmEvent>) {
+        while self.one(tx) != Passed::End {}
+        let _ = tx.send(SwarmEvent::Ended {
+            index: self.index,
+            error: self.error,
+        });
+    }
+}
+
+/// Passes on `forward`'s events until its worker holds a rank (or has ended), and the rest
+/// from a thread of its own.
+fn forward_until_assigned(mut forward: Forward, tx: &mpsc::Sender<SwarmEvent>) {
+    loop {
+        match forward.one(tx) {
+            Passed::Assigned => break,
+            Passed::Other => {}
+            Passed::End => {
+                let _ = tx.send(SwarmEvent::Ended {
+                    index: forward.index,
+                    error: forward.error,
+                });
+                return;
+            }
+        }
+    }
+    let tx = tx.clone();
+    std::thread::spawn(move || forward.rest(&tx));
 }
 
 fn start_processes(

@@ -433,6 +433,7 @@ impl Run {
 
     fn train(&self) -> Result<WorkerReport> {
         let (job, rank, world, ticket) = self.fetch_job()?;
+        self.events.emit(Event::Assigned { rank, world });
         let data = self.config.data.as_deref();
         if job.is_gpt() {
             let task = TextTask::load(&job, world, data)?;
@@ -461,7 +462,9 @@ impl Run {
             )?;
         }
         let mut config = job.classifier_config(total_steps)?;
-        config.lr *= self.config.attack.map_or(1.0, |a| a.lr_factor());
+        if let Some(attack) = &self.config.attack {
+            attack.configure(&mut config);
+        }
         let mut clf = Classifier::new(&device, sets.train.features(), sets.train.classes, &config)?;
         // What `murmur eval` reads from a saved model: the data it was trained on. Every
         // worker writes the same, so snapshots from any rank load on any other.

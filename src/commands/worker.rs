@@ -161,6 +161,8 @@ fn follow(
         }
         match event {
             Event::Waiting { what } => bar.println(format!("waiting for {what}")),
+            // The wait that follows names the rank.
+            Event::Assigned { .. } => {}
             Event::Joined {
                 rank,
                 world,

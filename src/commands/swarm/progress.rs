@@ -135,6 +135,8 @@ impl Dashboard {
             Event::Waiting { what } => {
                 self.bars[index].set_message(format!("waiting for {what}"));
             }
+            // The wait that follows names the rank.
+            Event::Assigned { .. } => {}
             Event::Joined {
                 rank,
                 steps,
