@@ -672,7 +672,15 @@ mod tests {
                             keys.push(f.key);
                             let _ = handled_tx.send(());
                         }
-                        Ok(None) => return (keys, None),
+                        Ok(None) => {
+                            // Every frame handed out gave its bytes back.
+                            let held = incoming
+                                .buffered
+                                .bytes
+                                .load(std::sync::atomic::Ordering::Relaxed);
+                            assert_eq!(held, 0);
+                            return (keys, None);
+                        }
                         Err(e) => return (keys, Some(e)),
                     }
                 }
