@@ -55,6 +55,7 @@ fuzz_target!(|data: &[u8]| {
         max_keys: 16,
         max_numel: 4096,
         max_total_numel: 16_384,
+        max_buffered: 1 << 17,
     };
     if let Some(head) = data.get(..HEADER) {
         let _ = Header::decode(head.try_into().expect("32 bytes"), &limits);
