@@ -1,5 +1,6 @@
 //! `murmur bench ...`: performance as ratios against a reference measured in the same run.
 
+mod aggregate;
 mod codecs;
 mod matmul;
 mod net;
@@ -11,6 +12,9 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// GFLOPS of the WGSL matmul kernels beside a native CPU sgemm.
     Matmul(matmul::MatmulArgs),
+    /// Milliseconds per round of each aggregation rule (with its push histories), beside the
+    /// sample-weighted mean.
+    Aggregate(aggregate::AggregateArgs),
     /// Encode and decode GB/s per codec on one thread, all threads and the GPU, beside memcpy.
     Codecs(codecs::CodecArgs),
     /// Push/pull throughput of QUIC beside TLS over TCP and TCP on loopback, and time per
@@ -24,6 +28,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Matmul(a) => matmul::run(a),
+        BenchCommand::Aggregate(a) => aggregate::run(a),
         BenchCommand::Codecs(a) => codecs::run(a),
         BenchCommand::Net(a) => net::run(a),
         BenchCommand::Train(a) => train::run(a),
