@@ -200,6 +200,20 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // In the table's order, whatever order the arms ran in (the figure follows the JSON):
+    // arms run again after the others go back in their place; arms of other lists, last.
+    let place = |r: &ArmResult| {
+        let at = |list: &[String], v: &str| list.iter().position(|x| x == v).unwrap_or(usize::MAX);
+        (
+            at(&codecs, &r.codec),
+            at(&rules, &r.rule),
+            at(&attacks, &r.attack),
+        )
+    };
+    results.arms.sort_by_key(place);
+    if !results.arms.is_empty() {
+        std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+    }
     let stem = out
         .file_stem()
         .map_or_else(|| "robustness".into(), |s| s.to_string_lossy().into_owned());
