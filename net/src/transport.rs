@@ -4,6 +4,7 @@
 //! datagrams for heartbeats only. Every message is a [`Frame`] on its own stream.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -332,16 +333,15 @@ const READ_CHUNK: usize = 64 << 10;
 /// [`Limits::max_buffered`].
 #[derive(Debug)]
 struct Buffered {
-    bytes: std::sync::atomic::AtomicUsize,
+    bytes: AtomicUsize,
     max: usize,
 }
 
 impl Buffered {
     /// Counts `n` more bytes, or refuses them when they would pass the limit.
     fn take(&self, n: usize) -> Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
         self.bytes
-            .fetch_update(Relaxed, Relaxed, |held| {
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
                 held.checked_add(n).filter(|after| *after <= self.max)
             })
             .map(|_| ())
@@ -355,8 +355,7 @@ impl Buffered {
     }
 
     fn release(&self, n: usize) {
-        self.bytes
-            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        self.bytes.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -374,6 +373,12 @@ impl Counted<'_> {
             self.bytes += n;
         }
         Ok(())
+    }
+
+    /// Leaves the bytes counted: the frame they went into holds them until
+    /// [`Incoming::next`] hands it out and gives them back.
+    fn keep(mut self) {
+        self.bytes = 0;
     }
 }
 
@@ -435,8 +440,7 @@ async fn read_frame_within(
     match stream.read_chunk(1, true).await {
         Ok(None) => {
             let frame = header.with_payload(payload)?;
-            // Counted until `Incoming::next` hands it out.
-            counted.bytes = 0;
+            counted.keep();
             Ok(frame)
         }
         Ok(Some(_)) => Err(wire(format!(
@@ -660,10 +664,7 @@ mod tests {
                     // Everything arrives (or is refused) before the first frame is handled.
                     let _ = sent_rx.await;
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    let held = incoming
-                        .buffered
-                        .bytes
-                        .load(std::sync::atomic::Ordering::Relaxed);
+                    let held = incoming.buffered.bytes.load(Ordering::Relaxed);
                     assert!(held <= limits.max_buffered, "{held} bytes held");
                 }
                 loop {
@@ -674,10 +675,7 @@ mod tests {
                         }
                         Ok(None) => {
                             // Every frame handed out gave its bytes back.
-                            let held = incoming
-                                .buffered
-                                .bytes
-                                .load(std::sync::atomic::Ordering::Relaxed);
+                            let held = incoming.buffered.bytes.load(Ordering::Relaxed);
                             assert_eq!(held, 0);
                             return (keys, None);
                         }

@@ -469,6 +469,10 @@ impl Forward {
     /// Passes on every event to the worker's end, then says it ended.
     fn rest(mut self, tx: &mpsc::Sender<SwarmEvent>) {
         while self.one(tx) != Passed::End {}
+        self.ended(tx);
+    }
+
+    fn ended(self, tx: &mpsc::Sender<SwarmEvent>) {
         let _ = tx.send(SwarmEvent::Ended {
             index: self.index,
             error: self.error,
@@ -483,13 +487,7 @@ fn forward_until_assigned(mut forward: Forward, tx: &mpsc::Sender<SwarmEvent>) {
         match forward.one(tx) {
             Passed::Assigned => break,
             Passed::Other => {}
-            Passed::End => {
-                let _ = tx.send(SwarmEvent::Ended {
-                    index: forward.index,
-                    error: forward.error,
-                });
-                return;
-            }
+            Passed::End => return forward.ended(tx),
         }
     }
     let tx = tx.clone();

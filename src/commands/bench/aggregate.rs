@@ -1,14 +1,16 @@
 //! `murmur bench aggregate`: what each aggregation rule costs a shard per round, beside the
-//! sample-weighted mean measured in the same run. A round is one key's decoded pushes
-//! combined, plus, under a robust rule, the pushes added to their ranks' histories and judged
-//! (what the shard does for every key it holds when a round closes).
+//! sample-weighted mean measured in the same run. A round is one key's decoded pushes kept
+//! and closed by the shard's own key state ([`KeyState`]): combined by the rule, under a
+//! robust rule added to their ranks' histories and judged, and the result encoded as an f32
+//! reply (what the shard does for every key it holds when a round closes).
 
 use std::collections::BTreeMap;
 
 use clap::Args;
 use murmur_engine::comm::aggregate::Aggregate;
-use murmur_engine::comm::history::PushHistory;
 use murmur_engine::comm::push::Push;
+use murmur_engine::comm::shard::KeyState;
+use murmur_engine::comm::KeySpec;
 use murmur_engine::rng::Rng;
 use serde::Serialize;
 
@@ -91,29 +93,48 @@ pub fn run(a: AggregateArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &count in &a.pushes {
         let pending = round(a.numel, count);
-        let ms_per_round = |rule: Aggregate| {
-            // The shard keeps histories only under a robust rule; the copy stands for the
-            // pushes the round hands to the rule (the mean pays it too).
-            let mut history = PushHistory::default();
-            1e3 * super::seconds_per_call(
+        let ms_per_round = |rule: Aggregate| -> anyhow::Result<f64> {
+            let spec = KeySpec {
+                key: 1,
+                numel: u32::try_from(a.numel)?,
+                push: "f32".into(),
+                pull: "f32".into(),
+                server_memory: "none".into(),
+                seed: 0,
+                sync_every: 0,
+                owner: String::new(),
+            };
+            let mut key = KeyState::new(spec, rule)?;
+            // The copies stand for the pushes the shard decodes each round (the mean pays
+            // them too).
+            let mut failed = None;
+            let seconds = super::seconds_per_call(
                 a.seconds,
                 1 << 16,
                 || {},
                 || {
-                    if rule != Aggregate::Mean {
-                        std::hint::black_box(history.record(&pending));
+                    let closed = pending
+                        .iter()
+                        .try_for_each(|(&rank, push)| key.insert(rank, push.clone()))
+                        .and_then(|()| key.close());
+                    match closed {
+                        Ok(reply) => drop(std::hint::black_box(reply)),
+                        Err(e) => failed = Some(e),
                     }
-                    std::hint::black_box(rule.combine(pending.clone(), a.numel));
                 },
-            )
+            );
+            match failed {
+                Some(e) => Err(e.into()),
+                None => Ok(1e3 * seconds),
+            }
         };
         // The reference, whether or not the mean is among the rules.
-        let mean_ms = ms_per_round(Aggregate::Mean);
+        let mean_ms = ms_per_round(Aggregate::Mean)?;
         for &rule in &rules {
             let ms = if rule == Aggregate::Mean {
                 mean_ms
             } else {
-                ms_per_round(rule)
+                ms_per_round(rule)?
             };
             let row = Row {
                 rule: rule.to_string(),

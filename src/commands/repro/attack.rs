@@ -235,14 +235,15 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A tenth of the arm's rounds (MNIST's 60,000 training samples unless limited).
+/// A tenth of the arm's rounds (over MNIST's training set, or its first `train_limit`).
 fn default_warmup(epochs: u32, train_limit: Option<usize>) -> u64 {
     let job = Job {
         workers: WORKERS,
         epochs,
         ..Job::default()
     };
-    let (_, rounds) = job.steps(train_limit.unwrap_or(60_000).min(60_000));
+    let samples = ImageDataset::Mnist.train_samples();
+    let (_, rounds) = job.steps(train_limit.map_or(samples, |n| n.min(samples)));
     (rounds / 10).max(1)
 }
 
