@@ -210,6 +210,12 @@ impl Classifier {
         })
     }
 
+    /// Replaces the parameters' values (host vectors, in order), on the device and in the
+    /// CPU copies the optimizer steps; the optimizer's state is kept.
+    pub fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+        host_update::set_values(&mut self.host, &mut self.model.parameters_mut(), values)
+    }
+
     /// Steps the optimizer on the CPU from now on, whatever device the model computes on: its
     /// state moves to the CPU, and each step uploads the new parameters. Data-parallel replicas
     /// do this so that workers on different devices take the same update bit for bit

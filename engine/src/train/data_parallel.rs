@@ -5,6 +5,7 @@
 
 use std::sync::{mpsc, Arc};
 
+use super::outer::{OuterConfig, OuterRounds};
 use super::{Classifier, Learner};
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
@@ -68,6 +69,9 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     device: Option<EmulatedDevice>,
     /// What an attacker does to its gradients before it encodes them ([`DataParallel::tamper_with`]).
     tamper: Option<Tamper>,
+    /// The outer loop, when rounds are outer rounds of local steps
+    /// ([`DataParallel::take_local_steps`]).
+    outer: Option<OuterRounds>,
 }
 
 /// A function of the round and the rank's gradients (one vector per parameter tensor) that
@@ -182,19 +186,71 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             answered: None,
             device: None,
             tamper: None,
+            outer: None,
         })
     }
 
-    /// Rounds completed: one optimizer step each, so the replica's step count (which a
-    /// snapshot carries).
+    /// Makes every round an outer round of `config.local_steps` local optimizer steps on the
+    /// rank's share, whose pseudo-gradient is pushed and whose aggregate an outer optimizer
+    /// applies ([`super::outer`]). Called before the first round, on every rank of the job.
+    pub fn take_local_steps(&mut self, config: OuterConfig) -> Result<()> {
+        if self.round() != 0 || self.unanswered.is_some() {
+            return Err(Error::Config(
+                "local steps are chosen before the first round".into(),
+            ));
+        }
+        let parameters = Tensor::read_many(&self.replica.parameters())?;
+        self.outer = Some(OuterRounds::new(config, parameters, &self.shapes)?);
+        Ok(())
+    }
+
+    /// The outer loop's settings, when rounds are outer rounds.
+    pub fn local_steps(&self) -> Option<OuterConfig> {
+        self.outer.as_ref().map(OuterRounds::config)
+    }
+
+    /// Rounds completed: with outer rounds, those the outer loop played; else one optimizer
+    /// step each, so the replica's step count (which a snapshot carries).
     pub fn round(&self) -> u64 {
-        self.replica.steps()
+        match &self.outer {
+            Some(outer) => outer.rounds(),
+            None => self.replica.steps(),
+        }
+    }
+
+    /// The digest of the parameters every replica shares at a round's start, which the
+    /// replicas compare: the replica's own, or with outer rounds the round's anchor (which
+    /// the replica holds too, unless a failed round left it mid-way through its local steps).
+    pub fn parameter_digest(&self) -> Result<u64> {
+        match &self.outer {
+            Some(outer) => outer.digest(),
+            None => self.replica.parameter_digest(),
+        }
+    }
+
+    /// The state a snapshot carries, taken between rounds: the replica's checkpoint, with the
+    /// outer loop's state where rounds are outer rounds ([`OuterRounds::save_into`]).
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        let replica = self.replica.save_state()?;
+        match &self.outer {
+            Some(outer) => outer.save_into(&replica),
+            None => Ok(replica),
+        }
     }
 
     /// Replaces parameters and optimizer state with a snapshot taken after `step` rounds (what
-    /// a rejoining rank starts from before replaying later rounds).
+    /// a rejoining rank starts from before replaying later rounds): bytes of
+    /// [`DataParallel::save_state`].
     pub fn restore(&mut self, snapshot: &[u8], step: u64) -> Result<()> {
-        self.replica.load_state(snapshot)?;
+        match &mut self.outer {
+            Some(outer) => {
+                let (replica, saved) = OuterRounds::split(snapshot)?;
+                self.replica.load_state(&replica)?;
+                let parameters = Tensor::read_many(&self.replica.parameters())?;
+                outer.restore(saved, parameters)?;
+            }
+            None => self.replica.load_state(snapshot)?,
+        }
         if self.round() != step {
             return Err(Error::Data(format!(
                 "the snapshot of round {step} holds a model after {} steps",
@@ -273,11 +329,17 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
                 })?;
                 let computing = std::time::Instant::now();
-                let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
-                let mut host =
-                    Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
+                let (loss, mut host) = match self.outer.is_some() {
+                    true => self.take_local_steps_on(batch, first_sample)?,
+                    false => {
+                        let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
+                        let mut host = Tensor::read_many(
+                            &std::iter::once(&loss).chain(&grads).collect::<Vec<_>>(),
+                        )?;
+                        (host.remove(0)[0], host)
+                    }
+                };
                 self.wait_for_device(computing, samples, round);
-                let loss = host.remove(0)[0];
                 check_finite(&host, round)?;
                 if let Some(tamper) = &mut self.tamper {
                     tamper(round, &mut host);
@@ -286,6 +348,45 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             }
         };
         Ok((loss, self.pull_and_apply(round, pushed)?))
+    }
+
+    /// An outer round's local work on the rank's share `batch`: the outer loop's local steps,
+    /// each on its slice of the share, then the pseudo-gradient (the round's anchor minus the
+    /// parameters they reached). Returns the mean loss of the steps, weighted by their
+    /// samples, and the pseudo-gradient per parameter tensor.
+    fn take_local_steps_on(
+        &mut self,
+        batch: M::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(f32, Vec<Vec<f32>>)> {
+        let outer = self.outer.as_ref().expect("called with outer rounds");
+        let samples = self.replica.samples(&batch);
+        // A share smaller than the local steps takes a step per sample.
+        let steps = (outer.config().local_steps as usize).min(samples).max(1);
+        let mut losses = Vec::with_capacity(steps);
+        for i in 0..steps {
+            let slice = rank_share(samples, i, steps);
+            let sub = self.replica.sub_batch(&batch, slice.clone());
+            let (loss, grads) = self
+                .replica
+                .loss_and_grads(sub, first_sample + slice.start)?;
+            // The step reads the gradients to the CPU, where the replica's optimizer steps.
+            self.replica.apply(&grads)?;
+            losses.push((loss, slice.len()));
+        }
+        let read = Tensor::read_many(&losses.iter().map(|(l, _)| l).collect::<Vec<_>>())?;
+        let loss = read
+            .iter()
+            .zip(&losses)
+            .map(|(l, (_, n))| f64::from(l[0]) * *n as f64)
+            .sum::<f64>()
+            / samples.max(1) as f64;
+        let mut pseudo = Tensor::read_many(&self.replica.parameters())?;
+        self.outer
+            .as_ref()
+            .expect("called with outer rounds")
+            .pseudo_gradient(&mut pseudo)?;
+        Ok((loss as f32, pseudo))
     }
 
     /// Makes this rank compute as a device of `seconds_per_sample` would: a round's gradients
@@ -583,7 +684,18 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             .zip(&self.shapes)
             .map(|(v, s)| Tensor::from_vec(&Device::Cpu, s, v))
             .collect::<Result<Vec<_>>>()?;
-        self.replica.apply(&grads)?;
+        match &mut self.outer {
+            // The round's end: the outer optimizer steps the anchor with the aggregated
+            // pseudo-gradient, and the replica takes the new shared parameters in place of
+            // those its local steps reached, with the step count of every round's local steps.
+            Some(outer) => {
+                let shared = outer.step(&grads)?;
+                self.replica.set_parameters(shared)?;
+                self.replica
+                    .set_steps(outer.rounds() * u64::from(outer.config().local_steps));
+            }
+            None => self.replica.apply(&grads)?,
+        }
         // The round is answered (or replayed past): nothing of it is pushed again.
         self.answered = self.unanswered.take();
         Ok(())

@@ -77,3 +77,31 @@ pub(crate) fn step(
     }
     Ok(())
 }
+
+/// Replaces the values of `params` (and of their CPU copies, when `host` is set) with
+/// `values`, in order: how a replica takes the shared parameters of an outer round.
+pub(crate) fn set_values(
+    host: &mut Option<HostUpdate>,
+    params: &mut [&mut Tensor],
+    values: Vec<Vec<f32>>,
+) -> Result<()> {
+    if values.len() != params.len()
+        || values
+            .iter()
+            .zip(params.iter())
+            .any(|(v, p)| v.len() != p.numel())
+    {
+        return Err(crate::error::Error::Data(format!(
+            "{} value vectors do not fit the model's {} parameters",
+            values.len(),
+            params.len()
+        )));
+    }
+    for (i, (p, v)) in params.iter_mut().zip(values).enumerate() {
+        if let Some(host) = host {
+            host.params[i] = Tensor::from_vec(&Device::Cpu, p.shape(), v.clone())?;
+        }
+        **p = Tensor::from_vec(p.device(), p.shape(), v)?;
+    }
+    Ok(())
+}

@@ -32,6 +32,14 @@ pub trait Learner {
     /// weight of its gradients in a round's mean.
     fn samples(&self, batch: &Self::Batch<'_>) -> usize;
 
+    /// The samples `range` of `batch` (positions in `0..samples(batch)`), as a batch: the
+    /// local steps of an outer round each take one slice of the rank's share.
+    fn sub_batch<'a>(
+        &self,
+        batch: &Self::Batch<'a>,
+        range: std::ops::Range<usize>,
+    ) -> Self::Batch<'a>;
+
     /// Mean loss and parameter gradients of `batch`, whose first sample is sample
     /// `first_sample` of the step's global batch (dropout keys its masks by it, so a sample
     /// draws the same mask on whichever rank computes it).
@@ -44,6 +52,16 @@ pub trait Learner {
     /// One optimizer step with the averaged gradients (after the clipping and the schedule
     /// the model's configuration asks for).
     fn apply(&mut self, grads: &[Tensor]) -> Result<()>;
+
+    /// Replaces the parameters' values (host vectors, in the order of
+    /// [`Learner::parameters`]), keeping the optimizer's state: how a replica takes the
+    /// shared parameters at the end of an outer round.
+    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()>;
+
+    /// Sets the step count (what the schedule and the dropout masks read): at the end of an
+    /// outer round every replica counts the local steps of all the rounds played, whether it
+    /// took them or not.
+    fn set_steps(&mut self, steps: u64);
 
     /// Steps the optimizer on the CPU from now on, whatever device the model computes on, so
     /// that replicas on different devices take the same update bit for bit (a model on the
@@ -90,6 +108,18 @@ impl Learner for Classifier {
         labels.len()
     }
 
+    fn sub_batch<'a>(
+        &self,
+        (x, labels): &Self::Batch<'a>,
+        range: std::ops::Range<usize>,
+    ) -> Self::Batch<'a> {
+        let features = self.inputs;
+        (
+            &x[range.start * features..range.end * features],
+            &labels[range],
+        )
+    }
+
     fn loss_and_grads(
         &self,
         (x, labels): Self::Batch<'_>,
@@ -100,6 +130,14 @@ impl Learner for Classifier {
 
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         Classifier::apply(self, grads)
+    }
+
+    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+        Classifier::set_parameters(self, values)
+    }
+
+    fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
     }
 
     fn update_on_cpu(&mut self) -> Result<()> {
@@ -148,6 +186,16 @@ impl Learner for LanguageModel {
         targets.len() / self.model.config.context.max(1)
     }
 
+    fn sub_batch<'a>(
+        &self,
+        (ids, targets): &Self::Batch<'a>,
+        range: std::ops::Range<usize>,
+    ) -> Self::Batch<'a> {
+        let context = self.model.config.context;
+        let bytes = range.start * context..range.end * context;
+        (&ids[bytes.clone()], &targets[bytes])
+    }
+
     fn loss_and_grads(
         &self,
         (ids, targets): Self::Batch<'_>,
@@ -158,6 +206,14 @@ impl Learner for LanguageModel {
 
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         LanguageModel::apply(self, grads).map(drop)
+    }
+
+    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+        LanguageModel::set_parameters(self, values)
+    }
+
+    fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
     }
 
     fn update_on_cpu(&mut self) -> Result<()> {

@@ -5,6 +5,7 @@ mod data_parallel;
 mod host_update;
 mod language_model;
 mod learner;
+mod outer;
 mod schedule;
 mod state;
 
@@ -15,5 +16,6 @@ pub use data_parallel::{
 };
 pub use language_model::{LanguageModel, LmConfig};
 pub use learner::Learner;
+pub use outer::{OuterConfig, OuterRounds, SavedOuter};
 pub use schedule::{clip_global_norm, WarmupCosine};
 pub use state::{Saved, FORMAT};
