@@ -6,13 +6,17 @@
 # is removed on exit.
 #
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
-#                           [--loss 0] [--codec topk:0.01] [-- more job flags for the servers]
+#                           [--loss 0] [--codec topk:0.01] [--target 0.97]
+#                           [-- more job flags for the servers]
+#
+# It prints the test accuracy after each epoch with the seconds since training began (the sum
+# of the epochs' times) and, with --target, the time to that test accuracy.
 #
 # Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
 set -euo pipefail
 
-WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01
+WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET=
 EXTRA=(--epochs 1)
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -22,8 +26,9 @@ while [[ $# -gt 0 ]]; do
         --rtt-ms) RTT_MS=$2; shift 2 ;;
         --loss) LOSS=$2; shift 2 ;;
         --codec) CODEC=$2; shift 2 ;;
+        --target) TARGET=$2; shift 2 ;;
         --) shift; EXTRA+=("$@"); break ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -126,6 +131,20 @@ if [[ $status -ne 0 ]]; then
     for ((r = 0; r < WORKERS; r++)); do tail -n 5 "$WORK/worker-$r.log" >&2; done
     exit 1
 fi
+# Each epoch is measured by one rank in turn: its "evaluated" events, in round order, with the
+# running sum of the epochs' seconds.
+grep -h '"event":"evaluated"' "$WORK"/worker-*.out |
+    sed -E 's/.*"step":([0-9]+).*"accuracy":([0-9.eE+-]+).*"seconds":([0-9.eE+-]+).*/\1 \2 \3/' |
+    sort -n -k1,1 | awk -v target="$TARGET" '
+        !seen[$1]++ {
+            t += $3
+            printf "shaped-swarm: round %d: test accuracy %.2f%% at %.1f s\n", $1, 100 * $2, t
+            if (target != "" && !hit && $2 >= target) {
+                hit = 1
+                printf "shaped-swarm: time to %.2f%%: %.1f s (round %d)\n", 100 * target, t, $1
+            }
+        }
+        END { if (target != "" && !hit) printf "shaped-swarm: %.2f%% not reached\n", 100 * target }'
 # The servers gave out ranks in the order the workers joined; rank 0's last event is the one
 # summary with an accuracy: accuracy, seconds, bytes.
 grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1

@@ -80,3 +80,44 @@ fn a_local_swarm_trains_and_reports_the_bytes_it_saved() {
     let log = std::fs::read_to_string(dir.0.join("logs/server-0.log")).unwrap();
     assert_eq!(log.matches("joins the job as rank").count(), 2, "{log}");
 }
+
+/// `murmur swarm --local-steps`: workers take 8 steps between exchanges of sign-coded
+/// pseudo-gradients; the swarm learns, and its bytes are those of 8 steps' f32 exchanges
+/// over the sign codec's ratio, not of every step's.
+#[test]
+fn a_swarm_of_local_steps_exchanges_once_a_round() {
+    if !have_mnist() {
+        return;
+    }
+    let dir = RemovedOnDrop::temp("swarm-local-steps");
+    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(
+            "swarm --workers 2 --servers 2 --codec sign --min-compress-bytes 0 --epochs 1 \
+             --local-steps 8 --outer-lr 1 --outer-momentum 0 --max-steps 5 --train-limit 12000 \
+             --hidden 64 --quiet --dir"
+                .split_whitespace(),
+        )
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "murmur swarm failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("an outcome line");
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(v["steps"], 5, "rounds, each of 8 steps: {line}");
+    let acc = v["final_test_accuracy"].as_f64().expect("an accuracy");
+    assert!(
+        acc > 0.7,
+        "40 steps of 2 x 128 reach well above chance, got {acc}"
+    );
+    // Sign codes take a bit an element (and a scale per partition): about 32x fewer bytes
+    // than f32 a round, 8 steps' exchanges of f32 in a round.
+    let reduction = v["reduction"].as_f64().unwrap();
+    assert!(
+        (8.0 * 25.0..8.0 * 33.0).contains(&reduction),
+        "one sign exchange a round for 8 of f32: got {reduction}x less"
+    );
+}

@@ -103,6 +103,7 @@ fn swarm(
 fn averaging_outer_rounds_leave_the_mean_of_the_local_models() {
     let averaging = OuterConfig {
         local_steps: 4,
+        step_samples: 2,
         lr: 1.0,
         momentum: 0.0,
     };
@@ -147,6 +148,7 @@ fn averaging_outer_rounds_leave_the_mean_of_the_local_models() {
 fn the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient() {
     let nesterov = OuterConfig {
         local_steps: 2,
+        step_samples: 8,
         lr: 0.7,
         momentum: 0.9,
     };
@@ -196,6 +198,7 @@ fn compressed_outer_rounds_keep_replicas_identical() {
     };
     let outer = OuterConfig {
         local_steps: 3,
+        step_samples: 2,
         lr: 0.7,
         momentum: 0.9,
     };
@@ -218,6 +221,7 @@ fn compressed_outer_rounds_keep_replicas_identical() {
 fn a_snapshot_carries_the_outer_state() {
     let outer = OuterConfig {
         local_steps: 2,
+        step_samples: 8,
         lr: 0.7,
         momentum: 0.9,
     };
@@ -266,6 +270,7 @@ fn local_steps_are_chosen_before_the_first_round() {
     dp.step((&x, &y), 0).unwrap();
     let outer = OuterConfig {
         local_steps: 2,
+        step_samples: 8,
         lr: 0.7,
         momentum: 0.9,
     };
@@ -283,4 +288,39 @@ fn local_steps_are_chosen_before_the_first_round() {
     ] {
         assert!(bad.validate().is_err(), "{bad:?}");
     }
+}
+
+/// A share smaller than a full round's takes fewer steps of the job's batch, not as many
+/// smaller ones: six samples at four a step are two steps (four, then two), and the round
+/// still counts the full round's local steps.
+#[test]
+fn a_short_share_takes_fewer_steps_not_smaller_ones() {
+    let averaging = OuterConfig {
+        local_steps: 4,
+        step_samples: 4,
+        lr: 1.0,
+        momentum: 0.0,
+    };
+    let (x, y) = samples(13);
+    let mut dp = rank(
+        local_collectives(1).pop().unwrap(),
+        &f32_plan(),
+        "none",
+        averaging,
+    );
+    dp.step((&x[..6 * FEATURES], &y[..6]), 0).unwrap();
+    assert_eq!(dp.replica.steps, 4);
+    let mut alone = Classifier::new(&Device::Cpu, FEATURES, CLASSES, &config()).unwrap();
+    for rows in [0..4, 4..6] {
+        let (_, grads) = alone
+            .loss_and_grads(
+                &x[rows.start * FEATURES..rows.end * FEATURES],
+                &y[rows.clone()],
+                rows.start,
+            )
+            .unwrap();
+        alone.apply(&grads).unwrap();
+    }
+    let off = worst(&values(&dp.replica), &values(&alone));
+    assert!(off < 1e-6, "off by up to {off}");
 }

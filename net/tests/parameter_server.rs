@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use murmur_engine::comm::local::local_collectives;
+use murmur_engine::train::{DataParallel, OuterConfig};
 use murmur_net::identity::Swarm;
 use murmur_net::ps::{QuicCollective, ServerOptions};
 
@@ -42,6 +43,86 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
         in_process[0],
         bits(&classifier()),
         "training changed nothing"
+    );
+}
+
+/// Outer rounds of local steps (compressed pseudo-gradients, Nesterov outer steps) over QUIC
+/// give the bits of the same run in process: the pseudo-gradients travel as gradients do,
+/// and every replica applies the same reply to the same anchor. A rank rejoining from a
+/// snapshot the servers keep takes the outer loop's momentum with it.
+#[test]
+fn outer_rounds_over_quic_give_the_bits_of_the_same_run_in_process() {
+    let (world, rounds) = (3u16, 6u64);
+    let outer = OuterConfig {
+        local_steps: 4,
+        step_samples: BATCH / 4,
+        lr: 0.7,
+        momentum: 0.9,
+    };
+    let plan = plan("topk:0.2", "sign");
+    let in_process: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let joins: Vec<_> = local_collectives(world as usize)
+            .into_iter()
+            .map(|c| {
+                let plan = &plan;
+                s.spawn(move || {
+                    let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
+                    dp.take_local_steps(outer).unwrap();
+                    train(&mut dp, rounds);
+                    bits(&dp.replica)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let swarm = Swarm::generate("outer-bits").unwrap();
+    let servers = start_servers(&swarm, 2, every_member());
+    let over_quic = on_every_rank(
+        &swarm,
+        &servers,
+        world,
+        &plan,
+        client_options(),
+        |rank, mut dp| {
+            dp.take_local_steps(outer).unwrap();
+            train(&mut dp, 3);
+            if rank == 0 {
+                dp.collective.snapshot(3, dp.save_state().unwrap()).unwrap();
+            }
+            train(&mut dp, rounds);
+            bits(&dp.replica)
+        },
+    );
+    assert!(in_process.iter().all(|b| *b == in_process[0]));
+    assert!(
+        over_quic.iter().all(|b| *b == over_quic[0]),
+        "QUIC replicas differ"
+    );
+    assert_eq!(
+        over_quic[0], in_process[0],
+        "QUIC and in-process runs differ"
+    );
+    assert_ne!(
+        in_process[0],
+        bits(&classifier()),
+        "training changed nothing"
+    );
+    // Rank 0 comes back as a fresh process: it restores the snapshot of round 3 (with the
+    // outer momentum) and replays rounds 3 to 5 from the servers' log.
+    let c = worker(&swarm, &servers.addrs, 0, world);
+    let mut dp = DataParallel::new(classifier(), c, &plan, "ef").unwrap();
+    dp.take_local_steps(outer).unwrap();
+    let caught = murmur_net::ps::catch_up(&mut dp).unwrap().unwrap();
+    assert_eq!(
+        caught.snapshot.map(|s| s.0),
+        Some(3),
+        "rejoined from the snapshot"
+    );
+    assert_eq!(dp.round(), rounds);
+    assert_eq!(
+        bits(&dp.replica),
+        over_quic[0],
+        "the rejoined rank caught up"
     );
 }
 

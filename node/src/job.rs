@@ -20,7 +20,7 @@ use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::partition::PartitionPlan;
 use murmur_engine::data::ImageDataset;
 use murmur_engine::nn::GptConfig;
-use murmur_engine::train::{ClassifierConfig, LmConfig, OptimizerKind, WarmupCosine};
+use murmur_engine::train::{ClassifierConfig, LmConfig, OptimizerKind, OuterConfig, WarmupCosine};
 use murmur_net::ps::queue::QueueSpec;
 use murmur_net::ps::quorum::QuorumRule;
 use serde::{Deserialize, Serialize};
@@ -175,6 +175,21 @@ pub struct Job {
     /// docs/results/robustness.md for what each withstands and costs).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().aggregate))]
     pub aggregate: String,
+    /// Outer rounds of local steps (DiLoCo): each worker takes this many optimizer steps of
+    /// `batch` samples on its share of a round, then pushes its pseudo-gradient (the round's
+    /// starting parameters minus its own, through the job's codecs and error feedback), and
+    /// an outer optimizer steps the shared parameters with their aggregate. A round then holds
+    /// `local_steps` global batches; `max_steps`, `warmup` and `snapshot_every` count rounds.
+    /// Left out, workers exchange gradients every step.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub local_steps: Option<u32>,
+    /// The outer optimizer's learning rate (with `local_steps`; DiLoCo's 0.7).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().outer_lr))]
+    pub outer_lr: f32,
+    /// The outer optimizer's Nesterov momentum (with `local_steps`; DiLoCo's 0.9); 0 makes it
+    /// plain SGD, and with `outer_lr` 1 the round averages the workers' models (FedAvg).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().outer_momentum))]
+    pub outer_momentum: f32,
 }
 
 impl Default for Job {
@@ -215,6 +230,9 @@ impl Default for Job {
             shares: "speed".into(),
             late_pushes: "requeue".into(),
             aggregate: "mean".into(),
+            local_steps: None,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
         }
     }
 }
@@ -341,6 +359,34 @@ impl Job {
             other => return bad(format!("late_pushes is requeue or fold, not {other:?}")),
         }
         self.aggregate_rule()?;
+        // Checked whether or not local steps are on, so that a bad value is refused before
+        // someone turns them on.
+        OuterConfig {
+            local_steps: self.local_steps.unwrap_or(1),
+            step_samples: self.batch,
+            lr: self.outer_lr,
+            momentum: self.outer_momentum,
+        }
+        .validate()
+        .map_err(|e| NodeError::Job(format!("local_steps, outer_lr, outer_momentum: {e}")))?;
+        let round = (self.batch as u64)
+            .checked_mul(u64::from(self.workers))
+            .and_then(|n| n.checked_mul(self.steps_per_round()));
+        if round.is_none_or(|n| n > u64::from(u32::MAX)) {
+            return bad(format!(
+                "a round of batch {} × {} workers × {} local steps is past 2^32 samples",
+                self.batch,
+                self.workers,
+                self.steps_per_round()
+            ));
+        }
+        if self.local_steps.is_some() && self.loco_codes() {
+            return bad(
+                "local_steps with a loco codec: LoCo's scale is calibrated on gradients, and a \
+                 pseudo-gradient is the sum of many steps; use topk, hybrid, sign or f32"
+                    .into(),
+            );
+        }
         self.quorum_rule().validate().map_err(NodeError::Job)?;
         if self.partition_bytes < 4 {
             return bad("partition_bytes must be at least 4".into());
@@ -391,6 +437,32 @@ impl Job {
     /// ([`Job::late_pushes`] `fold`).
     pub fn folds_late_pushes(&self) -> bool {
         self.late_pushes == "fold"
+    }
+
+    /// The outer loop of a job with local steps ([`Job::local_steps`]).
+    pub fn outer_config(&self) -> Option<OuterConfig> {
+        self.local_steps.map(|local_steps| OuterConfig {
+            local_steps,
+            step_samples: self.batch,
+            lr: self.outer_lr,
+            momentum: self.outer_momentum,
+        })
+    }
+
+    /// Optimizer steps per round: the local steps, or 1.
+    pub fn steps_per_round(&self) -> u64 {
+        u64::from(self.local_steps.unwrap_or(1))
+    }
+
+    /// Whether either way's codec is LoCo's.
+    fn loco_codes(&self) -> bool {
+        let pull = self.pull_codec.as_ref().unwrap_or(&self.codec);
+        [&self.codec, pull].iter().any(|spec| {
+            matches!(
+                spec.parse(),
+                Ok(murmur_engine::compress::CodecSpec::Loco { .. })
+            )
+        })
     }
 
     /// Whether this job trains the byte-level GPT (else the MLP classifier).
@@ -502,12 +574,15 @@ impl Job {
     /// has them.
     pub fn lm_config(&self) -> LmConfig {
         let defaults = LmConfig::new(self.steps.unwrap_or(GPT_STEPS));
+        // The schedule counts optimizer steps: a round's local steps each.
+        let per_round = self.steps_per_round();
         LmConfig {
             model: self.gpt_config(),
             batch: self.batch * self.workers as usize,
             schedule: WarmupCosine {
                 peak: self.lr,
-                warmup: self.warmup.unwrap_or(defaults.schedule.warmup),
+                warmup: self.warmup.unwrap_or(defaults.schedule.warmup) * per_round,
+                total: defaults.schedule.total * per_round,
                 ..defaults.schedule
             },
             weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
@@ -560,10 +635,11 @@ impl Job {
             weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
             momentum: self.momentum.unwrap_or(defaults.momentum),
             seed: self.seed,
+            // The schedule counts optimizer steps: a round's local steps each.
             schedule: self.warmup.map(|warmup| WarmupCosine {
                 peak: self.lr,
-                warmup,
-                total: total_steps,
+                warmup: warmup * self.steps_per_round(),
+                total: total_steps * self.steps_per_round(),
                 min_ratio: 0.1,
             }),
             clip: self.clip,
@@ -591,7 +667,8 @@ impl Job {
     /// windows of all its rounds, as one epoch (window `p` is window `p mod global` of round
     /// `p / global`'s draw).
     pub fn queue_spec(&self) -> Result<QueueSpec> {
-        let global = self.batch * self.workers as usize;
+        let per_round = self.steps_per_round() as usize;
+        let global = self.batch * self.workers as usize * per_round;
         let samples = if self.is_gpt() {
             self.gpt_steps().1 as usize * global
         } else {
@@ -608,7 +685,7 @@ impl Job {
             samples: samples as u64,
             global,
             // Fewer members make a smaller round: a worker never computes more than its batch.
-            per_member: self.batch as u32,
+            per_member: (self.batch * per_round) as u32,
             by_speed: self.shares == "speed",
         })
     }
@@ -625,7 +702,7 @@ impl Job {
     /// Rounds per epoch over `train_len` samples when no share is given back (the last one
     /// short), and rounds in all.
     pub fn steps(&self, train_len: usize) -> (u64, u64) {
-        let global = self.batch * self.workers as usize;
+        let global = self.batch * self.workers as usize * self.steps_per_round() as usize;
         let per_epoch = train_len.div_ceil(global.max(1)).max(1) as u64;
         let total = (per_epoch * self.epochs as u64).min(self.max_steps.unwrap_or(u64::MAX));
         (per_epoch, total)
@@ -756,6 +833,68 @@ mod tests {
         assert_eq!((job.epochs, job.batch, job.lr), (2, 64, 1e-3));
         assert!(file.with_fields_from(&flags, &["nope"]).is_err());
         let names = Job::field_names();
-        assert!(names.len() == 35 && names.iter().any(|n| n == "start_with"));
+        assert!(names.len() == 38 && names.iter().any(|n| n == "start_with"));
+    }
+
+    #[test]
+    fn a_round_of_local_steps_holds_that_many_global_batches() {
+        let job = Job {
+            workers: 4,
+            batch: 64,
+            epochs: 2,
+            local_steps: Some(32),
+            warmup: Some(3),
+            ..Job::default()
+        };
+        job.validate().unwrap();
+        let queue = job.queue_spec().unwrap();
+        assert_eq!((queue.global, queue.per_member), (4 * 64 * 32, 64 * 32));
+        // 60,000 samples in rounds of 8,192: 7 full rounds and a short one an epoch.
+        assert_eq!(job.steps(60_000), (8, 16));
+        let schedule = job.classifier_config(16).unwrap().schedule.unwrap();
+        assert_eq!((schedule.warmup, schedule.total), (3 * 32, 16 * 32));
+        let outer = job.outer_config().unwrap();
+        assert_eq!((outer.local_steps, outer.step_samples), (32, 64));
+        assert_eq!(Job::default().outer_config(), None);
+        for (bad, needle) in [
+            (
+                Job {
+                    local_steps: Some(0),
+                    ..job.clone()
+                },
+                "local step",
+            ),
+            (
+                Job {
+                    outer_momentum: 1.0,
+                    ..job.clone()
+                },
+                "momentum",
+            ),
+            (
+                Job {
+                    outer_lr: -1.0,
+                    ..job.clone()
+                },
+                "learning rate",
+            ),
+            (
+                Job {
+                    codec: "loco".into(),
+                    ..job.clone()
+                },
+                "loco",
+            ),
+            (
+                Job {
+                    local_steps: Some(u32::MAX),
+                    ..job.clone()
+                },
+                "2^32",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 }

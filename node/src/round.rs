@@ -54,7 +54,6 @@ pub(crate) fn play_round<M: Learner>(
 ) -> Result<Played, RoundFailure> {
     let step = dp.round();
     let digest = dp
-        .replica
         .parameter_digest()
         .map_err(|e| RoundFailure::Fatal(e.into()))?;
     dp.collective

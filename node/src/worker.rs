@@ -509,6 +509,9 @@ impl Run {
         ));
         let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
         let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
+        if let Some(outer) = job.outer_config() {
+            dp.take_local_steps(outer)?;
+        }
         dp.emulate_device(self.config.emulated_seconds_per_sample);
         if let Some(attack) = self.config.attack {
             tracing::warn!("rank {rank} attacks the swarm: {attack}");
@@ -722,7 +725,7 @@ impl Run {
                 }
             }
             if snapshot_duty(dp.round(), job.snapshot_every, &played.participants) == Some(rank) {
-                unchecked_snapshot = Some((dp.round(), dp.replica.save_state()?));
+                unchecked_snapshot = Some((dp.round(), dp.save_state()?));
             }
             let next = dp.collective.assignment(dp.round()).map(|a| a.epoch);
             let last = next.is_some_and(|e| e >= epochs) || dp.round() >= max_rounds;

@@ -28,7 +28,8 @@ struct Saved {
     job: Vec<u8>,
     /// The rank the servers gave this worker.
     rank: u16,
-    /// The checkpoint of the replica (model, optimizer state, rounds done).
+    /// The checkpoint of the replica (model, optimizer state, rounds done, and the outer
+    /// loop's state where rounds are outer rounds).
     #[serde(with = "murmur_engine::saved_bytes::u8s")]
     checkpoint: Vec<u8>,
     /// The error-feedback memory of every partition.
@@ -44,7 +45,7 @@ fn capture<C: Collective, M: Learner>(
     Ok(Saved {
         job: job_digest(job),
         rank,
-        checkpoint: dp.replica.save_state()?,
+        checkpoint: dp.save_state()?,
         memories: dp.saved_memories()?,
     })
 }
@@ -157,7 +158,6 @@ pub(crate) fn resume<C: Collective, M: Learner>(
         ));
     }
     if let Err(e) = dp
-        .replica
         .load_state(&saved.checkpoint)
         .and_then(|()| dp.restore_memories(saved.memories))
     {

@@ -23,7 +23,9 @@ pub struct RoundBytes {
     pub pushed: usize,
     /// Payload bytes pulled from the servers.
     pub pulled: usize,
-    /// What the same round costs in f32 each way.
+    /// What the same samples cost in f32 each way when ranks exchange gradients every step:
+    /// one exchange a round, or one per local step where rounds are outer rounds (the
+    /// step-wise f32 data parallelism local steps are measured against).
     pub f32_each_way: usize,
 }
 
@@ -242,6 +244,19 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// a rejoining rank starts from before replaying later rounds): bytes of
     /// [`DataParallel::save_state`].
     pub fn restore(&mut self, snapshot: &[u8], step: u64) -> Result<()> {
+        self.load_state(snapshot)?;
+        if self.round() != step {
+            return Err(Error::Data(format!(
+                "the snapshot of round {step} holds a model after {} rounds",
+                self.round()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Replaces parameters and optimizer state (and the outer loop's) with bytes of
+    /// [`DataParallel::save_state`], of whichever round.
+    pub fn load_state(&mut self, snapshot: &[u8]) -> Result<()> {
         match &mut self.outer {
             Some(outer) => {
                 let (replica, saved) = OuterRounds::split(snapshot)?;
@@ -250,12 +265,6 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                 outer.restore(saved, parameters)?;
             }
             None => self.replica.load_state(snapshot)?,
-        }
-        if self.round() != step {
-            return Err(Error::Data(format!(
-                "the snapshot of round {step} holds a model after {} steps",
-                self.round()
-            )));
         }
         Ok(())
     }
@@ -350,8 +359,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         Ok((loss, self.pull_and_apply(round, pushed)?))
     }
 
-    /// An outer round's local work on the rank's share `batch`: the outer loop's local steps,
-    /// each on its slice of the share, then the pseudo-gradient (the round's anchor minus the
+    /// An outer round's local work on the rank's share `batch`: the outer loop's local steps
+    /// ([`OuterConfig::step_samples`] each), then the pseudo-gradient (the round's anchor minus the
     /// parameters they reached). Returns the mean loss of the steps, weighted by their
     /// samples, and the pseudo-gradient per parameter tensor.
     fn take_local_steps_on(
@@ -359,13 +368,25 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         batch: M::Batch<'_>,
         first_sample: usize,
     ) -> Result<(f32, Vec<Vec<f32>>)> {
-        let outer = self.outer.as_ref().expect("called with outer rounds");
+        let config = self
+            .outer
+            .as_ref()
+            .expect("called with outer rounds")
+            .config();
         let samples = self.replica.samples(&batch);
-        // A share smaller than the local steps takes a step per sample.
-        let steps = (outer.config().local_steps as usize).min(samples).max(1);
+        // Steps of `step_samples` each (the last one shorter), at most `local_steps`: a share
+        // past that many samples is cut into `local_steps` equal steps.
+        let steps = samples
+            .div_ceil(config.step_samples)
+            .clamp(1, config.local_steps as usize);
         let mut losses = Vec::with_capacity(steps);
         for i in 0..steps {
-            let slice = rank_share(samples, i, steps);
+            let slice = if samples <= steps * config.step_samples {
+                let start = i * config.step_samples;
+                start..(start + config.step_samples).min(samples)
+            } else {
+                rank_share(samples, i, steps)
+            };
             let sub = self.replica.sub_batch(&batch, slice.clone());
             let (loss, grads) = self
                 .replica
@@ -500,11 +521,17 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         let replies = self.collective.pull(round, &self.keys)?;
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
-        let f32_each_way = 4 * self
-            .shapes
-            .iter()
-            .map(|s| s.iter().product::<usize>())
-            .sum::<usize>();
+        let exchanges = self
+            .outer
+            .as_ref()
+            .map_or(1, |o| o.config().local_steps as usize);
+        let f32_each_way = 4
+            * exchanges
+            * self
+                .shapes
+                .iter()
+                .map(|s| s.iter().product::<usize>())
+                .sum::<usize>();
         Ok(RoundBytes {
             pushed,
             pulled,

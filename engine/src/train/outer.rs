@@ -21,8 +21,13 @@ use crate::tensor::{Device, Tensor};
 /// The outer loop's settings, which every rank of a job shares.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OuterConfig {
-    /// Inner optimizer steps a rank takes on its share of a round before it pushes.
+    /// Inner optimizer steps a rank takes on a full share of a round before it pushes.
     pub local_steps: u32,
+    /// Samples a local step takes (the job's batch): a share takes
+    /// `ceil(samples / step_samples)` steps, at most `local_steps`, so a rank given a smaller
+    /// share (a slow one, or the short last round of an epoch) takes fewer steps, not smaller
+    /// ones, and its pseudo-gradient weighs by the samples it stands for.
+    pub step_samples: usize,
     /// The outer optimizer's learning rate (DiLoCo: 0.7).
     pub lr: f32,
     /// The outer optimizer's Nesterov momentum (DiLoCo: 0.9); 0 for plain SGD.
@@ -32,9 +37,9 @@ pub struct OuterConfig {
 impl OuterConfig {
     /// Refuses settings no run can use.
     pub fn validate(&self) -> Result<()> {
-        if self.local_steps == 0 {
+        if self.local_steps == 0 || self.step_samples == 0 {
             return Err(Error::Config(
-                "an outer round takes at least 1 local step".into(),
+                "an outer round takes at least 1 local step of at least 1 sample".into(),
             ));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {

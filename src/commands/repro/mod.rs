@@ -10,6 +10,7 @@ mod clapping_gpt;
 mod clapping_logistic;
 mod figures;
 mod liec;
+mod local_steps;
 mod loco;
 mod pipeline_steps;
 mod report;
@@ -43,6 +44,10 @@ pub enum ReproCommand {
     /// or computed at a diverging learning rate) against each of the servers' aggregation
     /// rules, with the top-k and sign codecs (issue 21).
     Attack(attack::AttackArgs),
+    /// Outer rounds of H local steps (DiLoCo) with f32, top-k, sign and 2-bit top-k
+    /// pseudo-gradients under error feedback, against exchanging gradients every step, on
+    /// MNIST and Fashion-MNIST: accuracy and bytes per worker (issue 27).
+    LocalSteps(local_steps::LocalStepsArgs),
     /// Redraw the figures beside the tables (PNG) from the results' JSON, without rerunning
     /// anything: LIEC-SGD's error norm, Clapping's accuracy against p and per arm, LoCo's and
     /// CLAN's accuracy per arm.
@@ -58,6 +63,7 @@ pub fn run(command: ReproCommand) -> anyhow::Result<()> {
         ReproCommand::ClappingGpt(a) => clapping_gpt::run(a),
         ReproCommand::SwarmGpt(a) => swarm_gpt::run(a),
         ReproCommand::Attack(a) => attack::run(a),
+        ReproCommand::LocalSteps(a) => local_steps::run(a),
         ReproCommand::Figures(a) => figures::run(a),
     }
 }

@@ -218,7 +218,7 @@ pub fn run(a: LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
 
     let outcome = dashboard.outcome();
     eprintln!(
-        "swarm done in {:.1} s: final {}; per worker and step {:.1} KB up, {:.1} KB down against {:.1} KB each way in f32: {:.1}x less traffic ({:.1} MB in all instead of {:.1} MB)",
+        "swarm done in {:.1} s: final {}; per worker and round {:.1} KB up, {:.1} KB down against {:.1} KB each way in f32 every step: {:.1}x less traffic ({:.1} MB in all instead of {:.1} MB)",
         started.elapsed().as_secs_f64(),
         super::super::worker::final_measure(outcome.final_test_accuracy, outcome.final_valid_loss)
             .unwrap_or_else(|| "test accuracy n/a".into()),

@@ -173,7 +173,7 @@ impl Dashboard {
                 bar.set_position(step);
                 let codes = code_stats_line(saturated, error_nonzero);
                 bar.set_message(format!(
-                    "loss {loss:.3}  up {:.0} KB  down {:.0} KB /step (f32 {:.0} KB)  {samples_per_second:.0} samples/s{codes}",
+                    "loss {loss:.3}  up {:.0} KB  down {:.0} KB /round (f32 {:.0} KB)  {samples_per_second:.0} samples/s{codes}",
                     pushed as f64 / 1e3,
                     pulled as f64 / 1e3,
                     f32_each_way as f64 / 1e3
@@ -185,7 +185,7 @@ impl Dashboard {
                 if self.multi.is_hidden() && rank == 0 && step >= self.next_line {
                     self.next_line = step + (self.total_steps / 10).max(1);
                     eprintln!(
-                        "step {step}/{}: loss {loss:.3}, {:.0} KB up and {:.0} KB down per worker per step (f32: {:.0} KB each way){codes}",
+                        "step {step}/{}: loss {loss:.3}, {:.0} KB up and {:.0} KB down per worker per round (f32 every step: {:.0} KB each way){codes}",
                         self.total_steps,
                         pushed as f64 / 1e3,
                         pulled as f64 / 1e3,

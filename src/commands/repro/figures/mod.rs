@@ -7,6 +7,7 @@
 mod arms;
 mod clapping;
 mod liec;
+mod local_steps;
 mod robustness;
 
 use std::path::{Path, PathBuf};
@@ -18,12 +19,13 @@ use serde::de::DeserializeOwned;
 pub use arms::draw as arms;
 pub use clapping::draw as clapping;
 pub use liec::draw as liec;
+pub use local_steps::draw as local_steps;
 pub use robustness::draw as robustness;
 
 #[derive(Args, Debug)]
 pub struct FiguresArgs {
     /// The results folder whose JSON files to draw (liec-sgd*, clapping* but clapping-gpt*,
-    /// loco*, clan*, robustness*).
+    /// loco*, clan*, robustness*, local-steps*).
     #[arg(long, default_value = "docs/results")]
     dir: PathBuf,
 }
@@ -52,6 +54,8 @@ pub fn run(a: FiguresArgs) -> anyhow::Result<()> {
             arms
         } else if stem.starts_with("robustness") {
             robustness
+        } else if stem.starts_with("local-steps") {
+            local_steps
         } else {
             continue;
         };
