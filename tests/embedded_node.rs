@@ -9,6 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{have_mnist, wait_for, RemovedOnDrop};
+use murmur_engine::train::{Classifier, Saved};
+use murmur_engine::Device;
 use murmur_node::swarm::prepare;
 use murmur_node::{
     Budget, DeviceKind, Event, Job, ServerConfig, ServerNode, Worker, WorkerConfig, WorkerHandle,
@@ -193,20 +195,40 @@ fn a_paused_worker_leaves_the_rounds_and_rejoins_with_the_same_bits() {
 /// same bits (every round they also compared replica digests with shard 0).
 #[test]
 fn a_worker_joins_a_running_job_and_another_leaves() {
-    let Some(dir) = swarm_dir("embedded-elastic", 3) else {
+    join_and_leave("embedded-elastic", job(3, 80), 20, 25.0);
+}
+
+/// The same with outer rounds of 4 local steps and snapshots every 4 rounds: the newcomer
+/// takes the outer loop's state from a snapshot, replays the rounds since, and ends with the
+/// bits of the worker that stayed; the one that left cost the others nothing but its share.
+#[test]
+fn with_local_steps_a_worker_joins_and_another_leaves() {
+    let job = Job {
+        local_steps: Some(4),
+        snapshot_every: 4,
+        ..job(3, 32)
+    };
+    join_and_leave("embedded-elastic-local", job, 8, 8.0);
+}
+
+/// Runs `job` (three places) from two workers paced at `rounds_per_second`; a third joins
+/// after round `at`, and the second leaves after round `2 * at`.
+fn join_and_leave(name: &str, job: Job, at: u64, rounds_per_second: f64) {
+    let Some(dir) = swarm_dir(name, 3) else {
         return;
     };
-    let total = 80;
+    let local_steps = job.local_steps.is_some();
+    let total = job.max_steps.unwrap();
     let job = Job {
         start_with: Some(2),
-        ..job(3, total)
+        ..job
     };
     let server = server(&dir.0, job);
     let minute = Duration::from_secs(60);
     // Paced, so that the job is still running when the third worker comes.
     let paced = Budget {
         duty_cycle: 1.0,
-        max_steps_per_second: Some(25.0),
+        max_steps_per_second: Some(rounds_per_second),
     };
     let first: Vec<WorkerHandle> = (0..2)
         .map(|i| {
@@ -216,18 +238,18 @@ fn a_worker_joins_a_running_job_and_another_leaves() {
         })
         .collect();
     let mut events = first[0].events();
-    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= 20));
+    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= at));
     let third = worker(&dir.0, &server, 2, DeviceKind::Cpu);
     let mut third_events = third.events();
     let joined_at = wait_for(&mut third_events, minute, step_of);
-    assert!(joined_at > 20, "the newcomer's first round is {joined_at}");
-    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= 40));
+    assert!(joined_at > at, "the newcomer's first round is {joined_at}");
+    wait_for(&mut events, minute, |e| step_of(e).filter(|s| *s >= 2 * at));
     first[1].stop();
     let mut first = first.into_iter();
     let (staying, leaving) = (first.next().unwrap(), first.next().unwrap());
     let left = leaving.join().unwrap();
     assert!(
-        left.stopped && left.steps >= 40 && left.steps < total,
+        left.stopped && left.steps >= 2 * at && left.steps < total,
         "{left:?}"
     );
     let reports = [staying.join().unwrap(), third.join().unwrap()];
@@ -239,7 +261,22 @@ fn a_worker_joins_a_running_job_and_another_leaves() {
         left.steps
     );
     let state = |i: usize| std::fs::read(dir.0.join(format!("worker-{i}.state"))).unwrap();
-    assert!(state(0) == state(2), "the two that finished differ");
+    if local_steps {
+        // The inner optimizer's state is each worker's own: the shared parameters agree.
+        let parameters = |i: usize| {
+            let saved = Saved::from_bytes(&state(i), &Device::Cpu).unwrap();
+            Classifier::from_saved(saved)
+                .unwrap()
+                .parameter_bits()
+                .unwrap()
+        };
+        assert!(
+            parameters(0) == parameters(2),
+            "the two that finished differ"
+        );
+    } else {
+        assert!(state(0) == state(2), "the two that finished differ");
+    }
     drop(server);
 }
 
