@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use murmur::node::swarm::{Launch, LocalSwarm, SwarmConfig};
-use murmur::node::{Budget, DeviceKind, Event, Job, LinkConfig};
+use murmur::node::{Budget, Event, Job};
 
 /// Stands in for "the owner is using the machine": busy from round 60 to round 120.
 fn owner_is_busy(step: u64) -> bool {
@@ -34,24 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         codec: "topk:0.01".into(),
         ..Job::default()
     };
-    let swarm = LocalSwarm::start(
-        SwarmConfig {
-            servers: 1,
-            job,
-            device: DeviceKind::Auto,
-            data: None,
-            link: LinkConfig::default(),
-            deadline_s: 30.0,
-            dir: dir.clone(),
-            save: None,
-            save_every: None,
-            durable: false,
-            emulated_seconds_per_sample: None,
-            slow_worker: None,
-            attacker: None,
-        },
-        Launch::Threads,
-    )?;
+    let swarm = LocalSwarm::start(SwarmConfig::new(1, job, dir.clone()), Launch::Threads)?;
     // "Our" node is worker 0; the other two stand for the rest of the swarm.
     let me = swarm.worker(0).expect("threads have handles");
     let mut events = me.events();

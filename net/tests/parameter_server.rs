@@ -60,21 +60,10 @@ fn outer_rounds_over_quic_give_the_bits_of_the_same_run_in_process() {
         momentum: 0.9,
     };
     let plan = plan("topk:0.2", "sign");
-    let in_process: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let joins: Vec<_> = local_collectives(world as usize)
-            .into_iter()
-            .map(|c| {
-                let plan = &plan;
-                s.spawn(move || {
-                    let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
-                    dp.take_local_steps(outer).unwrap();
-                    train(&mut dp, rounds);
-                    bits(&dp.replica)
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
-    });
+    let in_process =
+        train_in_process_with(local_collectives(world as usize), &plan, rounds, |dp| {
+            dp.take_local_steps(outer).unwrap()
+        });
     let swarm = Swarm::generate("outer-bits").unwrap();
     let servers = start_servers(&swarm, 2, every_member());
     let over_quic = on_every_rank(

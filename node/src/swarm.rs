@@ -64,6 +64,28 @@ pub struct SwarmConfig {
 }
 
 impl SwarmConfig {
+    /// A swarm of `servers` shards serving `job`, its credentials and logs in `dir`, with the
+    /// defaults of everything else: devices chosen by each worker, the datasets where
+    /// `$MURMUR_DATA` says, the default link, a 30 s round deadline, nothing saved, no
+    /// emulated devices, no attacker.
+    pub fn new(servers: u16, job: Job, dir: PathBuf) -> SwarmConfig {
+        SwarmConfig {
+            servers,
+            job,
+            device: DeviceKind::Auto,
+            data: None,
+            link: LinkConfig::default(),
+            deadline_s: 30.0,
+            dir,
+            save: None,
+            save_every: None,
+            durable: false,
+            emulated_seconds_per_sample: None,
+            slow_worker: None,
+            attacker: None,
+        }
+    }
+
     /// Seconds a sample of worker `index`'s emulated device, if the devices are emulated.
     fn emulated_pace(&self, index: usize) -> Option<f64> {
         let slower = self.slow_worker.filter(|_| index == 0).unwrap_or(1.0);

@@ -170,12 +170,24 @@ pub fn train_in_process(
     plan: &PartitionPlan,
     steps: u64,
 ) -> Vec<Vec<u32>> {
+    train_in_process_with(collectives, plan, steps, |_| {})
+}
+
+/// [`train_in_process`], with `setup` called on each rank before its first round.
+pub fn train_in_process_with(
+    collectives: Vec<murmur_engine::comm::local::LocalCollective>,
+    plan: &PartitionPlan,
+    steps: u64,
+    setup: impl Fn(&mut DataParallel<murmur_engine::comm::local::LocalCollective>) + Sync,
+) -> Vec<Vec<u32>> {
     std::thread::scope(|s| {
         let joins: Vec<_> = collectives
             .into_iter()
             .map(|c| {
+                let setup = &setup;
                 s.spawn(move || {
                     let mut dp = DataParallel::new(classifier(), c, plan, "ef").unwrap();
+                    setup(&mut dp);
                     train(&mut dp, steps);
                     bits(&dp.replica)
                 })

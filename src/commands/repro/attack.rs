@@ -8,7 +8,7 @@
 //! Finished arms are kept in the JSON beside the table and skipped when the command runs
 //! again with the same settings, so a long run can be stopped and resumed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,10 +17,10 @@ use murmur_engine::data::{default_root, ImageDataset, Split};
 use murmur_engine::train::{Classifier, Saved};
 use murmur_node::attack::Attack;
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Job, LinkConfig};
+use murmur_node::{DeviceKind, Job};
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, results_path, write_keeping_notes};
+use super::report::{command_line, list_or, load_kept, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -106,12 +106,6 @@ struct Results {
 const WORKERS: u16 = 4;
 const SERVERS: u16 = 2;
 
-fn list(given: &Option<Vec<String>>, default: &[&str]) -> Vec<String> {
-    given
-        .clone()
-        .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
-}
-
 pub fn run(a: AttackArgs) -> anyhow::Result<()> {
     let epochs = a.epochs.unwrap_or(if a.quick { 1 } else { 3 });
     let train_limit = a.train_limit.or(a.quick.then_some(12_000));
@@ -126,12 +120,12 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
         workers: WORKERS,
         servers: SERVERS,
     };
-    let codecs = list(&a.codecs, &["topk:0.01", "sign"]);
-    let rules = list(
+    let codecs = list_or(&a.codecs, &["topk:0.01", "sign"]);
+    let rules = list_or(
         &a.rules,
         &["mean", "trimmed-mean", "median", "centered-clip"],
     );
-    let attacks = list(
+    let attacks = list_or(
         &a.attacks,
         if a.quick {
             &["none", "scale:1e30", "sign-flip"]
@@ -162,7 +156,7 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
         arms: Vec::new(),
     };
     if !a.fresh {
-        if let Some(kept) = load(&json)?.filter(|r| r.settings == settings) {
+        if let Some(kept) = load_kept::<Results>(&json)?.filter(|r| r.settings == settings) {
             results.arms = kept.arms;
         }
     }
@@ -247,14 +241,6 @@ fn default_warmup(epochs: u32, train_limit: Option<usize>) -> u64 {
     (rounds / 10).max(1)
 }
 
-fn load(json: &Path) -> anyhow::Result<Option<Results>> {
-    match std::fs::read_to_string(json) {
-        Ok(text) => Ok(serde_json::from_str(&text).ok()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", json.display())),
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_arm(
     a: &AttackArgs,
@@ -289,19 +275,12 @@ fn run_arm(
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
-            servers: SERVERS,
-            job,
             device: a.device,
             data: a.data.clone(),
-            link: LinkConfig::default(),
             deadline_s: 120.0,
-            dir: dir.clone(),
             save: Some(model.clone()),
-            save_every: None,
-            durable: false,
-            emulated_seconds_per_sample: None,
-            slow_worker: None,
             attacker: attack,
+            ..SwarmConfig::new(SERVERS, job, dir.clone())
         },
         Launch::Threads,
     )?;

@@ -9,17 +9,16 @@
 //! Finished arms are kept in the JSON beside the table and skipped when the command runs
 //! again with the same settings, so a long run can be stopped and resumed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::{Args, ValueEnum};
 use murmur_engine::data::ImageDataset;
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Event, Job, LinkConfig};
+use murmur_node::{DeviceKind, Event, Job};
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, results_path, write_keeping_notes};
+use super::report::{command_line, list_or, load_kept, results_path, write_keeping_notes};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -167,12 +166,6 @@ struct Results {
 const WORKERS: u16 = 4;
 const SERVERS: u16 = 2;
 
-fn list(given: &Option<Vec<String>>, default: &[&str]) -> Vec<String> {
-    given
-        .clone()
-        .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
-}
-
 /// An arm to run: dataset, local steps (or step-wise), codec, outer optimizer.
 #[derive(Debug, Clone, PartialEq)]
 struct Plan {
@@ -203,7 +196,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         workers: WORKERS,
         servers: SERVERS,
     };
-    let datasets = list(
+    let datasets = list_or(
         &a.datasets,
         if a.quick {
             &["mnist"]
@@ -211,7 +204,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
             &["mnist", "fashion-mnist"]
         },
     );
-    let stepwise = list(
+    let stepwise = list_or(
         &a.stepwise,
         if a.quick {
             &["f32", "sign"]
@@ -219,7 +212,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
             &["f32", "topk:0.01", "sign"]
         },
     );
-    let codecs = list(
+    let codecs = list_or(
         &a.codecs,
         if a.quick {
             &["f32", "sign"]
@@ -268,7 +261,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         arms: Vec::new(),
     };
     if !a.fresh {
-        if let Some(kept) = load(&json)?.filter(|r| r.settings == settings) {
+        if let Some(kept) = load_kept::<Results>(&json)?.filter(|r| r.settings == settings) {
             results.arms = kept.arms;
         }
     }
@@ -382,33 +375,16 @@ fn job(settings: &Settings, plan: &Plan) -> Job {
     job
 }
 
-fn load(json: &Path) -> anyhow::Result<Option<Results>> {
-    match std::fs::read_to_string(json) {
-        Ok(text) => Ok(serde_json::from_str(&text).ok()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", json.display())),
-    }
-}
-
 fn run_arm(a: &LocalStepsArgs, settings: &Settings, plan: &Plan) -> anyhow::Result<ArmResult> {
     let dir = crate::commands::fresh_temp_dir("murmur-repro-local-steps-")?;
     let job = job(settings, plan);
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
-            servers: SERVERS,
-            job,
             device: a.device,
             data: a.data.clone(),
-            link: LinkConfig::default(),
             deadline_s: 120.0,
-            dir: dir.clone(),
-            save: None,
-            save_every: None,
-            durable: false,
-            emulated_seconds_per_sample: None,
-            slow_worker: None,
-            attacker: None,
+            ..SwarmConfig::new(SERVERS, job, dir.clone())
         },
         Launch::Threads,
     )?;

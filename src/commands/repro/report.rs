@@ -91,6 +91,23 @@ pub fn command_line() -> String {
     format!("murmur {}", args.join(" "))
 }
 
+/// The list a `--flag a;b` gave, or `default`.
+pub fn list_or(given: &Option<Vec<String>>, default: &[&str]) -> Vec<String> {
+    given
+        .clone()
+        .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
+}
+
+/// The results an earlier run left in `json`, if there are any it can read: a run that
+/// keeps finished arms starts from them (a file of another shape is ignored, not an error).
+pub fn load_kept<T: serde::de::DeserializeOwned>(json: &Path) -> anyhow::Result<Option<T>> {
+    match std::fs::read_to_string(json) {
+        Ok(text) => Ok(serde_json::from_str(&text).ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", json.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

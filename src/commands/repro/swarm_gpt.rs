@@ -11,7 +11,7 @@ use clap::Args;
 use murmur_engine::data::{default_root, TextCorpus};
 use murmur_engine::train::LanguageModel;
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Event, Job, LinkConfig};
+use murmur_node::{DeviceKind, Event, Job};
 use serde::Serialize;
 
 use super::report::{command_line, keep_arms, results_path, write_keeping_notes};
@@ -213,22 +213,17 @@ fn swarm(a: &SwarmGptArgs, arm: &Arm, job: &Job, codec: &str) -> anyhow::Result<
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
-            servers: 1,
-            job: Job {
-                codec: codec.into(),
-                ..job.clone()
-            },
             device: a.device,
             data: a.data.clone(),
-            link: LinkConfig::default(),
             deadline_s: 60.0,
-            dir: dir.clone(),
-            save: None,
-            save_every: None,
-            durable: false,
-            emulated_seconds_per_sample: None,
-            slow_worker: None,
-            attacker: None,
+            ..SwarmConfig::new(
+                1,
+                Job {
+                    codec: codec.into(),
+                    ..job.clone()
+                },
+                dir.clone(),
+            )
         },
         Launch::Threads,
     )?;
