@@ -194,7 +194,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
 
     /// Makes every round an outer round of `config.local_steps` local optimizer steps on the
     /// rank's share, whose pseudo-gradient is pushed and whose aggregate an outer optimizer
-    /// applies ([`super::outer`]). Called before the first round, on every rank of the job.
+    /// applies ([`OuterRounds`]). Called before the first round, on every rank of the job.
     pub fn take_local_steps(&mut self, config: OuterConfig) -> Result<()> {
         if self.round() != 0 || self.unanswered.is_some() {
             return Err(Error::Config(
