@@ -338,15 +338,14 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
                 })?;
                 let computing = std::time::Instant::now();
-                let (loss, mut host) = match self.outer.is_some() {
-                    true => self.take_local_steps_on(batch, first_sample)?,
-                    false => {
-                        let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
-                        let mut host = Tensor::read_many(
-                            &std::iter::once(&loss).chain(&grads).collect::<Vec<_>>(),
-                        )?;
-                        (host.remove(0)[0], host)
-                    }
+                let (loss, mut host) = if self.outer.is_some() {
+                    self.take_local_steps_on(batch, first_sample)?
+                } else {
+                    let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
+                    let mut host = Tensor::read_many(
+                        &std::iter::once(&loss).chain(&grads).collect::<Vec<_>>(),
+                    )?;
+                    (host.remove(0)[0], host)
                 };
                 self.wait_for_device(computing, samples, round);
                 check_finite(&host, round)?;
@@ -368,11 +367,11 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         batch: M::Batch<'_>,
         first_sample: usize,
     ) -> Result<(f32, Vec<Vec<f32>>)> {
-        let config = self
-            .outer
-            .as_ref()
-            .expect("called with outer rounds")
-            .config();
+        let outer = self.outer.as_ref().expect("called with outer rounds");
+        let config = outer.config();
+        // From the round's anchor, which the replica holds unless an earlier try of this
+        // round failed after its local steps and before its pushes.
+        self.replica.set_parameters(outer.anchor()?)?;
         let samples = self.replica.samples(&batch);
         // Steps of `step_samples` each (the last one shorter), at most `local_steps`: a share
         // past that many samples is cut into `local_steps` equal steps.
