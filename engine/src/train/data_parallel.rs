@@ -121,19 +121,6 @@ fn check_finite(grads: &[Vec<f32>], round: u64) -> Result<()> {
     }
 }
 
-/// The positions of this rank's share in a global batch of `len` samples: equal slices, the
-/// first ranks taking one more sample when the batch does not divide.
-pub fn rank_share(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
-    let (base, extra) = (len / world, len % world);
-    let start = rank * base + rank.min(extra);
-    start..start + base + usize::from(rank < extra)
-}
-
-/// This rank's share of a global batch ([`rank_share`]).
-pub fn rank_slice(global: &[usize], rank: usize, world: usize) -> &[usize] {
-    &global[rank_share(global.len(), rank, world)]
-}
-
 impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// Registers the model's partitions with the collective. `worker_memory` is the error
     /// feedback of compressed partitions on this rank (`none`, `ef`, `loco-ema...`).
@@ -338,8 +325,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
                 })?;
                 let computing = std::time::Instant::now();
-                let (loss, mut host) = if self.outer.is_some() {
-                    self.take_local_steps_on(batch, first_sample)?
+                let (loss, mut host) = if let Some(outer) = &self.outer {
+                    outer.local_work(&mut self.replica, batch, first_sample)?
                 } else {
                     let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
                     let mut host = Tensor::read_many(
@@ -356,57 +343,6 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             }
         };
         Ok((loss, self.pull_and_apply(round, pushed)?))
-    }
-
-    /// An outer round's local work on the rank's share `batch`: the outer loop's local steps
-    /// ([`OuterConfig::step_samples`] each), then the pseudo-gradient (the round's anchor minus the
-    /// parameters they reached). Returns the mean loss of the steps, weighted by their
-    /// samples, and the pseudo-gradient per parameter tensor.
-    fn take_local_steps_on(
-        &mut self,
-        batch: M::Batch<'_>,
-        first_sample: usize,
-    ) -> Result<(f32, Vec<Vec<f32>>)> {
-        let outer = self.outer.as_ref().expect("called with outer rounds");
-        let config = outer.config();
-        // From the round's anchor, which the replica holds unless an earlier try of this
-        // round failed after its local steps and before its pushes.
-        self.replica.set_parameters(outer.anchor()?)?;
-        let samples = self.replica.samples(&batch);
-        // Steps of `step_samples` each (the last one shorter), at most `local_steps`: a share
-        // past that many samples is cut into `local_steps` equal steps.
-        let steps = samples
-            .div_ceil(config.step_samples)
-            .clamp(1, config.local_steps as usize);
-        let mut losses = Vec::with_capacity(steps);
-        for i in 0..steps {
-            let slice = if samples <= steps * config.step_samples {
-                let start = i * config.step_samples;
-                start..(start + config.step_samples).min(samples)
-            } else {
-                rank_share(samples, i, steps)
-            };
-            let sub = self.replica.sub_batch(&batch, slice.clone());
-            let (loss, grads) = self
-                .replica
-                .loss_and_grads(sub, first_sample + slice.start)?;
-            // The step reads the gradients to the CPU, where the replica's optimizer steps.
-            self.replica.apply(&grads)?;
-            losses.push((loss, slice.len()));
-        }
-        let read = Tensor::read_many(&losses.iter().map(|(l, _)| l).collect::<Vec<_>>())?;
-        let loss = read
-            .iter()
-            .zip(&losses)
-            .map(|(l, (_, n))| f64::from(l[0]) * *n as f64)
-            .sum::<f64>()
-            / samples.max(1) as f64;
-        let mut pseudo = Tensor::read_many(&self.replica.parameters())?;
-        self.outer
-            .as_ref()
-            .expect("called with outer rounds")
-            .pseudo_gradient(&mut pseudo)?;
-        Ok((loss as f32, pseudo))
     }
 
     /// Makes this rank compute as a device of `seconds_per_sample` would: a round's gradients

@@ -13,6 +13,8 @@
 
 use std::collections::BTreeMap;
 
+use super::shares::rank_share;
+use super::Learner;
 use crate::checkpoint::{self, Precision};
 use crate::error::{Error, Result};
 use crate::optim::{Optimizer, OptimizerState, Sgd, SgdConfig};
@@ -127,7 +129,7 @@ impl OuterRounds {
 
     /// The pseudo-gradient of a rank whose parameters are now `local`: anchor minus local,
     /// in place.
-    pub fn pseudo_gradient(&self, local: &mut [Vec<f32>]) -> Result<()> {
+    fn pseudo_gradient(&self, local: &mut [Vec<f32>]) -> Result<()> {
         if local.len() != self.anchor.len() {
             return Err(Error::Data(format!(
                 "{} tensors for an anchor of {}",
@@ -144,6 +146,52 @@ impl OuterRounds {
             l.iter_mut().zip(&a).for_each(|(l, a)| *l = a - *l);
         }
         Ok(())
+    }
+
+    /// A round's local work on a rank's share `batch`, whose first sample is sample
+    /// `first_sample` of the round's global batch: from the anchor, steps of
+    /// [`OuterConfig::step_samples`] each (the last one shorter; a share past `local_steps`
+    /// of them is cut into `local_steps` equal steps), each a [`Learner::apply`] of the
+    /// replica's own optimizer. Returns the mean loss of the steps, weighted by their samples,
+    /// and the pseudo-gradient (the anchor minus the parameters reached) per parameter tensor.
+    pub fn local_work<M: Learner>(
+        &self,
+        replica: &mut M,
+        batch: M::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(f32, Vec<Vec<f32>>)> {
+        let config = self.config;
+        // From the round's anchor, which the replica holds unless an earlier try of this
+        // round failed after its local steps and before its pushes.
+        replica.set_parameters(self.anchor()?)?;
+        let samples = replica.samples(&batch);
+        let steps = samples
+            .div_ceil(config.step_samples)
+            .clamp(1, config.local_steps as usize);
+        let mut losses = Vec::with_capacity(steps);
+        for i in 0..steps {
+            let slice = if samples <= steps * config.step_samples {
+                let start = i * config.step_samples;
+                start..(start + config.step_samples).min(samples)
+            } else {
+                rank_share(samples, i, steps)
+            };
+            let sub = replica.sub_batch(&batch, slice.clone());
+            let (loss, grads) = replica.loss_and_grads(sub, first_sample + slice.start)?;
+            // The step reads the gradients to the CPU, where the replica's optimizer steps.
+            replica.apply(&grads)?;
+            losses.push((loss, slice.len()));
+        }
+        let read = Tensor::read_many(&losses.iter().map(|(l, _)| l).collect::<Vec<_>>())?;
+        let loss = read
+            .iter()
+            .zip(&losses)
+            .map(|(l, (_, n))| f64::from(l[0]) * *n as f64)
+            .sum::<f64>()
+            / samples.max(1) as f64;
+        let mut pseudo = Tensor::read_many(&replica.parameters())?;
+        self.pseudo_gradient(&mut pseudo)?;
+        Ok((loss as f32, pseudo))
     }
 
     /// Ends the round: the outer optimizer steps the anchor with the aggregated

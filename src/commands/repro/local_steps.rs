@@ -309,7 +309,15 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         |s| s.to_string_lossy().into_owned(),
     );
     let device = a.device.open()?;
-    let text = report(&settings, &stem, &datasets, &results.arms, &device);
+    // Every dataset the JSON holds, in one order whichever runs made them: one table for all.
+    let mut shown: Vec<String> = ["mnist", "fashion-mnist", GPT_DATASET]
+        .iter()
+        .map(|d| d.to_string())
+        .chain(datasets.iter().cloned())
+        .filter(|d| results.arms.iter().any(|a| &a.dataset == d))
+        .collect();
+    shown.dedup();
+    let text = report(&settings, &stem, &shown, &results.arms, &device);
     write_keeping_notes(&out, &text)?;
     println!("{text}");
     for png in super::figures::local_steps(&json)? {
