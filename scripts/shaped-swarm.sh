@@ -10,7 +10,8 @@
 #                           [-- more job flags for the servers]
 #
 # It prints the test accuracy after each epoch with the seconds since training began (the sum
-# of the epochs' times) and, with --target, the time to that test accuracy.
+# of the epochs' times) and, with --target, the time to that test accuracy, stopping the swarm
+# once an epoch reaches it.
 #
 # Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
@@ -124,8 +125,35 @@ for ((r = 0; r < WORKERS; r++)); do
     workers+=($!)
     PIDS+=($!)
 done
+# The epochs measured so far: "round accuracy seconds", one line each, in round order.
+evaluated() {
+    { grep -h '"event":"evaluated"' "$WORK"/worker-*.out 2>/dev/null || true; } |
+        sed -E 's/.*"step":([0-9]+).*"accuracy":([0-9.eE+-]+).*"seconds":([0-9.eE+-]+).*/\1 \2 \3/' |
+        sort -n -k1,1 | awk '!seen[$1]++'
+}
 status=0
-for p in "${workers[@]}"; do wait "$p" || status=1; done
+if [[ -n $TARGET ]]; then
+    # With a target, the run stops once an epoch reaches it (the rest would not change the
+    # time to it): the workers are stopped as soon as one reports it.
+    while :; do
+        if evaluated | awk -v t="$TARGET" '$2 >= t { hit = 1 } END { exit !hit }'; then
+            echo "shaped-swarm: target reached; stopping the swarm"
+            break
+        fi
+        alive=0
+        for p in "${workers[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [[ $alive -eq 1 ]] || break
+        sleep 0.5
+    done
+fi
+for p in "${workers[@]}"; do
+    if [[ -n $TARGET ]] && kill -0 "$p" 2>/dev/null; then
+        kill "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    else
+        wait "$p" || status=1
+    fi
+done
 if [[ $status -ne 0 ]]; then
     echo "shaped-swarm: a worker failed; its log:" >&2
     for ((r = 0; r < WORKERS; r++)); do tail -n 5 "$WORK/worker-$r.log" >&2; done
@@ -133,10 +161,8 @@ if [[ $status -ne 0 ]]; then
 fi
 # Each epoch is measured by one rank in turn: its "evaluated" events, in round order, with the
 # running sum of the epochs' seconds.
-grep -h '"event":"evaluated"' "$WORK"/worker-*.out |
-    sed -E 's/.*"step":([0-9]+).*"accuracy":([0-9.eE+-]+).*"seconds":([0-9.eE+-]+).*/\1 \2 \3/' |
-    sort -n -k1,1 | awk -v target="$TARGET" '
-        !seen[$1]++ {
+evaluated | awk -v target="$TARGET" '
+        {
             t += $3
             printf "shaped-swarm: round %d: test accuracy %.2f%% at %.1f s\n", $1, 100 * $2, t
             if (target != "" && !hit && $2 >= target) {
@@ -145,6 +171,16 @@ grep -h '"event":"evaluated"' "$WORK"/worker-*.out |
             }
         }
         END { if (target != "" && !hit) printf "shaped-swarm: %.2f%% not reached\n", 100 * target }'
+if [[ -n $TARGET ]]; then
+    # The bytes one worker moved (both ways) until the round that reached the target.
+    reached=$(evaluated | awk -v t="$TARGET" '$2 >= t { print $1; exit }')
+    if [[ -n $reached ]]; then
+        { grep -h '"event":"step"' "$WORK/worker-0.out" || true; } |
+            sed -E 's/.*"step":([0-9]+).*"pushed":([0-9]+),"pulled":([0-9]+).*/\1 \2 \3/' |
+            awk -v r="$reached" '$1 <= r { b += $2 + $3 } END {
+                printf "shaped-swarm: one worker moved %.1f MB (both ways) by round %d\n", b / 1e6, r }'
+    fi
+fi
 # The servers gave out ranks in the order the workers joined; rank 0's last event is the one
 # summary with an accuracy: accuracy, seconds, bytes.
-grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1
+grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1 || true

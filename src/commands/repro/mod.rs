@@ -46,7 +46,8 @@ pub enum ReproCommand {
     Attack(attack::AttackArgs),
     /// Outer rounds of H local steps (DiLoCo) with f32, top-k, sign and 2-bit top-k
     /// pseudo-gradients under error feedback, against exchanging gradients every step, on
-    /// MNIST and Fashion-MNIST: accuracy and bytes per worker (issue 27).
+    /// MNIST and Fashion-MNIST (and the byte-level GPT with `--datasets shakespeare`): the
+    /// final model and the bytes per worker (issue 27).
     LocalSteps(local_steps::LocalStepsArgs),
     /// Redraw the figures beside the tables (PNG) from the results' JSON, without rerunning
     /// anything: LIEC-SGD's error norm, Clapping's accuracy against p and per arm, LoCo's and
