@@ -295,12 +295,19 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         }
         std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
     }
-    // In the plans' order, whatever order the arms ran in; arms of other lists, last.
+    // One order whichever runs made the arms (the figure follows the JSON): by dataset, the
+    // step-wise arms first, then H rising, and the codecs in the default list's order.
+    const DATASETS: [&str; 3] = ["mnist", "fashion-mnist", GPT_DATASET];
+    const CODECS: [&str; 4] = ["f32", "topk:0.01", "sign", "hybrid:bits=2:topk=0.05"];
+    let at = |list: &[&str], v: &str| list.iter().position(|x| *x == v).unwrap_or(list.len());
     let place = |r: &ArmResult| {
-        plans
-            .iter()
-            .position(|p| p.matches(r))
-            .unwrap_or(usize::MAX)
+        (
+            at(&DATASETS, &r.dataset),
+            r.dataset.clone(),
+            r.local_steps.map_or(0, |h| u64::from(h) + 1),
+            at(&CODECS, &r.codec),
+            r.codec.clone(),
+        )
     };
     results.arms.sort_by_key(place);
     if !results.arms.is_empty() {
@@ -311,14 +318,13 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         |s| s.to_string_lossy().into_owned(),
     );
     let device = a.device.open()?;
-    // Every dataset the JSON holds, in one order whichever runs made them: one table for all.
-    let mut shown: Vec<String> = ["mnist", "fashion-mnist", GPT_DATASET]
-        .iter()
-        .map(|d| d.to_string())
-        .chain(datasets.iter().cloned())
-        .filter(|d| results.arms.iter().any(|a| &a.dataset == d))
-        .collect();
-    shown.dedup();
+    // Every dataset the JSON holds (in the arms' order): one table for all the runs.
+    let mut shown: Vec<String> = Vec::new();
+    for arm in &results.arms {
+        if !shown.contains(&arm.dataset) {
+            shown.push(arm.dataset.clone());
+        }
+    }
     let text = report(&settings, &stem, &shown, &results.arms, &device);
     write_keeping_notes(&out, &text)?;
     println!("{text}");
