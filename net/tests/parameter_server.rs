@@ -30,20 +30,7 @@ fn training_over_quic_gives_the_bits_of_the_same_run_in_process() {
             bits(&dp.replica)
         },
     );
-    assert!(in_process.iter().all(|b| *b == in_process[0]));
-    assert!(
-        over_quic.iter().all(|b| *b == over_quic[0]),
-        "QUIC replicas differ"
-    );
-    assert_eq!(
-        over_quic[0], in_process[0],
-        "QUIC and in-process runs differ"
-    );
-    assert_ne!(
-        in_process[0],
-        bits(&classifier()),
-        "training changed nothing"
-    );
+    assert_same_training(&in_process, &over_quic);
 }
 
 /// Outer rounds of local steps (compressed pseudo-gradients, Nesterov outer steps) over QUIC
@@ -82,20 +69,7 @@ fn outer_rounds_over_quic_give_the_bits_of_the_same_run_in_process() {
             bits(&dp.replica)
         },
     );
-    assert!(in_process.iter().all(|b| *b == in_process[0]));
-    assert!(
-        over_quic.iter().all(|b| *b == over_quic[0]),
-        "QUIC replicas differ"
-    );
-    assert_eq!(
-        over_quic[0], in_process[0],
-        "QUIC and in-process runs differ"
-    );
-    assert_ne!(
-        in_process[0],
-        bits(&classifier()),
-        "training changed nothing"
-    );
+    assert_same_training(&in_process, &over_quic);
     // Rank 0 comes back as a fresh process: it restores the snapshot of round 3 (with the
     // outer momentum) and replays rounds 3 to 5 from the servers' log.
     let c = worker(&swarm, &servers.addrs, 0, world);
@@ -158,4 +132,23 @@ fn a_node_without_this_swarms_credentials_is_refused_at_the_handshake() {
     let mut member =
         QuicCollective::connect(&servers.addrs, &ours, 0, 1, "member", options).unwrap();
     murmur_engine::comm::Collective::register(&mut member, &[]).unwrap();
+}
+
+/// Every in-process replica and every QUIC replica hold the same bits, and training moved
+/// them.
+fn assert_same_training(in_process: &[Vec<u32>], over_quic: &[Vec<u32>]) {
+    assert!(in_process.iter().all(|b| *b == in_process[0]));
+    assert!(
+        over_quic.iter().all(|b| *b == over_quic[0]),
+        "QUIC replicas differ"
+    );
+    assert_eq!(
+        over_quic[0], in_process[0],
+        "QUIC and in-process runs differ"
+    );
+    assert_ne!(
+        in_process[0],
+        bits(&classifier()),
+        "training changed nothing"
+    );
 }
