@@ -52,9 +52,10 @@ pub struct LocalStepsArgs {
     /// f32;topk:0.01;sign;hybrid:bits=2:topk=0.05, quick f32;sign].
     #[arg(long, value_delimiter = ';')]
     codecs: Option<Vec<String>>,
-    /// The outer optimizer: `auto` (DiLoCo's Nesterov for f32 pseudo-gradients, averaging
-    /// for compressed ones, whose error feedback already carries what momentum would),
-    /// `nesterov` (lr 0.7, momentum 0.9) or `average` (lr 1, no momentum) for every arm.
+    /// The outer optimizer: `auto` (averaging for sparse and sign pseudo-gradients, whose
+    /// error feedback already carries what momentum would; DiLoCo's Nesterov for f32 and
+    /// dense quantizers), `nesterov` (lr 0.7, momentum 0.9) or `average` (lr 1, no momentum)
+    /// for every arm.
     #[arg(long, value_enum, default_value_t = Outer::Auto)]
     outer: Outer,
     /// Seed of the model, the data order and the codecs.
@@ -88,8 +89,18 @@ impl Outer {
         match self {
             Outer::Nesterov => (0.7, 0.9),
             Outer::Average => (1.0, 0.0),
-            Outer::Auto if codec == "f32" => (0.7, 0.9),
-            Outer::Auto => (1.0, 0.0),
+            // Sparse and sign codes leave most of a pseudo-gradient in the error feedback,
+            // which then acts as a momentum of its own: Nesterov on top overshoots
+            // (docs/results/local-steps.md). Dense codes (f32, block or dithered quantizers)
+            // take DiLoCo's Nesterov step.
+            Outer::Auto
+                if ["topk", "randk", "sign", "hybrid"]
+                    .iter()
+                    .any(|c| codec.starts_with(c)) =>
+            {
+                (1.0, 0.0)
+            }
+            Outer::Auto => (0.7, 0.9),
         }
     }
 }
