@@ -75,11 +75,12 @@ pub trait Module {
 }
 
 /// [`Module::parameter_digest`] of parameters whose values are `tensors`, in order.
-pub fn digest_of_values(tensors: impl IntoIterator<Item = Vec<f32>>) -> u64 {
+pub fn digest_of_values<V: AsRef<[f32]>>(tensors: impl IntoIterator<Item = V>) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for values in tensors {
+        let values = values.as_ref();
         if cfg!(target_endian = "little") {
-            hasher.update(bytemuck::cast_slice::<f32, u8>(&values));
+            hasher.update(bytemuck::cast_slice::<f32, u8>(values));
         } else {
             values.iter().for_each(|v| hasher.update(&v.to_le_bytes()));
         }

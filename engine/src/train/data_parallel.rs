@@ -325,7 +325,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
                     Error::Data("a share of over 2^32 samples cannot be weighed".into())
                 })?;
                 let computing = std::time::Instant::now();
-                let (loss, mut host) = if let Some(outer) = &self.outer {
+                let (loss, mut host) = if let Some(outer) = &mut self.outer {
                     outer.local_work(&mut self.replica, batch, first_sample)?
                 } else {
                     let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
@@ -651,8 +651,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             // pseudo-gradient, and the replica takes the new shared parameters in place of
             // those its local steps reached, with the step count of every round's local steps.
             Some(outer) => {
-                let shared = outer.step(&grads)?;
-                self.replica.set_parameters(shared)?;
+                outer.step(&grads)?;
+                self.replica.set_parameters(outer.anchor())?;
                 self.replica
                     .set_steps(outer.rounds() * u64::from(outer.config().local_steps));
             }

@@ -79,29 +79,31 @@ pub(crate) fn step(
 }
 
 /// Replaces the values of `params` (and of their CPU copies, when `host` is set) with
-/// `values`, in order: how a replica takes the shared parameters of an outer round.
+/// `values`, CPU tensors of the same shapes, in order: how a replica takes the shared
+/// parameters of an outer round. On the CPU the tensors are shared, not copied (a step that
+/// writes one copies it then).
 pub(crate) fn set_values(
     host: &mut Option<HostUpdate>,
     params: &mut [&mut Tensor],
-    values: Vec<Vec<f32>>,
+    values: &[Tensor],
 ) -> Result<()> {
     if values.len() != params.len()
         || values
             .iter()
             .zip(params.iter())
-            .any(|(v, p)| v.len() != p.numel())
+            .any(|(v, p)| v.shape() != p.shape())
     {
         return Err(crate::error::Error::Data(format!(
-            "{} value vectors do not fit the model's {} parameters",
+            "{} tensors do not fit the model's {} parameters",
             values.len(),
             params.len()
         )));
     }
     for (i, (p, v)) in params.iter_mut().zip(values).enumerate() {
         if let Some(host) = host {
-            host.params[i] = Tensor::from_vec(&Device::Cpu, p.shape(), v.clone())?;
+            host.params[i] = v.clone();
         }
-        **p = Tensor::from_vec(p.device(), p.shape(), v)?;
+        **p = v.to(p.device())?;
     }
     Ok(())
 }

@@ -208,9 +208,9 @@ impl LanguageModel {
         Ok((grad_norm, lr))
     }
 
-    /// Replaces the parameters' values (host vectors, in order), on the device and in the
+    /// Replaces the parameters' values (CPU tensors, in order), on the device and in the
     /// CPU copies the optimizer steps; the optimizer's state is kept.
-    pub fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+    pub fn set_parameters(&mut self, values: &[Tensor]) -> Result<()> {
         host_update::set_values(&mut self.host, &mut self.model.parameters_mut(), values)
     }
 

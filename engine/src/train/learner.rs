@@ -53,10 +53,10 @@ pub trait Learner {
     /// the model's configuration asks for).
     fn apply(&mut self, grads: &[Tensor]) -> Result<()>;
 
-    /// Replaces the parameters' values (host vectors, in the order of
+    /// Replaces the parameters' values (CPU tensors, in the order of
     /// [`Learner::parameters`]), keeping the optimizer's state: how a replica takes the
     /// shared parameters at the end of an outer round.
-    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()>;
+    fn set_parameters(&mut self, values: &[Tensor]) -> Result<()>;
 
     /// Sets the step count (what the schedule and the dropout masks read): at the end of an
     /// outer round every replica counts the local steps of all the rounds played, whether it
@@ -132,7 +132,7 @@ impl Learner for Classifier {
         Classifier::apply(self, grads)
     }
 
-    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+    fn set_parameters(&mut self, values: &[Tensor]) -> Result<()> {
         Classifier::set_parameters(self, values)
     }
 
@@ -208,7 +208,7 @@ impl Learner for LanguageModel {
         LanguageModel::apply(self, grads).map(drop)
     }
 
-    fn set_parameters(&mut self, values: Vec<Vec<f32>>) -> Result<()> {
+    fn set_parameters(&mut self, values: &[Tensor]) -> Result<()> {
         LanguageModel::set_parameters(self, values)
     }
 

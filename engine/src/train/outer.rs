@@ -75,6 +75,9 @@ pub struct OuterRounds {
     anchor: Vec<Tensor>,
     optimizer: Sgd,
     rounds: u64,
+    /// Whether this round's local work has moved the replica off the anchor (until the round
+    /// ends): a retried round starts again from the anchor.
+    moved: bool,
 }
 
 impl OuterRounds {
@@ -103,6 +106,7 @@ impl OuterRounds {
             anchor,
             optimizer,
             rounds: 0,
+            moved: false,
         })
     }
 
@@ -116,15 +120,22 @@ impl OuterRounds {
         self.rounds
     }
 
-    /// The shared parameters the current round started from.
-    pub fn anchor(&self) -> Result<Vec<Vec<f32>>> {
-        Tensor::read_many(&self.anchor.iter().collect::<Vec<_>>())
+    /// The shared parameters the current round started from, as CPU tensors.
+    pub fn anchor(&self) -> &[Tensor] {
+        &self.anchor
+    }
+
+    /// The anchor's values, one slice per tensor.
+    fn anchor_values(&self) -> impl Iterator<Item = &[f32]> {
+        self.anchor
+            .iter()
+            .map(|t| t.cpu_f32().expect("the anchor is f32 on the CPU"))
     }
 
     /// The digest of the shared parameters ([`crate::nn::Module::parameter_digest`] of a
     /// replica holding them): what the replicas compare, whatever local steps moved their own.
     pub fn digest(&self) -> Result<u64> {
-        Ok(crate::nn::digest_of_values(self.anchor()?))
+        Ok(crate::nn::digest_of_values(self.anchor_values()))
     }
 
     /// The pseudo-gradient of a rank whose parameters are now `local`: anchor minus local,
@@ -137,13 +148,12 @@ impl OuterRounds {
                 self.anchor.len()
             )));
         }
-        for (l, a) in local.iter_mut().zip(&self.anchor) {
-            let a = a.to_vec()?;
+        for (l, a) in local.iter_mut().zip(self.anchor_values()) {
             if a.len() != l.len() {
                 return Err(Error::Data("a tensor's size changed within a round".into()));
             }
             // Separately rounded, as every rank computes it.
-            l.iter_mut().zip(&a).for_each(|(l, a)| *l = a - *l);
+            l.iter_mut().zip(a).for_each(|(l, a)| *l = a - *l);
         }
         Ok(())
     }
@@ -155,7 +165,7 @@ impl OuterRounds {
     /// replica's own optimizer. Returns the mean loss of the steps, weighted by their samples,
     /// and the pseudo-gradient (the anchor minus the parameters reached) per parameter tensor.
     pub fn local_work<M: Learner>(
-        &self,
+        &mut self,
         replica: &mut M,
         batch: M::Batch<'_>,
         first_sample: usize,
@@ -163,7 +173,10 @@ impl OuterRounds {
         let config = self.config;
         // From the round's anchor, which the replica holds unless an earlier try of this
         // round failed after its local steps and before its pushes.
-        replica.set_parameters(self.anchor()?)?;
+        if self.moved {
+            replica.set_parameters(&self.anchor)?;
+        }
+        self.moved = true;
         let samples = replica.samples(&batch);
         let steps = samples
             .div_ceil(config.step_samples)
@@ -196,12 +209,13 @@ impl OuterRounds {
 
     /// Ends the round: the outer optimizer steps the anchor with the aggregated
     /// pseudo-gradient `aggregate` (on the CPU, where its arithmetic is the same on every
-    /// rank). Returns the new shared parameters.
-    pub fn step(&mut self, aggregate: &[Tensor]) -> Result<Vec<Vec<f32>>> {
+    /// rank). The new shared parameters are [`OuterRounds::anchor`]'s, which the replica takes.
+    pub fn step(&mut self, aggregate: &[Tensor]) -> Result<()> {
         let mut anchor: Vec<&mut Tensor> = self.anchor.iter_mut().collect();
         self.optimizer.step(&mut anchor, aggregate)?;
         self.rounds += 1;
-        self.anchor()
+        self.moved = false;
+        Ok(())
     }
 
     /// Adds the outer loop to checkpoint bytes of the replica (taken at a round's end, when
@@ -282,6 +296,7 @@ impl OuterRounds {
         self.optimizer.import(saved.state)?;
         self.anchor = anchor;
         self.rounds = saved.rounds;
+        self.moved = false;
         Ok(())
     }
 }
