@@ -17,10 +17,10 @@ use murmur_engine::data::{default_root, ImageDataset, Split};
 use murmur_engine::train::{Classifier, Saved};
 use murmur_node::attack::Attack;
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Job};
+use murmur_node::Job;
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, list_or, load_kept, results_path, write_keeping_notes};
+use super::report::{command_line, list_or, results_path, write_keeping_notes, KeptArms};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -58,14 +58,8 @@ pub struct AttackArgs {
     /// points from seed to seed.
     #[arg(long)]
     constant_lr: bool,
-    /// Run every arm again, ignoring the finished arms in the JSON.
-    #[arg(long)]
-    fresh: bool,
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceKind,
-    /// The datasets' folder [default: $MURMUR_DATA, else ./data].
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    run: KeptArms,
     /// Where the table goes [default: docs/results/robustness.md, quick
     /// target/repro/robustness.md].
     #[arg(long)]
@@ -155,14 +149,16 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
         settings: settings.clone(),
         arms: Vec::new(),
     };
-    if !a.fresh {
-        if let Some(kept) = load_kept::<Results>(&json)?.filter(|r| r.settings == settings) {
-            results.arms = kept.arms;
-        }
+    if let Some(kept) = a
+        .run
+        .kept::<Results>(&json)?
+        .filter(|r| r.settings == settings)
+    {
+        results.arms = kept.arms;
     }
-    let root = a.data.clone().unwrap_or_else(default_root);
+    let root = a.run.data.clone().unwrap_or_else(default_root);
     let test = ImageDataset::Mnist.load(&root, Split::Test)?;
-    let device = a.device.open()?;
+    let device = a.run.device.open()?;
     let total = codecs.len() * rules.len() * attacks.len();
     let mut done = 0;
     for codec in &codecs {
@@ -275,8 +271,8 @@ fn run_arm(
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
-            device: a.device,
-            data: a.data.clone(),
+            device: a.run.device,
+            data: a.run.data.clone(),
             deadline_s: 120.0,
             save: Some(model.clone()),
             attacker: attack,

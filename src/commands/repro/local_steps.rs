@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use murmur_engine::data::ImageDataset;
 use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
-use murmur_node::{DeviceKind, Event, Job};
+use murmur_node::{Event, Job};
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, list_or, load_kept, results_path, write_keeping_notes};
+use super::report::{command_line, list_or, results_path, write_keeping_notes, KeptArms};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -61,14 +61,8 @@ pub struct LocalStepsArgs {
     /// Seed of the model, the data order and the codecs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Run every arm again, ignoring the finished arms in the JSON.
-    #[arg(long)]
-    fresh: bool,
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceKind,
-    /// The datasets' folder [default: $MURMUR_DATA, else ./data].
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    run: KeptArms,
     /// Where the table goes [default: docs/results/local-steps.md, quick
     /// target/repro/local-steps.md].
     #[arg(long)]
@@ -273,10 +267,12 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         settings: settings.clone(),
         arms: Vec::new(),
     };
-    if !a.fresh {
-        if let Some(kept) = load_kept::<Results>(&json)?.filter(|r| r.settings == settings) {
-            results.arms = kept.arms;
-        }
+    if let Some(kept) = a
+        .run
+        .kept::<Results>(&json)?
+        .filter(|r| r.settings == settings)
+    {
+        results.arms = kept.arms;
     }
     for (i, plan) in plans.iter().enumerate() {
         if results.arms.iter().any(|r| plan.matches(r)) {
@@ -328,7 +324,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
         || "local-steps".into(),
         |s| s.to_string_lossy().into_owned(),
     );
-    let device = a.device.open()?;
+    let device = a.run.device.open()?;
     // Every dataset the JSON holds (in the arms' order): one table for all the runs.
     let mut shown: Vec<String> = Vec::new();
     for arm in &results.arms {
@@ -408,8 +404,8 @@ fn run_arm(a: &LocalStepsArgs, settings: &Settings, plan: &Plan) -> anyhow::Resu
     let started = Instant::now();
     let swarm = LocalSwarm::start(
         SwarmConfig {
-            device: a.device,
-            data: a.data.clone(),
+            device: a.run.device,
+            data: a.run.data.clone(),
             deadline_s: 120.0,
             ..SwarmConfig::new(SERVERS, job, dir.clone())
         },

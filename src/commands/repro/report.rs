@@ -98,9 +98,33 @@ pub fn list_or(given: &Option<Vec<String>>, default: &[&str]) -> Vec<String> {
         .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
 }
 
+/// What a reproduction of swarm arms that keeps its finished arms takes besides its own
+/// flags: whether to start afresh, the device and the datasets' folder.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KeptArms {
+    /// Run every arm again, ignoring the finished arms in the JSON.
+    #[arg(long)]
+    pub fresh: bool,
+    #[arg(long, value_enum, default_value_t)]
+    pub device: murmur_node::DeviceKind,
+    /// The datasets' folder [default: $MURMUR_DATA, else ./data].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+}
+
+impl KeptArms {
+    /// The results an earlier run left in `json`, unless `--fresh` says to start again.
+    pub fn kept<T: serde::de::DeserializeOwned>(&self, json: &Path) -> anyhow::Result<Option<T>> {
+        if self.fresh {
+            return Ok(None);
+        }
+        load_kept(json)
+    }
+}
+
 /// The results an earlier run left in `json`, if there are any it can read: a run that
 /// keeps finished arms starts from them (a file of another shape is ignored, not an error).
-pub fn load_kept<T: serde::de::DeserializeOwned>(json: &Path) -> anyhow::Result<Option<T>> {
+fn load_kept<T: serde::de::DeserializeOwned>(json: &Path) -> anyhow::Result<Option<T>> {
     match std::fs::read_to_string(json) {
         Ok(text) => Ok(serde_json::from_str(&text).ok()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
