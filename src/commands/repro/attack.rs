@@ -20,7 +20,9 @@ use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
 use murmur_node::Job;
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, list_or, results_path, write_keeping_notes, KeptArms};
+use super::report::{
+    command_line, list_or, results_path, write_json, write_keeping_notes, KeptArms,
+};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -183,10 +185,7 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
                     ))
                 );
                 results.arms.push(arm);
-                if let Some(dir) = json.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)?;
-                }
-                std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+                write_json(&json, &results)?;
             }
         }
     }
@@ -202,7 +201,7 @@ pub fn run(a: AttackArgs) -> anyhow::Result<()> {
     };
     results.arms.sort_by_key(place);
     if !results.arms.is_empty() {
-        std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+        write_json(&json, &results)?;
     }
     let stem = out
         .file_stem()

@@ -18,7 +18,9 @@ use murmur_node::swarm::{Launch, LocalSwarm, SwarmConfig, SwarmEvent};
 use murmur_node::{Event, Job};
 use serde::{Deserialize, Serialize};
 
-use super::report::{command_line, list_or, results_path, write_keeping_notes, KeptArms};
+use super::report::{
+    command_line, list_or, results_path, write_json, write_keeping_notes, KeptArms,
+};
 use crate::commands::machine::Machine;
 
 #[derive(Args, Debug, Clone)]
@@ -297,10 +299,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
             arm.seconds
         );
         results.arms.push(arm);
-        if let Some(dir) = json.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+        write_json(&json, &results)?;
     }
     // One order whichever runs made the arms (the figure follows the JSON): by dataset, the
     // step-wise arms first, then H rising, and the codecs in the default list's order.
@@ -318,7 +317,7 @@ pub fn run(a: LocalStepsArgs) -> anyhow::Result<()> {
     };
     results.arms.sort_by_key(place);
     if !results.arms.is_empty() {
-        std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+        write_json(&json, &results)?;
     }
     let stem = out.file_stem().map_or_else(
         || "local-steps".into(),

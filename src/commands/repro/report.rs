@@ -122,6 +122,16 @@ impl KeptArms {
     }
 }
 
+/// Writes `results` to `json` (pretty JSON), making its folder: after every finished arm, so
+/// that a stopped run keeps them.
+pub fn write_json(json: &Path, results: &impl serde::Serialize) -> anyhow::Result<()> {
+    if let Some(dir) = json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(json, serde_json::to_string_pretty(results)?)
+        .with_context(|| format!("writing {}", json.display()))
+}
+
 /// The results an earlier run left in `json`, if there are any it can read: a run that
 /// keeps finished arms starts from them (a file of another shape is ignored, not an error).
 fn load_kept<T: serde::de::DeserializeOwned>(json: &Path) -> anyhow::Result<Option<T>> {
