@@ -307,7 +307,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
 
     /// One round on this rank's share of the batch (images and labels for a classifier, input
     /// bytes and targets for the language model), whose first sample is sample `first_sample`
-    /// of the round's global batch ([`rank_share`]): returns its loss and the bytes it moved.
+    /// of the round's global batch ([`rank_share`](super::rank_share)): returns its loss and the bytes it moved.
     /// The pushes stand for the share's samples, so that shares of unequal size weigh as
     /// they should in the servers' mean.
     /// The loss comes back with the gradients in the round's one readback, so reporting it
