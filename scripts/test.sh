@@ -33,6 +33,12 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     export XDG_RUNTIME_DIR
     XDG_RUNTIME_DIR=$(mktemp -d)
 fi
+# The measured matmul kernel choices of the nodes the tests start go to a folder of this
+# run's, not the user's cache (the first GPU node measures, the rest read it back).
+if [ -z "${MURMUR_CACHE_DIR:-}" ]; then
+    export MURMUR_CACHE_DIR
+    MURMUR_CACHE_DIR=$(mktemp -d)
+fi
 
 step "format"
 cargo fmt --all -- --check

@@ -61,17 +61,32 @@ fn train_prints_progress_and_a_json_summary() {
 
 #[test]
 fn info_names_the_adapter() {
-    let out = murmur().arg("info").output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Its matmul kernels too: measured on the first run, read back on the next.
+    let cache = tempfile::tempdir().unwrap();
+    let info = || {
+        let out = murmur()
+            .arg("info")
+            .env("MURMUR_CACHE_DIR", cache.path())
+            .env_remove("MURMUR_MATMUL")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stdout = info();
     assert!(
         stdout.contains("selected GPU adapter") && stdout.contains("subgroup size"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("matmul kernels: small ") && stdout.contains("measured now, kept in"),
+        "{stdout}"
+    );
+    assert!(info().contains("measured before, read from"));
 }
 
 #[test]

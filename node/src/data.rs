@@ -24,10 +24,22 @@ pub enum DeviceKind {
     Cpu,
 }
 
+/// Picks `gpu`'s matmul kernels by measuring them (once per adapter, driver and version;
+/// kept in murmur's cache folder), unless `MURMUR_MATMUL` names one.
+pub fn tune_matmul(gpu: &murmur_engine::gpu::Gpu) -> Result<()> {
+    use murmur_engine::kernels::matmul_tune;
+    if std::env::var_os("MURMUR_MATMUL").is_some_and(|v| !v.is_empty()) {
+        return Ok(());
+    }
+    let tuning = matmul_tune::tune(gpu, matmul_tune::cache_dir().as_deref())?;
+    tracing::info!("matmul kernels: {}", tuning.describe());
+    Ok(())
+}
+
 impl DeviceKind {
     /// Opens the device (logging what `Auto` chose and why).
     pub fn open(self) -> Result<Device> {
-        Ok(match self {
+        let device = match self {
             DeviceKind::Cpu => Device::Cpu,
             DeviceKind::Gpu => Device::gpu()?,
             DeviceKind::Auto => {
@@ -35,7 +47,11 @@ impl DeviceKind {
                 tracing::info!("device auto: {why}");
                 device
             }
-        })
+        };
+        if let Some(gpu) = device.as_gpu() {
+            tune_matmul(gpu)?;
+        }
+        Ok(device)
     }
 
     /// Its name as a flag takes it.

@@ -86,7 +86,7 @@ pub mod worker;
 mod worker_state;
 
 pub use control::{Budget, Stopper};
-pub use data::DeviceKind;
+pub use data::{tune_matmul, DeviceKind};
 pub use error::{NodeError, Result};
 pub use event::Event;
 pub use job::Job;

@@ -3,7 +3,7 @@
 
 use clap::Args;
 use murmur_engine::gpu::{list_adapters, AdapterPreference, Gpu, NO_ADAPTER_HELP};
-use murmur_engine::kernels::matmul::MatmulKernel;
+use murmur_engine::kernels::matmul_tune;
 use murmur_engine::Device;
 use serde::Serialize;
 
@@ -45,7 +45,9 @@ struct Selected {
     #[serde(flatten)]
     adapter: Adapter,
     subgroup_sizes: [u32; 2],
-    matmul_kernel: String,
+    /// The matmul kernel per shape class and where the choice came from (measured now, the
+    /// cache, or MURMUR_MATMUL).
+    matmul_kernels: String,
     limits: Limits,
     features: Vec<String>,
 }
@@ -110,7 +112,10 @@ fn selected(gpu: &Gpu) -> anyhow::Result<Selected> {
         description: gpu.describe(),
         adapter: adapter(a),
         subgroup_sizes: [a.subgroup_min_size, a.subgroup_max_size],
-        matmul_kernel: format!("{:?}", MatmulKernel::for_gpu(gpu)?),
+        matmul_kernels: match std::env::var("MURMUR_MATMUL") {
+            Ok(k) if !k.is_empty() => format!("{k} for every product (MURMUR_MATMUL)"),
+            _ => matmul_tune::tune(gpu, matmul_tune::cache_dir().as_deref())?.describe(),
+        },
         limits: Limits {
             max_buffer_size: l.max_buffer_size,
             max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
@@ -162,7 +167,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         "  subgroup size: {}..{}",
         s.subgroup_sizes[0], s.subgroup_sizes[1]
     );
-    println!("  matmul kernel: {}", s.matmul_kernel);
+    println!("  matmul kernels: {}", s.matmul_kernels);
     println!("  limits:");
     for (name, value) in [
         ("max_buffer_size", l.max_buffer_size.to_string()),

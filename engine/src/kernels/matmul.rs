@@ -2,8 +2,10 @@
 //!
 //! Two GPU kernels compute it: `matmul_tiled.wgsl` (shared-memory tiles, register blocking;
 //! for real GPUs) and `matmul_rows.wgsl` (uniform row broadcasts; for CPU adapters such as
-//! lavapipe, where it is 7x faster). The adapter type picks one; `MURMUR_MATMUL=tiled|rows`
-//! overrides. `matmul_ref` is the definition both are tested against.
+//! lavapipe, where it is 7x faster). A tuned GPU runs the kernel measured fastest for the
+//! product's shape class ([`super::matmul_tune`]); an untuned one the adapter type's; and
+//! `MURMUR_MATMUL=tiled|rows` overrides both. `matmul_ref` is the definition both are
+//! tested against, and they give the same bits.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -15,7 +17,8 @@ use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
 
 /// Which GPU kernel computes a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
     /// Shared-memory tiled kernel, any layout (GPUs).
     Tiled,
@@ -24,19 +27,30 @@ pub enum MatmulKernel {
 }
 
 impl MatmulKernel {
-    /// The kernel for this GPU: `MURMUR_MATMUL` if set, else by adapter type.
-    pub fn for_gpu(gpu: &Gpu) -> Result<Self> {
+    /// Every kernel.
+    pub const ALL: [MatmulKernel; 2] = [MatmulKernel::Rows, MatmulKernel::Tiled];
+
+    /// The kernel for a product of `dims` on this GPU: `MURMUR_MATMUL` if set, else the
+    /// tuned choice for the product's shape class, else by adapter type.
+    pub fn for_gpu(gpu: &Gpu, dims: &MatmulDims) -> Result<Self> {
         match std::env::var("MURMUR_MATMUL").ok().as_deref() {
-            None | Some("") => Ok(if gpu.info().adapter.device_type == wgpu::DeviceType::Cpu {
-                MatmulKernel::Rows
-            } else {
-                MatmulKernel::Tiled
-            }),
+            None | Some("") => Ok(super::matmul_tune::tuning(gpu)
+                .and_then(|t| t.kernel(super::matmul_tune::ShapeClass::of(dims)))
+                .unwrap_or_else(|| Self::by_adapter_type(gpu))),
             Some("tiled") => Ok(MatmulKernel::Tiled),
             Some("rows") => Ok(MatmulKernel::Rows),
             Some(other) => Err(Error::Config(format!(
                 "MURMUR_MATMUL={other}: use tiled or rows"
             ))),
+        }
+    }
+
+    /// The guess before measuring: rows on a software adapter, tiled on a GPU.
+    pub fn by_adapter_type(gpu: &Gpu) -> Self {
+        if gpu.info().adapter.device_type == wgpu::DeviceType::Cpu {
+            MatmulKernel::Rows
+        } else {
+            MatmulKernel::Tiled
         }
     }
 }
@@ -261,7 +275,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Te
             Tensor::from_vec(a.device(), &out_shape, c)
         }
         Device::Gpu(gpu) => {
-            let kernel = MatmulKernel::for_gpu(gpu)?;
+            let kernel = MatmulKernel::for_gpu(gpu, &dims)?;
             let c = matmul_gpu(
                 gpu,
                 a.gpu_buf().expect("gpu"),

@@ -76,6 +76,20 @@ impl MatmulDims {
         Ok((dims, out))
     }
 
+    /// One `n`×`n` by `n`×`n` product, neither operand transposed (benchmarks, tuning).
+    pub fn square(n: usize) -> MatmulDims {
+        MatmulDims {
+            batch: 1,
+            m: n,
+            n,
+            k: n,
+            trans_a: false,
+            trans_b: false,
+            a_batched: true,
+            b_batched: true,
+        }
+    }
+
     /// Floating-point operations of the product, `2 * batch * m * n * k`, for throughput reports.
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64

@@ -14,6 +14,7 @@ pub mod layernorm;
 pub mod math;
 pub mod matmul;
 pub mod matmul_dims;
+pub mod matmul_tune;
 pub mod optim;
 pub mod permute;
 pub mod pool;

@@ -92,14 +92,9 @@ fn square_product(n: usize, ta: bool, tb: bool) -> (Vec<f32>, Vec<f32>, MatmulDi
     let a: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
     let b: Vec<f32> = (0..n * n).map(|_| rng.uniform_in(-1.0, 1.0)).collect();
     let dims = MatmulDims {
-        batch: 1,
-        m: n,
-        n,
-        k: n,
         trans_a: ta,
         trans_b: tb,
-        a_batched: true,
-        b_batched: true,
+        ..MatmulDims::square(n)
     };
     (a, b, dims)
 }
@@ -183,11 +178,17 @@ fn cpu_gflops(n: usize, min_seconds: f64) -> f64 {
 
 pub fn run(a: MatmulArgs) -> anyhow::Result<()> {
     let gpu = Gpu::new()?;
-    let kernels = match a.kernel {
-        KernelChoice::Auto => vec![MatmulKernel::for_gpu(&gpu)?],
-        KernelChoice::Tiled => vec![MatmulKernel::Tiled],
-        KernelChoice::Rows => vec![MatmulKernel::Rows],
-        KernelChoice::Both => vec![MatmulKernel::Rows, MatmulKernel::Tiled],
+    if a.kernel == KernelChoice::Auto {
+        murmur_node::tune_matmul(&gpu)?;
+    }
+    // Auto: the kernel the tuning chose for each size's shape class.
+    let kernels = |n: usize| -> anyhow::Result<Vec<MatmulKernel>> {
+        Ok(match a.kernel {
+            KernelChoice::Auto => vec![MatmulKernel::for_gpu(&gpu, &MatmulDims::square(n))?],
+            KernelChoice::Tiled => vec![MatmulKernel::Tiled],
+            KernelChoice::Rows => vec![MatmulKernel::Rows],
+            KernelChoice::Both => MatmulKernel::ALL.to_vec(),
+        })
     };
     if !a.json {
         eprintln!(
@@ -201,7 +202,7 @@ pub fn run(a: MatmulArgs) -> anyhow::Result<()> {
     let mut rows = vec![];
     for &n in &a.sizes {
         let cpu = cpu_gflops(n, a.min_seconds);
-        for &k in &kernels {
+        for k in kernels(n)? {
             let g = |ta, tb| gpu_gflops(&gpu, n, ta, tb, k, a.min_seconds);
             let row = Row {
                 size: n,

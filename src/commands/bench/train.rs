@@ -5,7 +5,7 @@
 
 use clap::{Args, ValueEnum};
 use murmur_engine::cpu::gemm::{self, Arithmetic};
-use murmur_engine::kernels::matmul::MatmulKernel;
+use murmur_engine::kernels::matmul::{MatmulDims, MatmulKernel};
 use murmur_engine::nn::{CnnConfig, Module};
 use murmur_engine::rng::Rng;
 use murmur_engine::train::{Classifier, ClassifierConfig, LanguageModel, LmConfig};
@@ -141,7 +141,7 @@ pub fn run(a: TrainBenchArgs) -> anyhow::Result<()> {
     let peak_seconds = a.min_seconds.min(2.0);
     let (adapter, peak) = match device.as_gpu() {
         Some(gpu) => {
-            let kernel = MatmulKernel::for_gpu(gpu)?;
+            let kernel = MatmulKernel::for_gpu(gpu, &MatmulDims::square(a.peak_size))?;
             let peak =
                 super::matmul::gpu_gflops(gpu, a.peak_size, false, false, kernel, peak_seconds)?;
             (
