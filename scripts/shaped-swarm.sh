@@ -7,7 +7,12 @@
 #
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
 #                           [--loss 0] [--codec topk:0.01] [--target 0.97]
+#                           [--congestion bbr] [--state-link]
 #                           [-- more job flags for the servers]
+#
+# Every node uses --congestion (murmur's default, bbr, unless given) and grows its QUIC
+# windows to the path it measures; --state-link states the link's speed and round trip to
+# the nodes instead (--link-mbit, --link-rtt-ms), which fixes the windows.
 #
 # It prints the test accuracy after each epoch with the seconds since training began (the sum
 # of the epochs' times) and, with --target, the time to that test accuracy, stopping the swarm
@@ -17,7 +22,7 @@
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
 set -euo pipefail
 
-WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET=
+WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET= CONGESTION= STATE_LINK=
 EXTRA=(--epochs 1)
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -28,8 +33,10 @@ while [[ $# -gt 0 ]]; do
         --loss) LOSS=$2; shift 2 ;;
         --codec) CODEC=$2; shift 2 ;;
         --target) TARGET=$2; shift 2 ;;
+        --congestion) CONGESTION=$2; shift 2 ;;
+        --state-link) STATE_LINK=1; shift ;;
         --) shift; EXTRA+=("$@"); break ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -88,7 +95,9 @@ for ((r = 0; r < WORKERS; r++)); do names+=("worker-$r"); done
 "$MURMUR" swarm issue "$WORK/swarm" "${names[@]}" --role worker >/dev/null 2>>"$WORK/credentials.log" ||
     { cat "$WORK/credentials.log" >&2; exit 1; }
 
-LINK=(--link-mbit "$MBIT" --link-rtt-ms "$RTT_MS")
+LINK=()
+[[ -n $STATE_LINK ]] && LINK+=(--link-mbit "$MBIT" --link-rtt-ms "$RTT_MS")
+[[ -n $CONGESTION ]] && LINK+=(--congestion "$CONGESTION")
 HALF_RTT=$(awk -v r="$RTT_MS" 'BEGIN { print r / 2 }')
 relays=()
 for ((s = 0; s < SERVERS; s++)); do

@@ -7,10 +7,15 @@
 #![warn(missing_docs)]
 
 pub mod error;
+#[cfg(target_os = "linux")]
+pub mod goodput;
 pub mod identity;
 pub mod log;
 pub mod ps;
 pub mod relay;
+pub mod shape;
+#[cfg(target_os = "linux")]
+pub mod shaped_path;
 pub mod signing;
 pub mod stage;
 pub mod state_file;

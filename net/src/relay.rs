@@ -11,40 +11,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::Result;
-
-/// How the relay degrades each direction.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Shape {
-    /// Fixed one-way delay added to every packet after its rate-limited departure time.
-    pub delay: Duration,
-    /// Bytes per second; infinite for no limit.
-    pub rate: f64,
-    /// Probability that a packet is dropped.
-    pub loss: f64,
-    /// Longest a packet may wait for the rate limit before it is dropped.
-    pub queue: Duration,
-    /// Seed of the loss draws.
-    pub seed: u64,
-}
-
-impl Default for Shape {
-    fn default() -> Self {
-        Shape {
-            delay: Duration::ZERO,
-            rate: f64::INFINITY,
-            loss: 0.0,
-            queue: Duration::from_millis(50),
-            seed: 1,
-        }
-    }
-}
+use crate::shape::{Schedule, Shape};
 
 /// Packets dropped and forwarded, for reports.
 #[derive(Debug, Default)]
@@ -56,11 +29,9 @@ pub struct RelayStats {
     pub dropped: std::sync::atomic::AtomicU64,
 }
 
-/// One direction of the link: a FIFO with departure times.
+/// One direction of the link: a [`Schedule`] and the task that delivers its packets.
 struct Pipe {
-    shape: Shape,
-    next_free: Instant,
-    rng: u64,
+    schedule: Schedule,
     out: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
     stats: Arc<RelayStats>,
 }
@@ -76,43 +47,23 @@ impl Pipe {
             }
         });
         Pipe {
-            shape,
-            next_free: Instant::now(),
-            rng: shape.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            schedule: Schedule::new(shape),
             out,
             stats,
         }
     }
 
-    fn uniform(&mut self) -> f64 {
-        // xorshift64*: plenty for loss draws.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
     fn push(&mut self, packet: Vec<u8>) {
         use std::sync::atomic::Ordering::Relaxed;
-        let now = Instant::now();
-        if self.shape.loss > 0.0 && self.uniform() < self.shape.loss {
-            self.stats.dropped.fetch_add(1, Relaxed);
-            return;
+        match self.schedule.admit(std::time::Instant::now(), packet.len()) {
+            Some(due) => {
+                self.stats.forwarded.fetch_add(1, Relaxed);
+                let _ = self.out.send((Instant::from_std(due), packet));
+            }
+            None => {
+                self.stats.dropped.fetch_add(1, Relaxed);
+            }
         }
-        let start = self.next_free.max(now);
-        if start - now > self.shape.queue {
-            self.stats.dropped.fetch_add(1, Relaxed);
-            return;
-        }
-        // A rate that is not a positive number means no limit.
-        let transmit = if self.shape.rate.is_finite() && self.shape.rate > 0.0 {
-            Duration::from_secs_f64(packet.len() as f64 / self.shape.rate)
-        } else {
-            Duration::ZERO
-        };
-        self.next_free = start + transmit;
-        self.stats.forwarded.fetch_add(1, Relaxed);
-        let _ = self.out.send((self.next_free + self.shape.delay, packet));
     }
 }
 
@@ -172,6 +123,7 @@ fn unspecified_like(addr: SocketAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     async fn start(shape: Shape) -> (UdpSocket, UdpSocket, SocketAddr, Arc<RelayStats>) {
         let target = UdpSocket::bind("127.0.0.1:0").await.unwrap();

@@ -195,7 +195,7 @@ impl QuicStageLink {
     ) -> Self {
         let incoming = {
             let _guard = runtime.enter();
-            Incoming::new(conn.clone(), options.limits)
+            Incoming::new(conn.clone(), options.limits, &options.link)
         };
         QuicStageLink {
             runtime,

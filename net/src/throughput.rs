@@ -16,7 +16,7 @@ use crate::error::{NetError, Result};
 use crate::identity::Credentials;
 use crate::tls::{client_tls, server_tls};
 use crate::transport::{
-    client_endpoint, connect, send, send_bytes, server_endpoint, Incoming, Link,
+    client_endpoint, connect, send, send_bytes, server_endpoint, Incoming, Link, Windows,
 };
 use crate::wire::{Frame, Header, Kind, Limits, HEADER};
 
@@ -90,6 +90,7 @@ async fn quic(w: Workload, server: &Credentials, client: &Credentials) -> Result
     let link = Link {
         bytes_per_second: 10e9,
         rtt: Duration::from_millis(1),
+        windows: Windows::Stated,
         ..Link::default()
     };
     let lim = limits(&w);
@@ -102,7 +103,7 @@ async fn quic(w: Workload, server: &Credentials, client: &Credentials) -> Result
             .ok_or_else(|| NetError::Connection("no client".into()))?
             .await
             .map_err(|e| NetError::Connection(e.to_string()))?;
-        let mut incoming = Incoming::new(conn.clone(), lim);
+        let mut incoming = Incoming::new(conn.clone(), lim, &link);
         while let Some(f) = incoming.next().await? {
             let conn = conn.clone();
             tokio::spawn(async move { send(&conn, f).await });
@@ -118,7 +119,7 @@ async fn quic(w: Workload, server: &Credentials, client: &Credentials) -> Result
     let reader = {
         let conn = conn.clone();
         tokio::spawn(async move {
-            let mut incoming = Incoming::new(conn, lim);
+            let mut incoming = Incoming::new(conn, lim, &link);
             for _ in 0..w.frames {
                 incoming
                     .next()

@@ -31,6 +31,83 @@ pub struct Link {
     /// send a keep-alive every [`KEEP_ALIVE`], so only a peer that is gone (killed, frozen,
     /// cut off) stays silent; QUIC uses the smaller of the two ends' values.
     pub peer_timeout: Duration,
+    /// The congestion controller of the connections this end sends on.
+    pub congestion: Congestion,
+    /// Whether the receive windows follow the path as measured or the stated bandwidth and
+    /// round trip.
+    pub windows: Windows,
+}
+
+/// How a connection's receive window is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Windows {
+    /// Starts at [`START_WINDOW`] and doubles, up to [`MAX_WINDOW`], whenever the data the
+    /// path delivered in a measured round trip reaches half of it (what Linux's TCP receive
+    /// autotuning and quic-go do): a window grows to two to four bandwidth-delay products
+    /// of the path it is on, and a slow peer costs no more than its path holds.
+    #[default]
+    Measured,
+    /// Fixed from [`Link::bytes_per_second`] and [`Link::rtt`] (the user stated the link).
+    Stated,
+}
+
+/// Where a measured connection window starts.
+pub const START_WINDOW: u64 = 4 << 20;
+/// The most a measured connection window grows to: 2 Gbit/s over a second's round trip.
+pub const MAX_WINDOW: u64 = 256 << 20;
+
+/// QUIC congestion controllers murmur offers (quinn's three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Congestion {
+    /// CUBIC (RFC 9438), quinn's default: backs off on every loss, so a lossy long path
+    /// starves it.
+    Cubic,
+    /// NewReno (RFC 9002's reference controller).
+    NewReno,
+    /// BBR: paces at the bottleneck rate it measures and does not take random loss for
+    /// congestion.
+    #[default]
+    Bbr,
+}
+
+impl Congestion {
+    /// Every controller, in the order reports list them.
+    pub const ALL: [Congestion; 3] = [Congestion::Cubic, Congestion::NewReno, Congestion::Bbr];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Congestion::Cubic => "cubic",
+            Congestion::NewReno => "newreno",
+            Congestion::Bbr => "bbr",
+        }
+    }
+
+    fn factory(self) -> Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> {
+        use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
+        match self {
+            Congestion::Cubic => Arc::new(CubicConfig::default()),
+            Congestion::NewReno => Arc::new(NewRenoConfig::default()),
+            Congestion::Bbr => Arc::new(BbrConfig::default()),
+        }
+    }
+}
+
+impl std::fmt::Display for Congestion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Congestion {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Congestion::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("no congestion controller {s:?}: give cubic, newreno or bbr"))
+    }
 }
 
 /// The longest peer timeout murmur configures (an hour).
@@ -49,6 +126,8 @@ impl Default for Link {
             bytes_per_second: 125e6,
             rtt: Duration::from_millis(50),
             peer_timeout: PEER_TIMEOUT,
+            congestion: Congestion::default(),
+            windows: Windows::default(),
         }
     }
 }
@@ -81,23 +160,36 @@ impl Link {
         (self.bytes_per_second * self.rtt.as_secs_f64()) as u64
     }
 
-    /// The connection window for this link: two bandwidth-delay products, 4 MiB to 2 GiB.
+    /// The connection window this link starts with: [`START_WINDOW`] when measured, two
+    /// bandwidth-delay products (4 MiB to 2 GiB) when stated.
     fn connection_window(&self) -> u64 {
-        (2 * self.bdp()).clamp(4 << 20, 1 << 31)
+        match self.windows {
+            Windows::Measured => START_WINDOW,
+            Windows::Stated => (2 * self.bdp()).clamp(4 << 20, 1 << 31),
+        }
     }
 
-    /// A QUIC transport configuration for this link: a stream window of one bandwidth-delay product
-    /// (1 MiB to 1 GiB), a connection window of two (4 MiB to 2 GiB), up to
-    /// [`MAX_STREAMS_IN_FLIGHT`] unidirectional streams, keep-alives every [`KEEP_ALIVE`] and
-    /// the link's peer timeout as QUIC's idle timeout (at least three keep-alives).
+    /// A QUIC transport configuration for this link, up to [`MAX_STREAMS_IN_FLIGHT`]
+    /// unidirectional streams, keep-alives every [`KEEP_ALIVE`], the link's peer timeout as
+    /// QUIC's idle timeout (at least three keep-alives) and its congestion controller.
+    /// Stated windows: a stream window of one bandwidth-delay product (1 MiB to 1 GiB) and a
+    /// connection window of two (4 MiB to 2 GiB). Measured windows: the connection window
+    /// starts at [`START_WINDOW`] and [`Incoming`] grows it; a stream may use all of it.
     pub fn transport(&self) -> TransportConfig {
-        // A stream may fill the pipe alone; the connection holds two pipes' worth.
-        let stream = self.bdp().clamp(1 << 20, 1 << 30);
-        let conn = self.connection_window();
+        let (stream, conn, send) = match self.windows {
+            // A stream may fill the pipe alone; the connection holds two pipes' worth.
+            Windows::Stated => {
+                let conn = self.connection_window();
+                (self.bdp().clamp(1 << 20, 1 << 30), conn, conn)
+            }
+            // The connection window is the bound that grows; what the sender may have
+            // unacknowledged must not hold it back.
+            Windows::Measured => (MAX_WINDOW, START_WINDOW, MAX_WINDOW),
+        };
         let mut t = TransportConfig::default();
         t.stream_receive_window(VarInt::from_u64(stream).expect("below 2^62"))
             .receive_window(VarInt::from_u64(conn).expect("below 2^62"))
-            .send_window(conn)
+            .send_window(send)
             .max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS_IN_FLIGHT))
             .max_concurrent_bidi_streams(VarInt::from_u32(0))
             .initial_rtt(self.rtt)
@@ -106,7 +198,8 @@ impl Link {
                 IdleTimeout::try_from(self.peer_timeout.clamp(3 * KEEP_ALIVE, MAX_PEER_TIMEOUT))
                     .expect("below QUIC's limit"),
             ))
-            .datagram_receive_buffer_size(Some(64 << 10));
+            .datagram_receive_buffer_size(Some(64 << 10))
+            .congestion_controller_factory(self.congestion.factory());
         t
     }
 }
@@ -115,8 +208,9 @@ fn conn_err(e: impl std::fmt::Display) -> NetError {
     NetError::Connection(e.to_string())
 }
 
-/// A UDP socket with large buffers (the kernel may cap them at net.core.*mem_max).
-fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
+/// A UDP socket bound to `addr` with large buffers (the kernel may cap them at
+/// net.core.*mem_max), for [`server_endpoint_on`] or [`client_endpoint_on`].
+pub fn bind_udp(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     request_socket_buffers(socket2::SockRef::from(&socket));
@@ -130,6 +224,14 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     }
     socket.bind(&addr.into())?;
     Ok(socket.into())
+}
+
+/// What the platform offloads for quinn on `socket`: datagrams per send (GSO) and per
+/// receive (GRO); 1 where it offloads nothing. quinn uses both wherever they exist
+/// (`TransportConfig::enable_segmentation_offload` stays on).
+pub fn offload(socket: &std::net::UdpSocket) -> Result<(usize, usize)> {
+    let state = quinn::udp::UdpSocketState::new(socket.into())?;
+    Ok((state.max_gso_segments(), state.gro_segments()))
 }
 
 /// How an endpoint accepts swarm peers: TLS with `creds` (and their revocation list), QUIC
@@ -154,10 +256,19 @@ pub fn admit(conn: &Connection, link: &Link) {
 
 /// An endpoint that accepts swarm peers on `addr` (and can also connect out).
 pub fn server_endpoint(addr: SocketAddr, creds: &Credentials, link: &Link) -> Result<Endpoint> {
+    server_endpoint_on(bind_udp(addr)?, creds, link)
+}
+
+/// [`server_endpoint`] on a socket the caller bound (in another network namespace, say).
+pub fn server_endpoint_on(
+    socket: std::net::UdpSocket,
+    creds: &Credentials,
+    link: &Link,
+) -> Result<Endpoint> {
     let mut endpoint = Endpoint::new(
         EndpointConfig::default(),
         Some(server_config(creds, link)?),
-        udp_socket(addr)?,
+        socket,
         Arc::new(TokioRuntime),
     )?;
     endpoint.set_default_client_config(client_config(creds, link)?);
@@ -168,8 +279,17 @@ pub fn server_endpoint(addr: SocketAddr, creds: &Credentials, link: &Link) -> Re
 pub fn client_endpoint(creds: &Credentials, link: &Link) -> Result<Endpoint> {
     // A dual-stack socket where the machine has IPv6, so that peers of either family can be
     // reached; IPv4 alone where it has not.
-    let socket = udp_socket("[::]:0".parse().expect("valid"))
-        .or_else(|_| udp_socket("0.0.0.0:0".parse().expect("valid")))?;
+    let socket = bind_udp("[::]:0".parse().expect("valid"))
+        .or_else(|_| bind_udp("0.0.0.0:0".parse().expect("valid")))?;
+    client_endpoint_on(socket, creds, link)
+}
+
+/// [`client_endpoint`] on a socket the caller bound.
+pub fn client_endpoint_on(
+    socket: std::net::UdpSocket,
+    creds: &Credentials,
+    link: &Link,
+) -> Result<Endpoint> {
     let mut endpoint = Endpoint::new(
         EndpointConfig::default(),
         None,
@@ -473,13 +593,16 @@ enum Arrival {
 pub struct Incoming {
     arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     acceptor: tokio::task::JoinHandle<()>,
+    tuner: Option<tokio::task::JoinHandle<()>>,
     buffered: Arc<Buffered>,
 }
 
 impl Incoming {
     /// Starts reading every stream `conn` opens, each in a task of its own, checking frames against
-    /// `limits`; must be called inside a tokio runtime.
-    pub fn new(conn: Connection, limits: Limits) -> Self {
+    /// `limits`, and grows the connection's receive window where `link`'s windows are
+    /// [measured](Windows::Measured); must be called inside a tokio runtime.
+    pub fn new(conn: Connection, limits: Limits, link: &Link) -> Self {
+        let tuner = tune_window(&conn, link);
         let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
         let buffered = Arc::new(Buffered {
             bytes: 0.into(),
@@ -507,6 +630,7 @@ impl Incoming {
         Incoming {
             arrivals,
             acceptor,
+            tuner,
             buffered,
         }
     }
@@ -530,6 +654,47 @@ impl Incoming {
 impl Drop for Incoming {
     fn drop(&mut self) {
         self.acceptor.abort();
+        if let Some(tuner) = &self.tuner {
+            tuner.abort();
+        }
+    }
+}
+
+/// The window after a round trip that delivered `per_rtt` bytes: twice `window` (at most
+/// [`MAX_WINDOW`]) where the path filled half of it or more, else none (unchanged).
+fn grown_window(window: u64, per_rtt: f64) -> Option<u64> {
+    (2.0 * per_rtt >= window as f64 && window < MAX_WINDOW).then(|| (2 * window).min(MAX_WINDOW))
+}
+
+/// Grows `conn`'s receive window while the task runs, where `link`'s windows are
+/// [measured](Windows::Measured) (see [`grow_window`]); [`Incoming`] does it for its
+/// connection. Must be called inside a tokio runtime.
+pub fn tune_window(conn: &Connection, link: &Link) -> Option<tokio::task::JoinHandle<()>> {
+    (link.windows == Windows::Measured)
+        .then(|| tokio::spawn(grow_window(conn.clone(), link.connection_window())))
+}
+
+/// Doubles `conn`'s receive window, from `window` up to [`MAX_WINDOW`], whenever the bytes
+/// that arrived over the last two round trips, per round trip, reach half of it: a window
+/// the path fills in a round trip is what holds the sender back. It never shrinks (the
+/// data it lets in is read at once into frames, which [`Limits::max_buffered`] bounds).
+async fn grow_window(conn: Connection, mut window: u64) {
+    let mut seen = conn.stats().udp_rx.bytes;
+    let mut since = std::time::Instant::now();
+    while window < MAX_WINDOW && conn.close_reason().is_none() {
+        let rtt = conn.rtt().max(Duration::from_millis(1));
+        tokio::time::sleep((2 * rtt).max(Duration::from_millis(20))).await;
+        let (bytes, now) = (conn.stats().udp_rx.bytes, std::time::Instant::now());
+        let per_rtt = (bytes - seen) as f64 * rtt.as_secs_f64() / (now - since).as_secs_f64();
+        (seen, since) = (bytes, now);
+        if let Some(grown) = grown_window(window, per_rtt) {
+            window = grown;
+            conn.set_receive_window(VarInt::from_u64(window).expect("below 2^62"));
+            tracing::debug!(
+                "receive window {window} bytes from {}: {per_rtt:.0} bytes a round trip of {rtt:?}",
+                conn.remote_address()
+            );
+        }
     }
 }
 
@@ -537,6 +702,24 @@ impl Drop for Incoming {
 mod tests {
     use super::*;
     use crate::identity::Swarm;
+
+    #[test]
+    fn a_window_the_path_fills_doubles_up_to_the_cap() {
+        // A path that delivers 3 MiB a round trip through a 4 MiB window is held back by it.
+        assert_eq!(grown_window(4 << 20, 3.0 * (1 << 20) as f64), Some(8 << 20));
+        // One that delivers 1 MiB is not: the window stays.
+        assert_eq!(grown_window(4 << 20, (1 << 20) as f64), None);
+        // From the start, a 10 MB path's window grows to 32 MiB and stops: 2 to 4 of its
+        // bandwidth-delay products.
+        let (mut w, bdp) = (START_WINDOW, 10e6_f64);
+        while let Some(g) = grown_window(w, bdp.min(w as f64)) {
+            w = g;
+        }
+        assert_eq!(w, 32 << 20);
+        assert!((2.0 * bdp..=4.0 * bdp).contains(&(w as f64)));
+        assert_eq!(grown_window(MAX_WINDOW / 2 + 1, 1e12), Some(MAX_WINDOW));
+        assert_eq!(grown_window(MAX_WINDOW, 1e12), None);
+    }
     use crate::wire::Kind;
 
     /// Many large frames in flight at once, far more than the connection window holds: a
@@ -552,6 +735,7 @@ mod tests {
         let link = Link {
             bytes_per_second: 1e6,
             rtt: Duration::from_millis(1),
+            windows: Windows::Stated,
             ..Link::default()
         };
         let (frames, size) = (24u64, 1_000_000usize);
@@ -563,7 +747,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let received = tokio::spawn(async move {
             let conn = listener.accept().await.unwrap().await.unwrap();
-            let mut incoming = Incoming::new(conn, limits);
+            let mut incoming = Incoming::new(conn, limits, &link);
             let mut keys = Vec::new();
             for _ in 0..frames {
                 let f = incoming
@@ -658,7 +842,7 @@ mod tests {
             let (handled_tx, mut handled_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
             let reader = tokio::spawn(async move {
                 let conn = listener.accept().await.unwrap().await.unwrap();
-                let mut incoming = Incoming::new(conn, limits);
+                let mut incoming = Incoming::new(conn, limits, &link);
                 let mut keys = Vec::new();
                 if !handled_promptly {
                     // Everything arrives (or is refused) before the first frame is handled.

@@ -595,7 +595,7 @@ fn a_job_is_served_and_trained_only_as_the_swarm_signed_it() {
     rt.spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
             let Ok(conn) = incoming.await else { continue };
-            let mut frames = Incoming::new(conn.clone(), Limits::default());
+            let mut frames = Incoming::new(conn.clone(), Limits::default(), &Link::default());
             if let Ok(Some(_join)) = frames.next().await {
                 let _ = send(&conn, Frame::control(Kind::Welcome, 0, 0, &welcome)).await;
             }

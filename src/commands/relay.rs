@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use murmur_net::relay::{run_relay, RelayStats, Shape};
+use murmur_net::relay::{run_relay, RelayStats};
+use murmur_net::shape::Shape;
 
 #[derive(Args, Debug)]
 pub struct RelayArgs {

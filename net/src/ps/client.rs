@@ -155,7 +155,7 @@ pub fn join_job(
             node: node.chars().take(128).collect(),
         };
         send(&conn, Frame::control(Kind::Join, 0, 0, &join)).await?;
-        let mut incoming = Incoming::new(conn.clone(), options.limits);
+        let mut incoming = Incoming::new(conn.clone(), options.limits, &options.link);
         let answer = tokio::time::timeout(options.connect_timeout, incoming.next())
             .await
             .map_err(|_| {
@@ -276,6 +276,7 @@ impl QuicCollective {
                     shard,
                     conn.clone(),
                     options.limits,
+                    options.link,
                     inbox.clone(),
                     relay,
                 ));
@@ -504,10 +505,11 @@ async fn read_replies(
     shard: usize,
     conn: Connection,
     limits: Limits,
+    link: Link,
     inbox: Arc<Inbox>,
     mut relay: Relay,
 ) {
-    let mut incoming = Incoming::new(conn.clone(), limits);
+    let mut incoming = Incoming::new(conn.clone(), limits, &link);
     let failure = loop {
         match incoming.next().await {
             Ok(Some(frame)) => {

@@ -535,7 +535,8 @@ async fn serve(shared: Arc<Shared>, conn: Connection) {
     let outcome = match admission(&shared, id, &conn).await {
         Ok(true) => {
             admit(&conn, &shared.options.link);
-            let mut incoming = Incoming::new(conn.clone(), shared.options.limits);
+            let mut incoming =
+                Incoming::new(conn.clone(), shared.options.limits, &shared.options.link);
             loop {
                 match incoming.next().await {
                     Ok(Some(frame)) => {

@@ -2,6 +2,7 @@
 
 mod aggregate;
 mod codecs;
+mod goodput;
 mod matmul;
 mod net;
 mod train;

@@ -14,7 +14,8 @@ use murmur_engine::train::{Classifier, ClassifierConfig, DataParallel};
 use murmur_engine::Device;
 use murmur_net::identity::{Role, Swarm};
 use murmur_net::ps::{ClientOptions, QuicCollective, Server, ServerOptions};
-use murmur_net::relay::{run_relay, RelayStats, Shape};
+use murmur_net::relay::{run_relay, RelayStats};
+use murmur_net::shape::Shape;
 use murmur_net::throughput::{measure, Transport, Workload};
 use murmur_net::transport::Link;
 use serde::Serialize;
@@ -60,6 +61,8 @@ pub struct NetArgs {
     no_shaped: bool,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    shaped: super::goodput::ShapedArgs,
 }
 
 #[derive(Serialize)]
@@ -97,6 +100,9 @@ struct Report {
 }
 
 pub fn run(a: NetArgs) -> anyhow::Result<()> {
+    if a.shaped.wanted() {
+        return super::goodput::run(&a.shaped, a.json);
+    }
     let swarm = Swarm::generate("bench")?;
     let (server, client) = (
         swarm.credentials("server", Role::Server { shard: 0 })?,

@@ -1,0 +1,212 @@
+//! Goodput over a [`ShapedPath`]: application payload bytes per second that one sender moves
+//! to one receiver, for murmur's QUIC (with a chosen congestion controller, through the
+//! windows [`Link::transport`] configures) and for the kernel's TCP (with a chosen
+//! congestion control) over the same path, so that the two are compared on one link.
+//!
+//! The sender keeps the path full for the whole measurement: QUIC as murmur's nodes do, one
+//! stream per message with several messages in flight; TCP as one connection written back
+//! to back. The receiver counts the payload it reads; the figure is the count over a window
+//! that starts `warmup` after the first byte (slow start and the first losses are not the
+//! steady rate), beside the count since the first byte.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::error::{NetError, Result};
+use crate::identity::Credentials;
+use crate::shaped_path::{ShapedPath, ADDR_A, ADDR_B};
+use crate::transport::{self, Link};
+use crate::wire::{Frame, Kind};
+
+/// Bytes of each message the TCP sender writes.
+const MESSAGE: usize = 1 << 20;
+/// Payload bytes of each QUIC frame (a quarter of a default partition).
+const FRAME: usize = 256 << 10;
+/// QUIC frames (streams) in flight at once, as a parameter server's partitions are: 8 MiB,
+/// more than the largest path of the matrix holds (200 Mbit/s over 150 ms, 3.75 MB).
+const QUIC_IN_FLIGHT: usize = 32;
+/// The longest the first byte may take (a handshake over a bad path).
+const FIRST_BYTE: Duration = Duration::from_secs(20);
+
+/// What one measurement found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Goodput {
+    /// Payload bytes per second over the window after the warm-up.
+    pub steady: f64,
+    /// Payload bytes per second from the first byte to the window's end.
+    pub whole: f64,
+}
+
+/// How long to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Left out after the first byte.
+    pub warmup: Duration,
+    /// Counted.
+    pub measure: Duration,
+}
+
+/// Counts the receiver's payload and reads it at the window's edges.
+async fn sample(received: &AtomicU64, window: Window) -> Result<Goodput> {
+    let asked = Instant::now();
+    while received.load(Relaxed) == 0 {
+        if asked.elapsed() > FIRST_BYTE {
+            return Err(NetError::Timeout(format!(
+                "no byte crossed the path in {FIRST_BYTE:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let first = Instant::now();
+    tokio::time::sleep(window.warmup).await;
+    let (c0, t0) = (received.load(Relaxed), Instant::now());
+    tokio::time::sleep(window.measure).await;
+    let (c1, t1) = (received.load(Relaxed), Instant::now());
+    Ok(Goodput {
+        steady: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
+        whole: c1 as f64 / (t1 - first).as_secs_f64(),
+    })
+}
+
+/// murmur's QUIC from end A to end B of `path`, both ends configured for `link` (its
+/// congestion controller and windows, grown as [`crate::transport::Incoming`] grows them):
+/// frames of [`FRAME`] bytes, each on a stream of its own, [`QUIC_IN_FLIGHT`] at a time.
+/// The receiver counts stream bytes as they arrive (a frame's 32-byte header among them,
+/// 0.01% of it), so that frames still partly in flight at a window's edge count for what
+/// has arrived.
+pub async fn quic(
+    path: &ShapedPath,
+    link: &Link,
+    server: &Credentials,
+    client: &Credentials,
+    window: Window,
+) -> Result<Goodput> {
+    let b = path.in_b(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_B, 0))))??;
+    let a = path.in_a(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_A, 0))))??;
+    let receiver = transport::server_endpoint_on(b, server, link)?;
+    let sender = transport::client_endpoint_on(a, client, link)?;
+    let to = receiver.local_addr()?;
+    let received = Arc::new(AtomicU64::new(0));
+
+    let (count, accepting, link_copy) = (received.clone(), receiver.clone(), *link);
+    let reading = tokio::spawn(async move {
+        let Some(incoming) = accepting.accept().await else {
+            return;
+        };
+        let Ok(conn) = incoming.await else { return };
+        // A peer the node has checked gets the link's windows, as a server's workers do.
+        transport::admit(&conn, &link_copy);
+        let _tuner = transport::tune_window(&conn, &link_copy);
+        let mut readers = tokio::task::JoinSet::new();
+        while let Ok(mut stream) = conn.accept_uni().await {
+            let count = count.clone();
+            readers.spawn(async move {
+                while let Ok(Some(chunk)) = stream.read_chunk(usize::MAX, false).await {
+                    count.fetch_add(chunk.bytes.len() as u64, Relaxed);
+                }
+            });
+        }
+    });
+
+    let conn = transport::connect(&sender, to).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let frame = Bytes::from(
+        Frame::new(Kind::Push, 0, 0, 0, (FRAME / 4) as u32, vec![0x5A; FRAME]).encode(),
+    );
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..QUIC_IN_FLIGHT {
+        let (conn, stop, frame) = (conn.clone(), stop.clone(), frame.clone());
+        writers.spawn(async move {
+            while !stop.load(Relaxed) {
+                // A frame counts as in flight until the receiver has all of it: quinn
+                // takes a write as soon as it is buffered.
+                let Ok(mut stream) = conn.open_uni().await else {
+                    return;
+                };
+                if stream.write_chunk(frame.clone()).await.is_err()
+                    || stream.finish().is_err()
+                    || stream.stopped().await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+    let measured = sample(&received, window).await;
+    stop.store(true, Relaxed);
+    writers.abort_all();
+    conn.close(0u32.into(), b"measured");
+    reading.abort();
+    // Both ends say goodbye before the path goes away under them.
+    sender.close(0u32.into(), b"measured");
+    receiver.close(0u32.into(), b"measured");
+    let idle = async { tokio::join!(sender.wait_idle(), receiver.wait_idle()) };
+    let _ = tokio::time::timeout(Duration::from_secs(2), idle).await;
+    measured
+}
+
+/// The kernel's TCP from end A to end B of `path`, the sender's congestion control set to
+/// `congestion` (a name the kernel offers: net.ipv4.tcp_available_congestion_control).
+pub async fn tcp(path: &ShapedPath, congestion: &str, window: Window) -> Result<Goodput> {
+    use std::io::{Read, Write};
+    let listener = path.in_b(|| std::net::TcpListener::bind((ADDR_B, 0)))??;
+    let to = listener.local_addr()?;
+    let ca = congestion.to_owned();
+    let stream = path.in_a(move || -> Result<std::net::TcpStream> {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.set_tcp_congestion(ca.as_bytes()).map_err(|e| {
+            NetError::Connection(format!(
+                "the kernel offers no TCP congestion control {ca:?}: {e}"
+            ))
+        })?;
+        socket.connect(&to.into())?;
+        Ok(socket.into())
+    })??;
+    let received = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let count = received.clone();
+    let reader_stop = stop.clone();
+    let reader = std::thread::spawn(move || {
+        let Ok((mut conn, _)) = listener.accept() else {
+            return;
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+        let mut buf = vec![0u8; 1 << 16];
+        while !reader_stop.load(Relaxed) {
+            match conn.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    count.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let writer_stop = stop.clone();
+    let mut out = stream.try_clone()?;
+    let writer = std::thread::spawn(move || {
+        let _ = out.set_write_timeout(Some(Duration::from_millis(100)));
+        let message = vec![0x5Au8; MESSAGE];
+        while !writer_stop.load(Relaxed) {
+            match out.write(&message) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let measured = sample(&received, window).await;
+    stop.store(true, Relaxed);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    let _ = writer.join();
+    let _ = reader.join();
+    measured
+}

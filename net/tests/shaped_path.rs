@@ -1,0 +1,111 @@
+//! The shaped IP path (two network namespaces joined by murmur's TUN shaper) and murmur's
+//! QUIC over it beside the kernel's TCP: the path keeps its rate and delay, and BBR, the
+//! default congestion controller, keeps its rate through random loss where CUBIC backs off.
+//! Needs root, iproute2 and /dev/net/tun: a skip elsewhere, a failure under CI.
+#![cfg(target_os = "linux")]
+
+use std::time::{Duration, Instant};
+
+use murmur_net::goodput::{self, Window};
+use murmur_net::identity::{Role, Swarm};
+use murmur_net::shape::Shape;
+use murmur_net::shaped_path::{ShapedPath, ADDR_B};
+use murmur_net::transport::{Congestion, Link};
+
+fn can_shape() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tun = std::path::Path::new("/dev/net/tun").exists();
+    let ip = std::process::Command::new("ip").arg("-V").output().is_ok();
+    if root && tun && ip {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "shaped-path tests need root, /dev/net/tun and iproute2 under CI (root {root}, tun {tun}, ip {ip})"
+    );
+    eprintln!("skipped: shaped-path tests need root, /dev/net/tun and iproute2");
+    false
+}
+
+fn path(mbit: f64, rtt_ms: u64, loss: f64) -> ShapedPath {
+    let shape = Shape::link(mbit, Duration::from_millis(rtt_ms), loss);
+    ShapedPath::create(shape, Shape { seed: 7, ..shape }).unwrap()
+}
+
+const WINDOW: Window = Window {
+    warmup: Duration::from_secs(1),
+    measure: Duration::from_secs(2),
+};
+
+#[test]
+fn the_path_delays_by_its_round_trip_and_carries_tcp_at_its_rate() {
+    if !can_shape() {
+        return;
+    }
+    let path = path(20.0, 40, 0.0);
+    // TCP's handshake is one round trip: 40 ms on this path, under a millisecond without it.
+    let listener = path
+        .in_b(|| std::net::TcpListener::bind((ADDR_B, 0)).unwrap())
+        .unwrap();
+    let to = listener.local_addr().unwrap();
+    let took = path
+        .in_a(move || {
+            let t = Instant::now();
+            std::net::TcpStream::connect(to).unwrap();
+            t.elapsed()
+        })
+        .unwrap();
+    assert!(
+        (Duration::from_millis(40)..Duration::from_millis(200)).contains(&took),
+        "a handshake over a 40 ms path took {took:?}"
+    );
+    drop(listener);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let got = runtime
+        .block_on(goodput::tcp(&path, "cubic", WINDOW))
+        .unwrap();
+    let rate = 20e6 / 8.0;
+    // TCP/IP headers take about 3% of a 1500-byte packet; the path never gives more than its rate.
+    assert!(
+        (0.85..1.0).contains(&(got.steady / rate)),
+        "TCP moved {:.3} of a 20 Mbit/s path",
+        got.steady / rate
+    );
+}
+
+#[test]
+fn bbr_keeps_its_rate_through_loss_where_cubic_backs_off() {
+    if !can_shape() {
+        return;
+    }
+    let swarm = Swarm::generate("shaped").unwrap();
+    let server = swarm
+        .credentials("server", Role::Server { shard: 0 })
+        .unwrap();
+    let client = swarm.credentials("client", Role::Worker).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rate = 20e6 / 8.0;
+    let mut goodput = Vec::new();
+    for congestion in [Congestion::Bbr, Congestion::Cubic] {
+        // 2% of the packets lost each way over 60 ms round trips.
+        let path = path(20.0, 60, 0.02);
+        let link = Link {
+            congestion,
+            ..Link::default()
+        };
+        let got = runtime
+            .block_on(goodput::quic(&path, &link, &server, &client, WINDOW))
+            .unwrap();
+        goodput.push(got.steady / rate);
+    }
+    let (bbr, cubic) = (goodput[0], goodput[1]);
+    assert_eq!(Link::default().congestion, Congestion::Bbr);
+    assert!(bbr > 0.6, "BBR moved {bbr:.3} of a lossy 20 Mbit/s path");
+    assert!(bbr < 1.0, "more than the path's rate: {bbr:.3}");
+    assert!(
+        cubic < bbr / 3.0,
+        "CUBIC moved {cubic:.3} of the path, BBR {bbr:.3}: loss should starve CUBIC"
+    );
+}
