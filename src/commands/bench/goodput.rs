@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use clap::Args;
 use murmur_net::goodput::{self, Goodput, Window};
-use murmur_net::identity::{Role, Swarm};
 use murmur_net::shape::Shape;
 use murmur_net::shaped_path::ShapedPath;
 use murmur_net::transport::{Congestion, Link};
@@ -92,14 +91,7 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
     );
     // `--tcp ""` measures no TCP.
     let tcp: Vec<&String> = a.tcp.iter().filter(|c| !c.is_empty()).collect();
-    let swarm = Swarm::generate("bench")?;
-    let (server, client) = (
-        swarm.credentials("server", Role::Server { shard: 0 })?,
-        swarm.credentials("client", Role::Worker)?,
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let (_, server, client, runtime) = super::bench_peers()?;
     let window = Window {
         warmup: Duration::from_secs_f64(a.warmup_s),
         measure: Duration::from_secs_f64(a.measure_s),

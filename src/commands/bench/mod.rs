@@ -77,6 +77,24 @@ pub fn seconds_per_call(
 }
 
 /// Today's date (UTC) as YYYY-MM-DD, for reports.
+/// A throwaway swarm, a server's and a client's credentials from it, and a runtime: the two
+/// ends the network benchmarks connect.
+pub fn bench_peers() -> anyhow::Result<(
+    murmur_net::identity::Swarm,
+    murmur_net::identity::Credentials,
+    murmur_net::identity::Credentials,
+    tokio::runtime::Runtime,
+)> {
+    use murmur_net::identity::{Role, Swarm};
+    let swarm = Swarm::generate("bench")?;
+    let server = swarm.credentials("server", Role::Server { shard: 0 })?;
+    let client = swarm.credentials("client", Role::Worker)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    Ok((swarm, server, client, runtime))
+}
+
 pub fn today() -> String {
     let days = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -103,14 +103,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
     if a.shaped.wanted() {
         return super::goodput::run(&a.shaped, a.json);
     }
-    let swarm = Swarm::generate("bench")?;
-    let (server, client) = (
-        swarm.credentials("server", Role::Server { shard: 0 })?,
-        swarm.credentials("client", Role::Worker)?,
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let (swarm, server, client, runtime) = super::bench_peers()?;
     let workload = Workload {
         frames: a.frames,
         frame_bytes: a.frame_bytes,
