@@ -7,10 +7,10 @@
 #
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
 #                           [--loss 0] [--codec topk:0.01] [--target 0.97]
-#                           [--congestion bbr] [--state-link]
+#                           [--congestion cubic] [--state-link]
 #                           [-- more job flags for the servers]
 #
-# Every node uses --congestion (murmur's default, bbr, unless given) and grows its QUIC
+# Every node uses --congestion (murmur's default, cubic, unless given) and grows its QUIC
 # windows to the path it measures; --state-link states the link's speed and round trip to
 # the nodes instead (--link-mbit, --link-rtt-ms), which fixes the windows.
 #

@@ -50,10 +50,17 @@ pub struct Window {
     pub measure: Duration,
 }
 
-/// Counts the receiver's payload and reads it at the window's edges.
-async fn sample(received: &AtomicU64, window: Window) -> Result<Goodput> {
+/// Reads the receivers' counts at the window's edges, once every flow has delivered a
+/// byte; the window starts `warmup` after the last flow's first byte.
+async fn sample(received: &[&AtomicU64], window: Window) -> Result<Vec<Goodput>> {
     let asked = Instant::now();
-    while received.load(Relaxed) == 0 {
+    let mut first = vec![None; received.len()];
+    while first.iter().any(Option::is_none) {
+        for (f, r) in first.iter_mut().zip(received) {
+            if f.is_none() && r.load(Relaxed) > 0 {
+                *f = Some(Instant::now());
+            }
+        }
         if asked.elapsed() > FIRST_BYTE {
             return Err(NetError::Timeout(format!(
                 "no byte crossed the path in {FIRST_BYTE:?}"
@@ -61,20 +68,27 @@ async fn sample(received: &AtomicU64, window: Window) -> Result<Goodput> {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let first = Instant::now();
     tokio::time::sleep(window.warmup).await;
-    let (c0, t0) = (received.load(Relaxed), Instant::now());
+    let (c0, t0): (Vec<u64>, _) = (
+        received.iter().map(|r| r.load(Relaxed)).collect(),
+        Instant::now(),
+    );
     tokio::time::sleep(window.measure).await;
-    let (c1, t1) = (received.load(Relaxed), Instant::now());
-    Ok(Goodput {
-        steady: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
-        whole: c1 as f64 / (t1 - first).as_secs_f64(),
-    })
+    let (c1, t1): (Vec<u64>, _) = (
+        received.iter().map(|r| r.load(Relaxed)).collect(),
+        Instant::now(),
+    );
+    Ok((0..received.len())
+        .map(|i| Goodput {
+            steady: (c1[i] - c0[i]) as f64 / (t1 - t0).as_secs_f64(),
+            whole: c1[i] as f64 / (t1 - first[i].expect("every flow started")).as_secs_f64(),
+        })
+        .collect())
 }
 
 /// murmur's QUIC from end A to end B of `path`, both ends configured for `link` (its
 /// congestion controller and windows, grown as [`crate::transport::Incoming`] grows them):
-/// frames of [`FRAME`] bytes, each on a stream of its own, [`QUIC_IN_FLIGHT`] at a time.
+/// frames of 256 KiB, each on a stream of its own, 32 at a time.
 /// The receiver counts stream bytes as they arrive (a frame's 32-byte header among them,
 /// 0.01% of it), so that frames still partly in flight at a window's edge count for what
 /// has arrived.
@@ -85,128 +99,218 @@ pub async fn quic(
     client: &Credentials,
     window: Window,
 ) -> Result<Goodput> {
-    let b = path.in_b(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_B, 0))))??;
-    let a = path.in_a(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_A, 0))))??;
-    let receiver = transport::server_endpoint_on(b, server, link)?;
-    let sender = transport::client_endpoint_on(a, client, link)?;
-    let to = receiver.local_addr()?;
-    let received = Arc::new(AtomicU64::new(0));
-
-    let (count, accepting, link_copy) = (received.clone(), receiver.clone(), *link);
-    let reading = tokio::spawn(async move {
-        let Some(incoming) = accepting.accept().await else {
-            return;
-        };
-        let Ok(conn) = incoming.await else { return };
-        // A peer the node has checked gets the link's windows, as a server's workers do.
-        transport::admit(&conn, &link_copy);
-        let _tuner = transport::tune_window(&conn, &link_copy);
-        let mut readers = tokio::task::JoinSet::new();
-        while let Ok(mut stream) = conn.accept_uni().await {
-            let count = count.clone();
-            readers.spawn(async move {
-                while let Ok(Some(chunk)) = stream.read_chunk(usize::MAX, false).await {
-                    count.fetch_add(chunk.bytes.len() as u64, Relaxed);
-                }
-            });
-        }
-    });
-
-    let conn = transport::connect(&sender, to).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let frame = Bytes::from(
-        Frame::new(Kind::Push, 0, 0, 0, (FRAME / 4) as u32, vec![0x5A; FRAME]).encode(),
-    );
-    let mut writers = tokio::task::JoinSet::new();
-    for _ in 0..QUIC_IN_FLIGHT {
-        let (conn, stop, frame) = (conn.clone(), stop.clone(), frame.clone());
-        writers.spawn(async move {
-            while !stop.load(Relaxed) {
-                // A frame counts as in flight until the receiver has all of it: quinn
-                // takes a write as soon as it is buffered.
-                let Ok(mut stream) = conn.open_uni().await else {
-                    return;
-                };
-                if stream.write_chunk(frame.clone()).await.is_err()
-                    || stream.finish().is_err()
-                    || stream.stopped().await.is_err()
-                {
-                    return;
-                }
-            }
-        });
-    }
-    let measured = sample(&received, window).await;
-    stop.store(true, Relaxed);
-    writers.abort_all();
-    conn.close(0u32.into(), b"measured");
-    reading.abort();
-    // Both ends say goodbye before the path goes away under them.
-    sender.close(0u32.into(), b"measured");
-    receiver.close(0u32.into(), b"measured");
-    let idle = async { tokio::join!(sender.wait_idle(), receiver.wait_idle()) };
-    let _ = tokio::time::timeout(Duration::from_secs(2), idle).await;
-    measured
+    let flow = QuicFlow::start(path, link, server, client).await?;
+    let measured = sample(&[&flow.received], window).await;
+    flow.stop().await;
+    Ok(measured?[0])
 }
 
 /// The kernel's TCP from end A to end B of `path`, the sender's congestion control set to
 /// `congestion` (a name the kernel offers: net.ipv4.tcp_available_congestion_control).
 pub async fn tcp(path: &ShapedPath, congestion: &str, window: Window) -> Result<Goodput> {
-    use std::io::{Read, Write};
-    let listener = path.in_b(|| std::net::TcpListener::bind((ADDR_B, 0)))??;
-    let to = listener.local_addr()?;
-    let ca = congestion.to_owned();
-    let stream = path.in_a(move || -> Result<std::net::TcpStream> {
-        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        socket.set_tcp_congestion(ca.as_bytes()).map_err(|e| {
-            NetError::Connection(format!(
-                "the kernel offers no TCP congestion control {ca:?}: {e}"
-            ))
-        })?;
-        socket.connect(&to.into())?;
-        Ok(socket.into())
-    })??;
-    let received = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
+    let flow = TcpFlow::start(path, congestion)?;
+    let measured = sample(&[&flow.received], window).await;
+    flow.stop();
+    Ok(measured?[0])
+}
 
-    let count = received.clone();
-    let reader_stop = stop.clone();
-    let reader = std::thread::spawn(move || {
-        let Ok((mut conn, _)) = listener.accept() else {
-            return;
-        };
-        let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
-        let mut buf = vec![0u8; 1 << 16];
-        while !reader_stop.load(Relaxed) {
-            match conn.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => {
-                    count.fetch_add(n as u64, Relaxed);
+/// murmur's QUIC and the kernel's TCP from A to B at once, sharing the path: what each
+/// gets of it (QUIC first). A fair pair gets about half each.
+pub async fn quic_beside_tcp(
+    path: &ShapedPath,
+    link: &Link,
+    server: &Credentials,
+    client: &Credentials,
+    congestion: &str,
+    window: Window,
+) -> Result<(Goodput, Goodput)> {
+    let quic = QuicFlow::start(path, link, server, client).await?;
+    let tcp = match TcpFlow::start(path, congestion) {
+        Ok(tcp) => tcp,
+        Err(e) => {
+            quic.stop().await;
+            return Err(e);
+        }
+    };
+    let measured = sample(&[&quic.received, &tcp.received], window).await;
+    tcp.stop();
+    quic.stop().await;
+    let m = measured?;
+    Ok((m[0], m[1]))
+}
+
+/// A QUIC sender and receiver keeping the path full.
+struct QuicFlow {
+    received: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    sender: quinn::Endpoint,
+    receiver: quinn::Endpoint,
+    conn: quinn::Connection,
+    writers: tokio::task::JoinSet<()>,
+    reading: tokio::task::JoinHandle<()>,
+}
+
+impl QuicFlow {
+    async fn start(
+        path: &ShapedPath,
+        link: &Link,
+        server: &Credentials,
+        client: &Credentials,
+    ) -> Result<QuicFlow> {
+        let b =
+            path.in_b(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_B, 0))))??;
+        let a =
+            path.in_a(|| transport::bind_udp(SocketAddr::V4(SocketAddrV4::new(ADDR_A, 0))))??;
+        let receiver = transport::server_endpoint_on(b, server, link)?;
+        let sender = transport::client_endpoint_on(a, client, link)?;
+        let to = receiver.local_addr()?;
+        let received = Arc::new(AtomicU64::new(0));
+
+        let (count, accepting, link_copy) = (received.clone(), receiver.clone(), *link);
+        let reading = tokio::spawn(async move {
+            let Some(incoming) = accepting.accept().await else {
+                return;
+            };
+            let Ok(conn) = incoming.await else { return };
+            // A peer the node has checked gets the link's windows, as a server's workers do.
+            transport::admit(&conn, &link_copy);
+            let _tuner = transport::tune_window(&conn, &link_copy);
+            let mut readers = tokio::task::JoinSet::new();
+            while let Ok(mut stream) = conn.accept_uni().await {
+                let count = count.clone();
+                readers.spawn(async move {
+                    while let Ok(Some(chunk)) = stream.read_chunk(usize::MAX, false).await {
+                        count.fetch_add(chunk.bytes.len() as u64, Relaxed);
+                    }
+                });
+            }
+        });
+
+        let conn = transport::connect(&sender, to).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let frame = Bytes::from(
+            Frame::new(Kind::Push, 0, 0, 0, (FRAME / 4) as u32, vec![0x5A; FRAME]).encode(),
+        );
+        let mut writers = tokio::task::JoinSet::new();
+        for _ in 0..QUIC_IN_FLIGHT {
+            let (conn, stop, frame) = (conn.clone(), stop.clone(), frame.clone());
+            writers.spawn(async move {
+                while !stop.load(Relaxed) {
+                    // A frame counts as in flight until the receiver has all of it: quinn
+                    // takes a write as soon as it is buffered.
+                    let Ok(mut stream) = conn.open_uni().await else {
+                        return;
+                    };
+                    if stream.write_chunk(frame.clone()).await.is_err()
+                        || stream.finish().is_err()
+                        || stream.stopped().await.is_err()
+                    {
+                        return;
+                    }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => return,
-            }
+            });
         }
-    });
-    let writer_stop = stop.clone();
-    let mut out = stream.try_clone()?;
-    let writer = std::thread::spawn(move || {
-        let _ = out.set_write_timeout(Some(Duration::from_millis(100)));
-        let message = vec![0x5Au8; MESSAGE];
-        while !writer_stop.load(Relaxed) {
-            match out.write(&message) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => return,
+        Ok(QuicFlow {
+            received,
+            stop,
+            sender,
+            receiver,
+            conn,
+            writers,
+            reading,
+        })
+    }
+
+    async fn stop(mut self) {
+        self.stop.store(true, Relaxed);
+        self.writers.abort_all();
+        self.conn.close(0u32.into(), b"measured");
+        self.reading.abort();
+        // Both ends say goodbye before the path goes away under them.
+        self.sender.close(0u32.into(), b"measured");
+        self.receiver.close(0u32.into(), b"measured");
+        let idle = async { tokio::join!(self.sender.wait_idle(), self.receiver.wait_idle()) };
+        let _ = tokio::time::timeout(Duration::from_secs(2), idle).await;
+    }
+}
+
+/// A kernel TCP connection written back to back by one thread and read by another.
+struct TcpFlow {
+    received: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    stream: std::net::TcpStream,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl TcpFlow {
+    fn start(path: &ShapedPath, congestion: &str) -> Result<TcpFlow> {
+        use std::io::{Read, Write};
+        let listener = path.in_b(|| std::net::TcpListener::bind((ADDR_B, 0)))??;
+        let to = listener.local_addr()?;
+        let ca = congestion.to_owned();
+        let stream = path.in_a(move || -> Result<std::net::TcpStream> {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.set_tcp_congestion(ca.as_bytes()).map_err(|e| {
+                NetError::Connection(format!(
+                    "the kernel offers no TCP congestion control {ca:?}: {e}"
+                ))
+            })?;
+            socket.connect(&to.into())?;
+            Ok(socket.into())
+        })??;
+        let received = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let timed_out = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        };
+
+        let (count, reader_stop) = (received.clone(), stop.clone());
+        let reader = std::thread::spawn(move || {
+            let Ok((mut conn, _)) = listener.accept() else {
+                return;
+            };
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+            let mut buf = vec![0u8; 1 << 16];
+            while !reader_stop.load(Relaxed) {
+                match conn.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        count.fetch_add(n as u64, Relaxed);
+                    }
+                    Err(e) if timed_out(&e) => {}
+                    Err(_) => return,
+                }
             }
+        });
+        let writer_stop = stop.clone();
+        let mut out = stream.try_clone()?;
+        let writer = std::thread::spawn(move || {
+            let _ = out.set_write_timeout(Some(Duration::from_millis(100)));
+            let message = vec![0x5Au8; MESSAGE];
+            while !writer_stop.load(Relaxed) {
+                match out.write(&message) {
+                    Ok(_) => {}
+                    Err(e) if timed_out(&e) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(TcpFlow {
+            received,
+            stop,
+            stream,
+            threads: vec![reader, writer],
+        })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Relaxed);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        for t in self.threads {
+            let _ = t.join();
         }
-    });
-    let measured = sample(&received, window).await;
-    stop.store(true, Relaxed);
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    let _ = writer.join();
-    let _ = reader.join();
-    measured
+    }
 }

@@ -26,8 +26,9 @@ pub struct LinkConfig {
     /// to a dead server. 3 to 3600.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = LinkConfig::default().peer_timeout_s))]
     pub peer_timeout_s: f64,
-    /// QUIC congestion controller of what this node sends: bbr keeps its rate through random
-    /// loss, where cubic and newreno back off (docs/benchmarks.md, "Goodput").
+    /// QUIC congestion controller of what this node sends: cubic shares the link with other
+    /// traffic; bbr keeps its rate through random loss but starves other flows on the link,
+    /// so give it only on links murmur has to itself (docs/benchmarks.md, "Goodput").
     #[cfg_attr(feature = "cli", arg(long, default_value_t = LinkConfig::default().congestion))]
     pub congestion: Congestion,
 }
@@ -110,7 +111,7 @@ mod tests {
     fn windows_are_measured_unless_the_link_is_stated() {
         let measured = LinkConfig::default().link();
         assert_eq!(measured.windows, Windows::Measured);
-        assert_eq!(measured.congestion, Congestion::Bbr);
+        assert_eq!(measured.congestion, Congestion::Cubic);
         let stated = LinkConfig {
             link_rtt_ms: Some(120.0),
             ..LinkConfig::default()

@@ -40,6 +40,10 @@ pub struct ShapedArgs {
     /// Seconds counted after the warm-up.
     #[arg(long, default_value_t = 10.0)]
     measure_s: f64,
+    /// Also run each QUIC controller beside a kernel TCP flow with this congestion control
+    /// on the same path (how they share it), e.g. `--beside cubic`.
+    #[arg(long)]
+    beside: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -52,6 +56,8 @@ struct Row {
     goodput: f64,
     /// The same from the first byte on (slow start included).
     goodput_from_first_byte: f64,
+    /// Beside a TCP flow (`quic-X+tcp-Y`): the TCP flow's goodput over the same window.
+    beside_goodput: Option<f64>,
     /// Packets the path dropped (loss and full queue), both ways.
     dropped: u64,
     forwarded: u64,
@@ -118,7 +124,12 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
                     .quic
                     .iter()
                     .map(|c| format!("quic-{c}"))
-                    .chain(tcp.iter().map(|c| format!("tcp-{c}")));
+                    .chain(tcp.iter().map(|c| format!("tcp-{c}")))
+                    .chain(
+                        a.beside
+                            .iter()
+                            .flat_map(|t| a.quic.iter().map(move |c| format!("quic-{c}+tcp-{t}"))),
+                    );
                 for protocol in protocols {
                     // A fresh path each time: no queue or socket state carries over.
                     let path = ShapedPath::create(
@@ -128,22 +139,40 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
                             ..shape
                         },
                     )?;
-                    let got: Goodput = runtime.block_on(async {
-                        match protocol.strip_prefix("quic-") {
-                            Some(c) => {
-                                let link = Link {
-                                    congestion: c.parse().map_err(anyhow::Error::msg)?,
-                                    ..Link::default()
-                                };
-                                Ok::<_, anyhow::Error>(
-                                    goodput::quic(&path, &link, &server, &client, window).await?,
+                    let (got, beside): (Goodput, Option<Goodput>) = runtime.block_on(async {
+                        let (quic, tcp) = match protocol.split_once('+') {
+                            Some((q, t)) => (q.strip_prefix("quic-"), t.strip_prefix("tcp-")),
+                            None => match protocol.strip_prefix("quic-") {
+                                Some(q) => (Some(q), None),
+                                None => (None, protocol.strip_prefix("tcp-")),
+                            },
+                        };
+                        let link = |c: &str| -> anyhow::Result<Link> {
+                            Ok(Link {
+                                congestion: c.parse().map_err(anyhow::Error::msg)?,
+                                ..Link::default()
+                            })
+                        };
+                        Ok::<_, anyhow::Error>(match (quic, tcp) {
+                            (Some(q), None) => (
+                                goodput::quic(&path, &link(q)?, &server, &client, window).await?,
+                                None,
+                            ),
+                            (None, Some(t)) => (goodput::tcp(&path, t, window).await?, None),
+                            (Some(q), Some(t)) => {
+                                let (q, t) = goodput::quic_beside_tcp(
+                                    &path,
+                                    &link(q)?,
+                                    &server,
+                                    &client,
+                                    t,
+                                    window,
                                 )
+                                .await?;
+                                (q, Some(t))
                             }
-                            None => {
-                                let c = protocol.trim_start_matches("tcp-");
-                                Ok(goodput::tcp(&path, c, window).await?)
-                            }
-                        }
+                            (None, None) => unreachable!("every protocol names one"),
+                        })
                     })?;
                     let rate = mbit * 1e6 / 8.0;
                     let row = Row {
@@ -153,6 +182,7 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
                         protocol,
                         goodput: got.steady / rate,
                         goodput_from_first_byte: got.whole / rate,
+                        beside_goodput: beside.map(|b| b.steady / rate),
                         dropped: path
                             .stats
                             .dropped
@@ -163,14 +193,16 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
                             .load(std::sync::atomic::Ordering::Relaxed),
                     };
                     eprintln!(
-                        "  {:>6} {:>6} {:>6}  {:14} {:>8.3} {:>11.3} {:>8}",
+                        "  {:>6} {:>6} {:>6}  {:14} {:>8.3} {:>11.3} {:>8}{}",
                         mbit,
                         rtt_ms,
                         loss,
                         row.protocol,
                         row.goodput,
                         row.goodput_from_first_byte,
-                        row.dropped
+                        row.dropped,
+                        row.beside_goodput
+                            .map_or(String::new(), |b| format!("  (TCP beside it: {b:.3})"))
                     );
                     rows.push(row);
                 }
