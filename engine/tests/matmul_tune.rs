@@ -7,7 +7,8 @@ mod common;
 
 use murmur_engine::gpu::Gpu;
 use murmur_engine::kernels::matmul::{matmul, matmul_ref, MatmulDims, MatmulKernel};
-use murmur_engine::kernels::matmul_tune::{tune, ShapeClass, Source};
+use murmur_engine::kernels::matmul_choice::{ShapeClass, Source};
+use murmur_engine::kernels::matmul_tune::tune;
 use murmur_engine::rng::Rng;
 use murmur_engine::{Device, Tensor};
 

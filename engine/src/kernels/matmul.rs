@@ -10,51 +10,14 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::copy::{copy2d_gpu, Copy2d};
+pub use super::matmul_choice::MatmulKernel;
 pub use super::matmul_dims::MatmulDims;
 use super::{span_starts, split_grid, MATMUL_ROWS, MATMUL_TILED};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::{Gpu, GpuBuf};
 use crate::tensor::{DType, Device, Tensor};
 
-/// Which GPU kernel computes a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MatmulKernel {
-    /// Shared-memory tiled kernel, any layout (GPUs).
-    Tiled,
-    /// Row-broadcast kernel over padded row-major operands (CPU adapters).
-    Rows,
-}
-
-impl MatmulKernel {
-    /// Every kernel.
-    pub const ALL: [MatmulKernel; 2] = [MatmulKernel::Rows, MatmulKernel::Tiled];
-
-    /// The kernel for a product of `dims` on this GPU: `MURMUR_MATMUL` if set, else the
-    /// tuned choice for the product's shape class, else by adapter type.
-    pub fn for_gpu(gpu: &Gpu, dims: &MatmulDims) -> Result<Self> {
-        match std::env::var("MURMUR_MATMUL").ok().as_deref() {
-            None | Some("") => Ok(super::matmul_tune::tuning(gpu)
-                .and_then(|t| t.kernel(super::matmul_tune::ShapeClass::of(dims)))
-                .unwrap_or_else(|| Self::by_adapter_type(gpu))),
-            Some("tiled") => Ok(MatmulKernel::Tiled),
-            Some("rows") => Ok(MatmulKernel::Rows),
-            Some(other) => Err(Error::Config(format!(
-                "MURMUR_MATMUL={other}: use tiled or rows"
-            ))),
-        }
-    }
-
-    /// The guess before measuring: rows on a software adapter, tiled on a GPU.
-    pub fn by_adapter_type(gpu: &Gpu) -> Self {
-        if gpu.info().adapter.device_type == wgpu::DeviceType::Cpu {
-            MatmulKernel::Rows
-        } else {
-            MatmulKernel::Tiled
-        }
-    }
-}
-
+/// The definition: each output element is the sum of its row-by-column products, in k
 /// order from `acc = 0`. The kernels take the same steps with `fma`, which some drivers fuse
 /// (results then differ in the last bits) and others, lavapipe among them, evaluate as a
 /// rounded product and a rounded sum: there the reference gives the kernels' exact bits.

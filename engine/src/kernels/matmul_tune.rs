@@ -5,68 +5,22 @@
 //! later runs on the same machine start at once. Every kernel gives the same bits
 //! (engine/tests/kernels_gpu_vs_cpu.rs), so the choice changes the speed only.
 //!
-//! [`tune`] is what a node calls after opening its GPU; until a GPU is tuned (tests that
+//! [`tune`] is what a node calls after opening its GPU; it registers the choice with
+//! [`super::matmul_choice`]. Until a GPU is tuned (tests that
 //! open one directly), [`MatmulKernel::for_gpu`] falls back to the adapter type's kernel.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::matmul::{matmul_gpu, MatmulDims, MatmulKernel};
+use super::matmul::{matmul_gpu, MatmulDims};
+use super::matmul_choice::{
+    register, tuning, ClassChoice, MatmulKernel, ShapeClass, Source, Tuning,
+};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-
-/// Products grouped by their work (m·n·k per batch entry): each class gets its own kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ShapeClass {
-    /// Up to 128³ multiply-adds (small layers, attention heads).
-    Small,
-    /// Up to 512³.
-    Medium,
-    /// Beyond.
-    Large,
-}
-
-impl ShapeClass {
-    /// Every class, smallest first.
-    pub const ALL: [ShapeClass; 3] = [ShapeClass::Small, ShapeClass::Medium, ShapeClass::Large];
-
-    /// The class of a product.
-    pub fn of(d: &MatmulDims) -> ShapeClass {
-        let work = (d.m as u128) * (d.n as u128) * (d.k as u128);
-        if work <= 128u128.pow(3) {
-            ShapeClass::Small
-        } else if work <= 512u128.pow(3) {
-            ShapeClass::Medium
-        } else {
-            ShapeClass::Large
-        }
-    }
-
-    /// The square side of the product the class is measured on.
-    fn probe_side(self) -> usize {
-        match self {
-            ShapeClass::Small => 96,
-            ShapeClass::Medium => 384,
-            ShapeClass::Large => 768,
-        }
-    }
-}
-
-/// One class's measurement and the kernel it chose.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClassChoice {
-    /// The class.
-    pub class: ShapeClass,
-    /// The fastest kernel on its probe.
-    pub kernel: MatmulKernel,
-    /// Seconds per probe product of each kernel, in [`MatmulKernel::ALL`]'s order.
-    pub seconds: Vec<f64>,
-}
 
 /// What the file is keyed by: the same adapter and driver under the same murmur.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,59 +40,13 @@ struct CacheFile {
     choices: Vec<ClassChoice>,
 }
 
-/// Where a GPU's choice came from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Source {
-    /// Measured now (and written to the cache when the path is given).
-    Measured {
-        /// The file written, if it could be.
-        cache: Option<PathBuf>,
-    },
-    /// Read from the cache.
-    Cached(PathBuf),
-}
-
-/// A tuned GPU's kernels.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tuning {
-    /// One choice per class.
-    pub choices: Vec<ClassChoice>,
-    /// Measured or read back.
-    pub source: Source,
-}
-
-impl Tuning {
-    /// The kernel for a class.
-    pub fn kernel(&self, class: ShapeClass) -> Option<MatmulKernel> {
-        self.choices
-            .iter()
-            .find(|c| c.class == class)
-            .map(|c| c.kernel)
+/// The square side of the product a class is measured on.
+fn probe_side(class: ShapeClass) -> usize {
+    match class {
+        ShapeClass::Small => 96,
+        ShapeClass::Medium => 384,
+        ShapeClass::Large => 768,
     }
-
-    /// One line for logs and `murmur info`.
-    pub fn describe(&self) -> String {
-        let kernels: Vec<String> = self
-            .choices
-            .iter()
-            .map(|c| format!("{:?} {:?}", c.class, c.kernel).to_lowercase())
-            .collect();
-        let from = match &self.source {
-            Source::Measured { cache: Some(p) } => format!("measured now, kept in {}", p.display()),
-            Source::Measured { cache: None } => "measured now (no cache could be written)".into(),
-            Source::Cached(p) => format!("measured before, read from {}", p.display()),
-        };
-        format!("{} ({from})", kernels.join(", "))
-    }
-}
-
-/// Tuned GPUs by [`Gpu::id`].
-static TUNED: Mutex<Option<HashMap<u64, Arc<Tuning>>>> = Mutex::new(None);
-
-/// This GPU's tuning, if [`tune`] ran for it.
-pub fn tuning(gpu: &Gpu) -> Option<Arc<Tuning>> {
-    let tuned = TUNED.lock().unwrap_or_else(|p| p.into_inner());
-    tuned.as_ref()?.get(&gpu.id()).cloned()
 }
 
 /// The cache folder: `$MURMUR_CACHE_DIR`, `$XDG_CACHE_HOME/murmur` or `~/.cache/murmur`.
@@ -187,10 +95,7 @@ pub fn tune(gpu: &Gpu, dir: Option<&Path>) -> Result<Arc<Tuning>> {
         }
     };
     let tuning = Arc::new(tuning);
-    let mut tuned = TUNED.lock().unwrap_or_else(|p| p.into_inner());
-    tuned
-        .get_or_insert_with(HashMap::new)
-        .insert(gpu.id(), tuning.clone());
+    register(gpu, tuning.clone());
     Ok(tuning)
 }
 
@@ -270,7 +175,7 @@ fn write_cache(path: &Path, key: &CacheKey, choices: &[ClassChoice]) -> std::io:
 fn measure(gpu: &Gpu) -> Result<Vec<ClassChoice>> {
     let mut choices = Vec::new();
     for class in ShapeClass::ALL {
-        let n = class.probe_side();
+        let n = probe_side(class);
         let d = MatmulDims::square(n);
         let values: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
         let a = gpu.upload(bytemuck::cast_slice(&values))?;

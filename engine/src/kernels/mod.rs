@@ -13,6 +13,7 @@ pub mod fill;
 pub mod layernorm;
 pub mod math;
 pub mod matmul;
+pub mod matmul_choice;
 pub mod matmul_dims;
 pub mod matmul_tune;
 pub mod optim;
