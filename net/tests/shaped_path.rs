@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use murmur_net::goodput::{self, Window};
-use murmur_net::identity::{Role, Swarm};
+use murmur_net::identity::{Credentials, Role, Swarm};
 use murmur_net::shape::Shape;
 use murmur_net::shaped_path::{ShapedPath, ADDR_B};
 use murmur_net::transport::{Congestion, Link};
@@ -32,6 +32,16 @@ fn can_shape() -> bool {
 fn path(mbit: f64, rtt_ms: u64, loss: f64) -> ShapedPath {
     let shape = Shape::link(mbit, Duration::from_millis(rtt_ms), loss);
     ShapedPath::create(shape, Shape { seed: 7, ..shape }).unwrap()
+}
+
+/// A server's and a client's credentials, and a runtime, for a QUIC flow.
+fn quic_ends() -> (Credentials, Credentials, tokio::runtime::Runtime) {
+    let swarm = Swarm::generate("shaped").unwrap();
+    let server = swarm
+        .credentials("server", Role::Server { shard: 0 })
+        .unwrap();
+    let client = swarm.credentials("client", Role::Worker).unwrap();
+    (server, client, tokio::runtime::Runtime::new().unwrap())
 }
 
 const WINDOW: Window = Window {
@@ -81,12 +91,7 @@ fn bbr_keeps_its_rate_through_loss_where_cubic_backs_off() {
     if !can_shape() {
         return;
     }
-    let swarm = Swarm::generate("shaped").unwrap();
-    let server = swarm
-        .credentials("server", Role::Server { shard: 0 })
-        .unwrap();
-    let client = swarm.credentials("client", Role::Worker).unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (server, client, runtime) = quic_ends();
     let rate = 20e6 / 8.0;
     let mut goodput = Vec::new();
     for congestion in [Congestion::Bbr, Congestion::Cubic] {
@@ -115,12 +120,7 @@ fn the_default_controller_shares_the_path_with_a_tcp_flow() {
     if !can_shape() {
         return;
     }
-    let swarm = Swarm::generate("shaped").unwrap();
-    let server = swarm
-        .credentials("server", Role::Server { shard: 0 })
-        .unwrap();
-    let client = swarm.credentials("client", Role::Worker).unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (server, client, runtime) = quic_ends();
     let path = path(20.0, 40, 0.0);
     let (quic, tcp) = runtime
         .block_on(goodput::quic_beside_tcp(
