@@ -15,6 +15,9 @@ pub(crate) struct BandwidthEstimation {
     prev_sent_time: Option<Instant>,
     max_filter: MinMax,
     acked_at_last_window: u64,
+    /// murmur's patch: where the current round's delivery-rate sample began (round, time,
+    /// bytes acked, last send time, bytes sent).
+    round_start: Option<(u64, Instant, u64, Option<Instant>, u64)>,
 }
 
 impl BandwidthEstimation {
@@ -38,33 +41,33 @@ impl BandwidthEstimation {
         self.prev_acked_time = self.acked_time;
         self.acked_time = Some(now);
 
-        let prev_sent_time = match self.prev_sent_time {
-            Some(prev_sent_time) => prev_sent_time,
-            None => return,
+        // murmur's patch: one bandwidth sample per round trip, the bytes acked (and sent)
+        // over the whole round over its duration. A sample per acknowledgement (bytes of
+        // one ACK over the gap since the previous one) read batched ACKs (GRO, delayed ACKs)
+        // as bursts many times the bottleneck rate, and the max filter kept them: BBR paced
+        // far above the link, lost a third of its packets at the queue and starved flows
+        // beside it. Samples now go into the filter whether or not they are its new max, so
+        // an old max ages out after the filter's window of rounds (app-limited samples only
+        // raise it, as BBR's draft says).
+        let Some((start_round, t0, acked0, sent_t0, sent0)) = self.round_start else {
+            self.round_start = Some((round, now, self.total_acked, self.sent_time, self.total_sent));
+            return;
         };
-
-        let send_rate = match self.sent_time {
-            Some(sent_time) if sent_time > prev_sent_time => Self::bw_from_delta(
-                self.total_sent - self.prev_total_sent,
-                sent_time - prev_sent_time,
-            )
-            .unwrap_or(0),
-            _ => u64::MAX, // will take the min of send and ack, so this is just a skip
+        if round <= start_round {
+            return;
+        }
+        let ack_rate = Self::bw_from_delta(self.total_acked - acked0, now - t0).unwrap_or(0);
+        let send_rate = match (sent_t0, self.sent_time) {
+            (Some(a), Some(b)) if b > a => {
+                Self::bw_from_delta(self.total_sent - sent0, b - a).unwrap_or(u64::MAX)
+            }
+            _ => u64::MAX,
         };
-
-        let ack_rate = match self.prev_acked_time {
-            Some(prev_acked_time) => Self::bw_from_delta(
-                self.total_acked - self.prev_total_acked,
-                now - prev_acked_time,
-            )
-            .unwrap_or(0),
-            None => 0,
-        };
-
         let bandwidth = send_rate.min(ack_rate);
-        if !app_limited && self.max_filter.get() < bandwidth {
+        if !app_limited || self.max_filter.get() < bandwidth {
             self.max_filter.update_max(round, bandwidth);
         }
+        self.round_start = Some((round, now, self.total_acked, self.sent_time, self.total_sent));
     }
 
     pub(crate) fn bytes_acked_this_window(&self) -> u64 {
