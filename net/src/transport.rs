@@ -58,7 +58,7 @@ pub const MAX_WINDOW: u64 = 256 << 20;
 
 /// QUIC congestion controllers murmur offers (quinn's three). CUBIC is the default: it
 /// shares a link with the other traffic on it, where quinn's BBR takes all of it (a TCP
-/// flow beside it kept 0.3-1.1% of a 50 Mbit/s link; docs/benchmarks.md, "Goodput").
+/// flow beside it kept 0.6-1.5% of a 50 Mbit/s link; docs/benchmarks.md, "Goodput").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Congestion {
@@ -70,7 +70,7 @@ pub enum Congestion {
     NewReno,
     /// BBR (quinn's, experimental, with murmur's patch of its bandwidth samples): paces at
     /// the bottleneck rate it measures and does not take random loss for congestion, so it
-    /// keeps 0.94 of a lossy link; but it leaves a TCP flow beside it 1-1.5% of the link.
+    /// keeps 0.94 of a lossy link; but it leaves a TCP flow beside it 0.6-1.5% of the link.
     /// For links murmur has to itself.
     Bbr,
 }

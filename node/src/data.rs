@@ -25,15 +25,18 @@ pub enum DeviceKind {
 }
 
 /// Picks `gpu`'s matmul kernels by measuring them (once per adapter, driver and version;
-/// kept in murmur's cache folder), unless `MURMUR_MATMUL` names one.
-pub fn tune_matmul(gpu: &murmur_engine::gpu::Gpu) -> Result<()> {
-    use murmur_engine::kernels::matmul_tune;
-    if std::env::var_os("MURMUR_MATMUL").is_some_and(|v| !v.is_empty()) {
-        return Ok(());
-    }
-    let tuning = matmul_tune::tune(gpu, matmul_tune::cache_dir().as_deref())?;
-    tracing::info!("matmul kernels: {}", tuning.describe());
-    Ok(())
+/// kept in murmur's cache folder) and says which, unless `MURMUR_MATMUL` names one.
+pub fn tune_matmul(gpu: &murmur_engine::gpu::Gpu) -> Result<String> {
+    use murmur_engine::kernels::{matmul_choice::MatmulKernel, matmul_tune};
+    let said = match MatmulKernel::forced()? {
+        Some(k) => format!(
+            "{} for every product (MURMUR_MATMUL)",
+            format!("{k:?}").to_lowercase()
+        ),
+        None => matmul_tune::tune(gpu, matmul_tune::cache_dir().as_deref())?.describe(),
+    };
+    tracing::info!("matmul kernels: {said}");
+    Ok(said)
 }
 
 impl DeviceKind {

@@ -3,7 +3,6 @@
 
 use clap::Args;
 use murmur_engine::gpu::{list_adapters, AdapterPreference, Gpu, NO_ADAPTER_HELP};
-use murmur_engine::kernels::matmul_tune;
 use murmur_engine::Device;
 use serde::Serialize;
 
@@ -112,10 +111,7 @@ fn selected(gpu: &Gpu) -> anyhow::Result<Selected> {
         description: gpu.describe(),
         adapter: adapter(a),
         subgroup_sizes: [a.subgroup_min_size, a.subgroup_max_size],
-        matmul_kernels: match std::env::var("MURMUR_MATMUL") {
-            Ok(k) if !k.is_empty() => format!("{k} for every product (MURMUR_MATMUL)"),
-            _ => matmul_tune::tune(gpu, matmul_tune::cache_dir().as_deref())?.describe(),
-        },
+        matmul_kernels: murmur_node::tune_matmul(gpu)?,
         limits: Limits {
             max_buffer_size: l.max_buffer_size,
             max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,

@@ -25,19 +25,26 @@ impl MatmulKernel {
     /// Every kernel.
     pub const ALL: [MatmulKernel; 2] = [MatmulKernel::Rows, MatmulKernel::Tiled];
 
-    /// The kernel for a product of `dims` on this GPU: `MURMUR_MATMUL` if set, else the
-    /// tuned choice for the product's shape class, else by adapter type.
-    pub fn for_gpu(gpu: &Gpu, dims: &MatmulDims) -> Result<Self> {
+    /// The kernel `MURMUR_MATMUL` forces on every product, if it names one.
+    pub fn forced() -> Result<Option<Self>> {
         match std::env::var("MURMUR_MATMUL").ok().as_deref() {
-            None | Some("") => Ok(tuning(gpu)
-                .and_then(|t| t.kernel(ShapeClass::of(dims)))
-                .unwrap_or_else(|| Self::by_adapter_type(gpu))),
-            Some("tiled") => Ok(MatmulKernel::Tiled),
-            Some("rows") => Ok(MatmulKernel::Rows),
+            None | Some("") => Ok(None),
+            Some("tiled") => Ok(Some(MatmulKernel::Tiled)),
+            Some("rows") => Ok(Some(MatmulKernel::Rows)),
             Some(other) => Err(Error::Config(format!(
                 "MURMUR_MATMUL={other}: use tiled or rows"
             ))),
         }
+    }
+
+    /// The kernel for a product of `dims` on this GPU: [`Self::forced`] if set, else the
+    /// tuned choice for the product's shape class, else by adapter type.
+    pub fn for_gpu(gpu: &Gpu, dims: &MatmulDims) -> Result<Self> {
+        Ok(Self::forced()?.unwrap_or_else(|| {
+            tuning(gpu)
+                .and_then(|t| t.kernel(ShapeClass::of(dims)))
+                .unwrap_or_else(|| Self::by_adapter_type(gpu))
+        }))
     }
 
     /// The guess before measuring: rows on a software adapter, tiled on a GPU.

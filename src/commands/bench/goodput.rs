@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use murmur_net::goodput::{self, Goodput, Window};
+use murmur_net::identity::Credentials;
 use murmur_net::shape::Shape;
 use murmur_net::shaped_path::ShapedPath;
 use murmur_net::transport::{Congestion, Link};
@@ -76,6 +77,53 @@ struct Report {
     rows: Vec<Row>,
 }
 
+/// What one cell measures: a QUIC flow, a kernel TCP flow (its congestion control's name),
+/// or the two sharing the path.
+#[derive(Clone, Copy)]
+enum Flows<'a> {
+    Quic(Congestion),
+    Tcp(&'a str),
+    QuicBesideTcp(Congestion, &'a str),
+}
+
+impl std::fmt::Display for Flows<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Flows::Quic(c) => write!(f, "quic-{c}"),
+            Flows::Tcp(t) => write!(f, "tcp-{t}"),
+            Flows::QuicBesideTcp(c, t) => write!(f, "quic-{c}+tcp-{t}"),
+        }
+    }
+}
+
+impl Flows<'_> {
+    /// The first flow's goodput, and the TCP flow's beside it when there is one.
+    async fn measure(
+        self,
+        path: &ShapedPath,
+        server: &Credentials,
+        client: &Credentials,
+        window: Window,
+    ) -> anyhow::Result<(Goodput, Option<Goodput>)> {
+        let link = |congestion| Link {
+            congestion,
+            ..Link::default()
+        };
+        Ok(match self {
+            Flows::Quic(c) => (
+                goodput::quic(path, &link(c), server, client, window).await?,
+                None,
+            ),
+            Flows::Tcp(t) => (goodput::tcp(path, t, window).await?, None),
+            Flows::QuicBesideTcp(c, t) => {
+                let (q, t) =
+                    goodput::quic_beside_tcp(path, &link(c), server, client, t, window).await?;
+                (q, Some(t))
+            }
+        })
+    }
+}
+
 impl ShapedArgs {
     pub fn wanted(&self) -> bool {
         self.shaped
@@ -96,7 +144,12 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
         "--measure-s must be positive and --warmup-s not negative"
     );
     // `--tcp ""` measures no TCP.
-    let tcp: Vec<&String> = a.tcp.iter().filter(|c| !c.is_empty()).collect();
+    let tcp: Vec<&str> = a
+        .tcp
+        .iter()
+        .map(String::as_str)
+        .filter(|c| !c.is_empty())
+        .collect();
     let (_, server, client, runtime) = super::bench_peers()?;
     let window = Window {
         warmup: Duration::from_secs_f64(a.warmup_s),
@@ -120,17 +173,17 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
             for &loss in &a.losses {
                 let rtt = Duration::from_secs_f64(rtt_ms / 1e3);
                 let shape = Shape::link(mbit, rtt, loss);
-                let protocols = a
+                let flows = a
                     .quic
                     .iter()
-                    .map(|c| format!("quic-{c}"))
-                    .chain(tcp.iter().map(|c| format!("tcp-{c}")))
+                    .map(|&c| Flows::Quic(c))
+                    .chain(tcp.iter().map(|&c| Flows::Tcp(c)))
                     .chain(
                         a.beside
                             .iter()
-                            .flat_map(|t| a.quic.iter().map(move |c| format!("quic-{c}+tcp-{t}"))),
+                            .flat_map(|t| a.quic.iter().map(move |&c| Flows::QuicBesideTcp(c, t))),
                     );
-                for protocol in protocols {
+                for flows in flows {
                     // A fresh path each time: no queue or socket state carries over.
                     let path = ShapedPath::create(
                         shape,
@@ -139,47 +192,14 @@ pub fn run(a: &ShapedArgs, json: bool) -> anyhow::Result<()> {
                             ..shape
                         },
                     )?;
-                    let (got, beside): (Goodput, Option<Goodput>) = runtime.block_on(async {
-                        let (quic, tcp) = match protocol.split_once('+') {
-                            Some((q, t)) => (q.strip_prefix("quic-"), t.strip_prefix("tcp-")),
-                            None => match protocol.strip_prefix("quic-") {
-                                Some(q) => (Some(q), None),
-                                None => (None, protocol.strip_prefix("tcp-")),
-                            },
-                        };
-                        let link = |c: &str| -> anyhow::Result<Link> {
-                            Ok(Link {
-                                congestion: c.parse().map_err(anyhow::Error::msg)?,
-                                ..Link::default()
-                            })
-                        };
-                        Ok::<_, anyhow::Error>(match (quic, tcp) {
-                            (Some(q), None) => (
-                                goodput::quic(&path, &link(q)?, &server, &client, window).await?,
-                                None,
-                            ),
-                            (None, Some(t)) => (goodput::tcp(&path, t, window).await?, None),
-                            (Some(q), Some(t)) => {
-                                let (q, t) = goodput::quic_beside_tcp(
-                                    &path,
-                                    &link(q)?,
-                                    &server,
-                                    &client,
-                                    t,
-                                    window,
-                                )
-                                .await?;
-                                (q, Some(t))
-                            }
-                            (None, None) => unreachable!("every protocol names one"),
-                        })
-                    })?;
+                    let (got, beside) =
+                        runtime.block_on(flows.measure(&path, &server, &client, window))?;
                     let rate = mbit * 1e6 / 8.0;
                     let row = Row {
                         mbit,
                         rtt_ms,
                         loss,
-                        protocol,
+                        protocol: flows.to_string(),
                         goodput: got.steady / rate,
                         goodput_from_first_byte: got.whole / rate,
                         beside_goodput: beside.map(|b| b.steady / rate),
