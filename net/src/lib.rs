@@ -11,6 +11,7 @@ pub mod error;
 pub mod goodput;
 pub mod identity;
 pub mod log;
+pub mod nat;
 pub mod ps;
 pub mod relay;
 pub mod shape;

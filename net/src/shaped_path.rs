@@ -175,7 +175,8 @@ fn ip(args: &[&str]) -> Result<()> {
     )))
 }
 
-fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+/// Runs `f` on a thread inside the network namespace `ns` (made with `ip netns add`).
+pub(crate) fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
     let handle = File::open(format!("/var/run/netns/{ns}"))?;
     std::thread::scope(|s| {
         s.spawn(move || {

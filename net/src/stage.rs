@@ -5,8 +5,13 @@
 //! of its own (rank: the sender's stage, key: the direction, step: the step). Both ends prove
 //! they belong to the swarm in the TLS handshake. Like the parameter-server client, a link
 //! owns a small tokio runtime so that the stage's training loop stays synchronous.
+//!
+//! Stages that cannot accept connections (behind NATs) find each other through a rendezvous
+//! node instead ([`meet_neighbours`], [`crate::nat`]): then one endpoint and one runtime serve
+//! both of a stage's links.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,8 +21,10 @@ use tokio::task::JoinHandle;
 
 use crate::error::{NetError, Result};
 use crate::identity::{Credentials, Role};
+use crate::nat::traverse::{accept_stage, Timeouts, Traversal};
+use crate::nat::{Route, Side};
 use crate::transport::{
-    admit, client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
+    client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
 };
 use crate::wire::{Frame, Kind, Limits};
 
@@ -32,6 +39,9 @@ pub struct StageOptions {
     pub message_timeout: Duration,
     /// Longest wait for the neighbour to connect, or to start listening.
     pub connect_timeout: Duration,
+    /// Through a rendezvous: how long the dialing end tries a direct path before it takes
+    /// the relay.
+    pub punch_timeout: Duration,
 }
 
 impl Default for StageOptions {
@@ -41,6 +51,7 @@ impl Default for StageOptions {
             limits: Limits::default(),
             message_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(60),
+            punch_timeout: Timeouts::default().punch,
         }
     }
 }
@@ -93,37 +104,17 @@ impl StageListener {
         } = self;
         let conn = runtime.block_on(async {
             let deadline = tokio::time::Instant::now() + options.connect_timeout;
-            // Only a stage's certificate may take the place of the next stage; anyone else
-            // is hung up on, and the listener waits on.
-            loop {
-                let incoming = tokio::time::timeout_at(deadline, endpoint.accept())
-                    .await
-                    .map_err(|_| {
-                        NetError::Timeout(format!(
-                            "stage {} did not connect in {:?}",
-                            stage + 1,
-                            options.connect_timeout
-                        ))
-                    })?
-                    .ok_or_else(|| NetError::Connection("the endpoint closed".into()))?;
-                let conn = match incoming.await {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!("stage {stage}: refused a connection: {e}");
-                        continue;
-                    }
-                };
-                match expect_peer(&conn, Role::Stage) {
-                    Ok(()) => {
-                        admit(&conn, &options.link);
-                        return Ok::<_, NetError>(conn);
-                    }
-                    Err(e) => tracing::warn!("stage {stage}: {e}"),
-                }
-            }
+            accept_stage(&endpoint, deadline, &options.link, || {
+                format!(
+                    "stage {} did not connect in {:?}",
+                    stage + 1,
+                    options.connect_timeout
+                )
+            })
+            .await
         })?;
         Ok(QuicStageLink::new(
-            runtime,
+            Arc::new(runtime),
             endpoint,
             conn,
             stage,
@@ -162,7 +153,7 @@ pub fn connect_stage(
         }
     })?;
     Ok(QuicStageLink::new(
-        runtime,
+        Arc::new(runtime),
         endpoint,
         conn,
         stage,
@@ -171,9 +162,85 @@ pub fn connect_stage(
     ))
 }
 
+/// A stage's links to its neighbours, made through a rendezvous, and how each was made.
+pub struct Neighbours {
+    /// The link to stage e-1 (none for the first stage).
+    pub prev: Option<(QuicStageLink, Route)>,
+    /// The link to stage e+1 (none for the last).
+    pub next: Option<(QuicStageLink, Route)>,
+}
+
+/// Links stage `stage` of `stages` to its neighbours through the rendezvous at `rendezvous`,
+/// for stages behind NATs: it binds one endpoint on `bind`, meets the previous stage (it
+/// dials that cut), then the next (it listens for that one), each directly where a path opens
+/// and through the rendezvous's relay otherwise. Every stage of the pipeline gives the same
+/// `session`.
+pub fn meet_neighbours(
+    rendezvous: SocketAddr,
+    session: &str,
+    bind: SocketAddr,
+    creds: &Credentials,
+    (stage, stages): (usize, usize),
+    options: StageOptions,
+) -> Result<Neighbours> {
+    let runtime = Arc::new(runtime()?);
+    let timeouts = Timeouts {
+        punch: options.punch_timeout,
+        connect: options.connect_timeout,
+    };
+    let link = options.link;
+    let (traversal, prev, next) = runtime.block_on(async {
+        let traversal =
+            Traversal::open(bind, rendezvous, creds, &link, options.connect_timeout).await?;
+        // The lower cut first: stage 0 completes cut 0 with stage 1, which then completes
+        // cut 1 with stage 2, and so on; no stage waits on one that waits on it.
+        let prev = match stage {
+            0 => None,
+            e => Some(
+                traversal
+                    .meet(session, (e - 1) as u32, Side::Dial, &link, timeouts)
+                    .await?,
+            ),
+        };
+        let next = match stage + 1 < stages {
+            false => None,
+            true => Some(
+                traversal
+                    .meet(session, stage as u32, Side::Listen, &link, timeouts)
+                    .await?,
+            ),
+        };
+        traversal.leave();
+        Ok::<_, NetError>((traversal, prev, next))
+    })?;
+    let endpoint = traversal.endpoint().clone();
+    let wrap = |(conn, route): (Connection, Route), neighbour: usize| {
+        let via = conn.remote_address();
+        let how = match route {
+            Route::Direct => "directly",
+            Route::Relayed => "through the rendezvous's relay",
+        };
+        tracing::info!("stage {stage}: linked to stage {neighbour} {how}, at {via}");
+        let link = QuicStageLink::new(
+            runtime.clone(),
+            endpoint.clone(),
+            conn,
+            stage,
+            neighbour,
+            options,
+        );
+        (link, route)
+    };
+    Ok(Neighbours {
+        prev: prev.map(|p| wrap(p, stage - 1)),
+        next: next.map(|n| wrap(n, stage + 1)),
+    })
+}
+
 /// One end of a stage link over QUIC.
 pub struct QuicStageLink {
-    runtime: tokio::runtime::Runtime,
+    /// Shared by both of a stage's links when they share an endpoint (through a rendezvous).
+    runtime: Arc<tokio::runtime::Runtime>,
     _endpoint: Endpoint,
     conn: Connection,
     incoming: Incoming,
@@ -186,7 +253,7 @@ pub struct QuicStageLink {
 
 impl QuicStageLink {
     fn new(
-        runtime: tokio::runtime::Runtime,
+        runtime: Arc<tokio::runtime::Runtime>,
         endpoint: Endpoint,
         conn: Connection,
         stage: usize,
@@ -207,6 +274,11 @@ impl QuicStageLink {
             timeout: options.message_timeout,
             sending: Vec::new(),
         }
+    }
+
+    /// Where the link goes: the neighbour, or the relay it goes through.
+    pub fn remote_address(&self) -> SocketAddr {
+        crate::nat::canonical(self.conn.remote_address())
     }
 
     /// Surfaces the error of a send that failed; forgets the ones that are done.
@@ -319,6 +391,8 @@ impl Drop for QuicStageLink {
         let sending = std::mem::take(&mut self.sending);
         let timeout = self.timeout.min(Duration::from_secs(30));
         let (conn, endpoint) = (self.conn.clone(), self._endpoint.clone());
+        // The endpoint may serve the stage's other link too: only the last link waits for it.
+        let last = Arc::strong_count(&self.runtime) == 1;
         self.runtime.block_on(async move {
             let _ = tokio::time::timeout(timeout, async {
                 for h in sending {
@@ -327,7 +401,9 @@ impl Drop for QuicStageLink {
             })
             .await;
             hang_up(&conn, close::DONE, "pipeline finished");
-            let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+            if last {
+                let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+            }
         });
     }
 }

@@ -76,6 +76,11 @@ pub enum Kind {
     /// [`Participants`], the ranks shard 0 summed. Those shards close the round over the same
     /// ranks, so that a worker's push counts on every shard or on none.
     Participants = 15,
+    /// Stage → rendezvous node: [`crate::nat::Meet`], which neighbour it wants to reach.
+    Meet = 16,
+    /// Rendezvous node → stage, once both ends of a cut have met (key: the cut):
+    /// [`crate::nat::Introduction`], where the neighbour is and where the relay is.
+    Introduce = 17,
 }
 
 impl Kind {
@@ -95,6 +100,8 @@ impl Kind {
             13 => Kind::Digest,
             14 => Kind::Closed,
             15 => Kind::Participants,
+            16 => Kind::Meet,
+            17 => Kind::Introduce,
             _ => return None,
         })
     }

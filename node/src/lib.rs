@@ -9,6 +9,8 @@
 //!   [`Event`]s.
 //! - [`ServerNode`]: starts a parameter-server shard from a [`ServerConfig`].
 //! - [`swarm`]: a whole swarm on this machine, nodes as threads or as processes.
+//! - [`pipeline`]: a model cut into stages, one node per stage; stages behind NATs meet
+//!   through a [`RendezvousNode`].
 //!
 //! A node runs on threads of its own, with its own async runtime: its handle works from
 //! plain threads and from async code alike (see [`WorkerHandle::join`] for the one blocking
@@ -75,9 +77,11 @@ pub mod job;
 pub mod layout;
 pub mod link;
 pub mod metrics;
+mod node_thread;
 pub mod pipeline;
 pub mod platform;
 pub mod process;
+pub mod rendezvous;
 mod round;
 pub mod server;
 pub mod swarm;
@@ -92,5 +96,6 @@ pub use event::Event;
 pub use job::Job;
 pub use link::LinkConfig;
 pub use metrics::{Metrics, MetricsFile};
+pub use rendezvous::{RendezvousConfig, RendezvousHandle, RendezvousNode};
 pub use server::{ServerConfig, ServerHandle, ServerNode};
 pub use worker::{Worker, WorkerConfig, WorkerHandle, WorkerReport};

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use murmur_net::identity::{signature_from_text, signature_text, verify_job, Credentials, Swarm};
@@ -20,7 +19,7 @@ use crate::files::write_atomically;
 use crate::job::Job;
 use crate::layout::shard_checks;
 use crate::link::LinkConfig;
-use crate::worker::panic_message;
+use crate::node_thread::NodeThread;
 
 /// A shard's settings, and the job it serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,7 +206,7 @@ impl ServerNode {
             fingerprint,
             shard: config.shard,
             endpoint,
-            thread: Some(thread),
+            thread: NodeThread::new(thread),
         })
     }
 }
@@ -218,7 +217,7 @@ pub struct ServerHandle {
     fingerprint: String,
     shard: u16,
     endpoint: quinn::Endpoint,
-    thread: Option<JoinHandle<Result<()>>>,
+    thread: NodeThread,
 }
 
 impl ServerHandle {
@@ -251,21 +250,14 @@ impl ServerHandle {
 
     /// Waits for the shard to stop (after [`ServerHandle::stop`], or a fatal error).
     pub fn join(mut self) -> Result<()> {
-        self.join_thread()
-    }
-
-    fn join_thread(&mut self) -> Result<()> {
-        match self.thread.take() {
-            None => Ok(()),
-            Some(t) => t.join().map_err(|p| NodeError::Thread(panic_message(&p)))?,
-        }
+        self.thread.join()
     }
 }
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
         self.stop();
-        let _ = self.join_thread();
+        let _ = self.thread.join();
     }
 }
 

@@ -13,6 +13,7 @@ mod model_file;
 mod pipeline;
 mod plot;
 mod relay;
+mod rendezvous;
 mod repro;
 mod sample;
 mod server;
@@ -60,9 +61,12 @@ enum Command {
     /// Train one model cut into pipeline stages, each a process on this machine linked over
     /// loopback QUIC, with Clapping's compressed activations (or a baseline).
     Pipeline(pipeline::PipelineArgs),
-    /// One stage of `murmur pipeline` (started by it).
-    #[command(hide = true)]
+    /// One stage of a pipeline: started by `murmur pipeline`, or by hand on machines of their
+    /// own, which meet through `murmur rendezvous`.
     PipelineStage(pipeline::stage::StageArgs),
+    /// Introduce pipeline stages behind NATs to each other, and relay between those whose
+    /// NATs let no direct path open.
+    Rendezvous(rendezvous::RendezvousArgs),
     /// Forward a QUIC link through added delay, a rate limit and loss (for trying bad paths).
     Relay(relay::RelayArgs),
     /// Draw training curves (loss, accuracy, bytes moved) from `--metrics` files into a PNG or
@@ -95,7 +99,11 @@ impl Cli {
     /// coming and going; everything else only warnings, so that reports stay readable.
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
-            Command::Server(_) | Command::Worker(_) | Command::Swarm(_) => "warn,murmur_net=info",
+            Command::Server(_)
+            | Command::Worker(_)
+            | Command::Swarm(_)
+            | Command::Rendezvous(_)
+            | Command::PipelineStage(_) => "warn,murmur_net=info",
             _ => "warn",
         }
     }
@@ -120,6 +128,7 @@ pub fn run(cli: Cli, matches: &ArgMatches) -> anyhow::Result<()> {
         Command::Relay(a) => relay::run(a),
         Command::Pipeline(a) => pipeline::run(a),
         Command::PipelineStage(a) => pipeline::stage::run(a),
+        Command::Rendezvous(a) => rendezvous::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Repro(r) => repro::run(r),
         Command::Bench(b) => bench::run(b),

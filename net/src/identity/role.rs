@@ -29,6 +29,9 @@ pub enum Role {
     Worker,
     /// A pipeline stage: it talks only to the stages next to it.
     Stage,
+    /// A reachable node that introduces stages behind NATs to each other and relays their
+    /// packets when no direct path opens (`nat::rendezvous`): it serves stages only.
+    Rendezvous,
 }
 
 impl Role {
@@ -38,6 +41,7 @@ impl Role {
             Role::Server { shard } => format!("server/{shard}"),
             Role::Worker => "worker".into(),
             Role::Stage => "stage".into(),
+            Role::Rendezvous => "rendezvous".into(),
         }
     }
 
@@ -67,16 +71,18 @@ impl Role {
 impl FromStr for Role {
     type Err = NetError;
 
-    /// `server/N` (or `server` for shard 0), `worker` or `stage`.
+    /// `server/N` (or `server` for shard 0), `worker`, `stage` or `rendezvous`.
     fn from_str(text: &str) -> Result<Role> {
         let bad = || {
             NetError::Identity(format!(
-                "role {text:?}: use worker, stage, server or server/N (N the shard index)"
+                "role {text:?}: use worker, stage, rendezvous, server or server/N (N the shard \
+                 index)"
             ))
         };
         match text {
             "worker" => Ok(Role::Worker),
             "stage" => Ok(Role::Stage),
+            "rendezvous" => Ok(Role::Rendezvous),
             "server" => Ok(Role::Server { shard: 0 }),
             _ => {
                 let shard = text.strip_prefix("server/").ok_or_else(bad)?;
@@ -94,6 +100,7 @@ impl fmt::Display for Role {
             Role::Server { shard } => write!(f, "server of shard {shard}"),
             Role::Worker => f.write_str("worker"),
             Role::Stage => f.write_str("stage"),
+            Role::Rendezvous => f.write_str("rendezvous"),
         }
     }
 }
@@ -104,7 +111,12 @@ mod tests {
 
     #[test]
     fn roles_read_back_as_written_and_unknown_text_is_refused() {
-        for role in [Role::Server { shard: 3 }, Role::Worker, Role::Stage] {
+        for role in [
+            Role::Server { shard: 3 },
+            Role::Worker,
+            Role::Stage,
+            Role::Rendezvous,
+        ] {
             assert_eq!(role.text().parse::<Role>().unwrap(), role);
         }
         assert_eq!("server".parse::<Role>().unwrap(), Role::Server { shard: 0 });

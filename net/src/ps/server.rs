@@ -917,10 +917,11 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 frame.kind
             )))
         }
-        Kind::Stage => {
-            return Err(NetError::Protocol(
-                "a pipeline stage frame sent to a parameter server".into(),
-            ))
+        Kind::Stage | Kind::Meet | Kind::Introduce => {
+            return Err(NetError::Protocol(format!(
+                "a pipeline's {:?} frame sent to a parameter server",
+                frame.kind
+            )))
         }
     }
     Ok(())

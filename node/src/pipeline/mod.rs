@@ -141,6 +141,8 @@ pub fn run_pipeline(
             index: e,
             listen: (e + 1 < e_count).then(|| "127.0.0.1:0".into()),
             connect: prev_addr.take(),
+            rendezvous: None,
+            session: None,
             swarm: dir.to_path_buf(),
             node: format!("stage-{e}"),
             weights_out: weights_path(dir, e),

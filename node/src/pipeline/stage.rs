@@ -11,7 +11,11 @@ use std::time::Instant;
 
 use murmur_engine::comm::stage::StageLink;
 use murmur_engine::pipeline::Stage;
-use murmur_net::stage::{connect_stage, StageListener, StageOptions};
+use murmur_net::identity::Credentials;
+use murmur_net::nat::Route;
+use murmur_net::stage::{
+    connect_stage, meet_neighbours, QuicStageLink, StageListener, StageOptions,
+};
 use murmur_net::NetError;
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +37,16 @@ pub struct StageConfig {
     /// The previous stage's address, `host:port` (every stage but the first).
     #[serde(default)]
     pub connect: Option<String>,
+    /// A rendezvous node, `host:port`, through which the stages find each other instead of
+    /// `connect` (for stages behind NATs, which cannot be connected to): each link is made
+    /// directly where a path opens, through the rendezvous's relay otherwise
+    /// ([`StageEvent::Linked`] says which). `listen`, if given, is then only the address the
+    /// stage's one endpoint binds.
+    #[serde(default)]
+    pub rendezvous: Option<String>,
+    /// The pipeline's name at the rendezvous, the same for every stage of it.
+    #[serde(default)]
+    pub session: Option<String>,
     /// The swarm folder holding the credentials.
     pub swarm: PathBuf,
     /// This node's name in the swarm (its certificate).
@@ -55,6 +69,17 @@ pub enum StageEvent {
         /// The stage's index.
         stage: usize,
         /// Where it listens.
+        addr: SocketAddr,
+    },
+    /// The stage linked to a neighbour.
+    Linked {
+        /// The stage's index.
+        stage: usize,
+        /// The neighbour's index.
+        neighbour: usize,
+        /// Straight to it, or through a rendezvous's relay.
+        route: Route,
+        /// The address the link goes to (the relay's, when relayed).
         addr: SocketAddr,
     },
     /// Steps went by.
@@ -95,7 +120,7 @@ pub enum StageEvent {
 }
 
 /// Trains one stage to the end: loads the data and the device, links to the neighbours
-/// (listening first, so that the next stage can be started while this one connects back),
+/// (by address, or through a rendezvous),
 /// steps, writes the weights to `weights_out`, and reports every event to `report` (and
 /// prints it, with `json_events`). Blocks until the stage is done.
 pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Result<()> {
@@ -117,51 +142,7 @@ pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Re
     let steps = job.steps(&sets.train);
     let device = job.device.open()?;
     let e = config.index;
-    let last = pipeline.stages - 1;
-    let options = StageOptions::default();
-    // Listen first, so that the next stage can be started while this one connects back.
-    let listener = match (e < last, &config.listen) {
-        (true, Some(addr)) => {
-            let addr =
-                resolve(addr).map_err(|err| NodeError::Address(format!("to listen on: {err}")))?;
-            let l = StageListener::bind(addr, &creds, e, options)?;
-            emit(StageEvent::Listening {
-                stage: e,
-                addr: l.local_addr()?,
-            })?;
-            Some(l)
-        }
-        (true, None) => {
-            return Err(NodeError::Config(format!(
-                "stage {e} of {} needs an address to listen on",
-                pipeline.stages
-            )))
-        }
-        (false, _) => None,
-    };
-    let prev: Option<Box<dyn StageLink>> = match (e > 0, &config.connect) {
-        (true, Some(addr)) => {
-            let addr = resolve(addr)
-                .map_err(|err| NodeError::Address(format!("of the previous stage: {err}")))?;
-            let link = connect_stage(addr, &creds, e, options)
-                .map_err(|err| net_context("connecting to the previous stage", err))?;
-            Some(Box::new(link))
-        }
-        (true, None) => {
-            return Err(NodeError::Config(format!(
-                "stage {e} needs the previous stage's address"
-            )))
-        }
-        (false, _) => None,
-    };
-    let next: Option<Box<dyn StageLink>> = match listener {
-        Some(l) => {
-            Some(Box::new(l.accept().map_err(|err| {
-                net_context("waiting for the next stage", err)
-            })?))
-        }
-        None => None,
-    };
+    let (prev, next) = link_neighbours(config, &creds, pipeline.stages, &mut emit)?;
     let mut stage = Stage::new(
         e,
         pipeline.clone(),
@@ -217,6 +198,111 @@ pub fn run_stage(config: &StageConfig, mut report: impl FnMut(StageEvent)) -> Re
         memory_floats,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// One of a stage's links, none at the ends of the pipeline.
+type Link = Option<Box<dyn StageLink>>;
+
+/// The stage's links to its neighbours: through a rendezvous when the config names one,
+/// otherwise by listening for the next stage (first, so that it can be started while this one
+/// connects back) and connecting to the previous one.
+fn link_neighbours(
+    config: &StageConfig,
+    creds: &Credentials,
+    stages: usize,
+    emit: &mut impl FnMut(StageEvent) -> Result<()>,
+) -> Result<(Link, Link)> {
+    let e = config.index;
+    let last = stages - 1;
+    let options = StageOptions::default();
+    // Reports a link and boxes it.
+    let linked = |emit: &mut dyn FnMut(StageEvent) -> Result<()>,
+                  link: QuicStageLink,
+                  neighbour: usize,
+                  route: Route| {
+        emit(StageEvent::Linked {
+            stage: e,
+            neighbour,
+            route,
+            addr: link.remote_address(),
+        })?;
+        Ok::<Link, NodeError>(Some(Box::new(link)))
+    };
+    if let Some(rendezvous) = &config.rendezvous {
+        let at = resolve(rendezvous)
+            .map_err(|err| NodeError::Address(format!("of the rendezvous: {err}")))?;
+        let session = config.session.as_deref().ok_or_else(|| {
+            NodeError::Config("a stage that meets through a rendezvous needs a session".into())
+        })?;
+        if config.connect.is_some() {
+            return Err(NodeError::Config(
+                "a stage finds its neighbours through the rendezvous or by address, not both: \
+                 drop connect"
+                    .into(),
+            ));
+        }
+        let bind = match &config.listen {
+            Some(addr) => {
+                resolve(addr).map_err(|err| NodeError::Address(format!("to listen on: {err}")))?
+            }
+            None => SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
+        let neighbours = meet_neighbours(at, session, bind, creds, (e, stages), options)
+            .map_err(|err| net_context("meeting the neighbours through the rendezvous", err))?;
+        let prev = match neighbours.prev {
+            Some((link, route)) => linked(emit, link, e - 1, route)?,
+            None => None,
+        };
+        let next = match neighbours.next {
+            Some((link, route)) => linked(emit, link, e + 1, route)?,
+            None => None,
+        };
+        return Ok((prev, next));
+    }
+    // Listen first, so that the next stage can be started while this one connects back.
+    let listener = match (e < last, &config.listen) {
+        (true, Some(addr)) => {
+            let addr =
+                resolve(addr).map_err(|err| NodeError::Address(format!("to listen on: {err}")))?;
+            let l = StageListener::bind(addr, creds, e, options)?;
+            emit(StageEvent::Listening {
+                stage: e,
+                addr: l.local_addr()?,
+            })?;
+            Some(l)
+        }
+        (true, None) => {
+            return Err(NodeError::Config(format!(
+                "stage {e} of {stages} needs an address to listen on, or a rendezvous"
+            )))
+        }
+        (false, _) => None,
+    };
+    let prev = match (e > 0, &config.connect) {
+        (true, Some(addr)) => {
+            let addr = resolve(addr)
+                .map_err(|err| NodeError::Address(format!("of the previous stage: {err}")))?;
+            let link = connect_stage(addr, creds, e, options)
+                .map_err(|err| net_context("connecting to the previous stage", err))?;
+            linked(emit, link, e - 1, Route::Direct)?
+        }
+        (true, None) => {
+            return Err(NodeError::Config(format!(
+                "stage {e} needs the previous stage's address, or a rendezvous"
+            )))
+        }
+        (false, _) => None,
+    };
+    let next = match listener {
+        Some(l) => {
+            let link = l
+                .accept()
+                .map_err(|err| net_context("waiting for the next stage", err))?;
+            linked(emit, link, e + 1, Route::Direct)?
+        }
+        None => None,
+    };
+    Ok((prev, next))
 }
 
 /// A link failure, saying which link.

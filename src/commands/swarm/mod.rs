@@ -91,7 +91,7 @@ pub fn run(a: SwarmArgs, matches: &ArgMatches) -> anyhow::Result<()> {
             }
             Swarm::generate(&name)?.save(&dir)?;
             eprintln!(
-                "created swarm {name:?} in {}: give ca.pem to every node, keep ca.key secret; admit nodes with `murmur swarm issue {} NAME --role worker` (or --role server/N, stage)",
+                "created swarm {name:?} in {}: give ca.pem to every node, keep ca.key secret; admit nodes with `murmur swarm issue {} NAME --role worker` (or --role server/N, stage, rendezvous)",
                 dir.display(),
                 dir.display()
             );
