@@ -8,7 +8,13 @@
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
 #                           [--loss 0] [--codec topk:0.01] [--target 0.97]
 #                           [--congestion cubic] [--state-link]
+#                           [--own-links] [--slow N --slow-mbit 10] [--push-codec C]
 #                           [-- more job flags for the servers]
+#
+# The workers share one link unless --own-links gives each its own: murmur relays, one per
+# worker and shard, then shape the rate as well (--mbit each way, per worker). --slow N puts
+# the first N workers on --slow-mbit links instead. --push-codec is every worker's (one the
+# job allows: its --codec or --push-codecs, given after --; or auto, with --push-budget-ms).
 #
 # Every node uses --congestion (murmur's default, cubic, unless given) and grows its QUIC
 # windows to the path it measures; --state-link states the link's speed and round trip to
@@ -23,6 +29,7 @@
 set -euo pipefail
 
 WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET= CONGESTION= STATE_LINK=
+OWN_LINKS= SLOW=0 SLOW_MBIT=10 PUSH_CODEC=
 EXTRA=(--epochs 1)
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -35,8 +42,12 @@ while [[ $# -gt 0 ]]; do
         --target) TARGET=$2; shift 2 ;;
         --congestion) CONGESTION=$2; shift 2 ;;
         --state-link) STATE_LINK=1; shift ;;
+        --own-links) OWN_LINKS=1; shift ;;
+        --slow) SLOW=$2; OWN_LINKS=1; shift 2 ;;
+        --slow-mbit) SLOW_MBIT=$2; shift 2 ;;
+        --push-codec) PUSH_CODEC=$2; shift 2 ;;
         --) shift; EXTRA+=("$@"); break ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -80,9 +91,12 @@ ip -n "$NS_S" link set "$TAG-s" up
 ip -n "$NS_W" link set "$TAG-w" up
 # Bucket of at least one packet burst; a queue of about one round trip, as a router's.
 BURST=$(awk -v m="$MBIT" 'BEGIN { b = int(m * 1e6 / 8 / 250); print (b < 16000 ? 16000 : b) }')
-for end in "$NS_S:$TAG-s" "$NS_W:$TAG-w"; do
-    tc -n "${end%%:*}" qdisc add dev "${end#*:}" root tbf rate "${MBIT}mbit" burst "$BURST" latency "${RTT_MS}ms"
-done
+# With links of their own, the workers' relays shape the rate instead.
+if [[ -z $OWN_LINKS ]]; then
+    for end in "$NS_S:$TAG-s" "$NS_W:$TAG-w"; do
+        tc -n "${end%%:*}" qdisc add dev "${end#*:}" root tbf rate "${MBIT}mbit" burst "$BURST" latency "${RTT_MS}ms"
+    done
+fi
 
 "$MURMUR" swarm init "$WORK/swarm" >/dev/null 2>"$WORK/credentials.log" ||
     { cat "$WORK/credentials.log" >&2; exit 1; }
@@ -107,12 +121,24 @@ for ((s = 0; s < SERVERS; s++)); do
         --workers "$WORKERS" --codec "$CODEC" "${EXTRA[@]}" \
         >"$WORK/server-$s.out" 2>"$WORK/server-$s.log" &
     PIDS+=($!)
-    # The relay sits in the workers' namespace: workers -> relay (delay, loss) -> veth (rate).
-    ip netns exec "$NS_W" "$MURMUR" relay --listen "127.0.0.1:$((7500 + s))" \
-        --forward "10.77.0.1:$port" --delay-ms "$HALF_RTT" --loss "$LOSS" --report-every 0 \
-        >/dev/null 2>"$WORK/relay-$s.log" &
-    PIDS+=($!)
-    relays+=("127.0.0.1:$((7500 + s))")
+    if [[ -z $OWN_LINKS ]]; then
+        # The relay sits in the workers' namespace: workers -> relay (delay, loss) -> veth (rate).
+        ip netns exec "$NS_W" "$MURMUR" relay --listen "127.0.0.1:$((7500 + s))" \
+            --forward "10.77.0.1:$port" --delay-ms "$HALF_RTT" --loss "$LOSS" --report-every 0 \
+            >/dev/null 2>"$WORK/relay-$s.log" &
+        PIDS+=($!)
+        relays+=("127.0.0.1:$((7500 + s))")
+        continue
+    fi
+    # A relay per worker: its own link's rate, delay and loss.
+    for ((r = 0; r < WORKERS; r++)); do
+        rate=$MBIT
+        ((r < SLOW)) && rate=$SLOW_MBIT
+        ip netns exec "$NS_W" "$MURMUR" relay --listen "127.0.0.1:$((7600 + r * SERVERS + s))" \
+            --forward "10.77.0.1:$port" --delay-ms "$HALF_RTT" --loss "$LOSS" --mbit "$rate" \
+            --queue-ms "$RTT_MS" --report-every 0 >/dev/null 2>"$WORK/relay-$r-$s.log" &
+        PIDS+=($!)
+    done
 done
 # Servers print a JSON line once they listen.
 for ((s = 0; s < SERVERS; s++)); do
@@ -123,13 +149,25 @@ for ((s = 0; s < SERVERS; s++)); do
     [[ -s "$WORK/server-$s.out" ]] || { echo "shaped-swarm: server $s did not start:" >&2; cat "$WORK/server-$s.log" >&2; exit 1; }
 done
 sleep 0.2  # the relays bind at once; give them a moment all the same
-CONNECT=$(IFS=,; echo "${relays[*]}")
+# Where worker r reaches the shards: the shared relays, or its own.
+connect_of() {
+    if [[ -z $OWN_LINKS ]]; then (IFS=,; echo "${relays[*]}"); return; fi
+    local own=()
+    for ((s = 0; s < SERVERS; s++)); do own+=("127.0.0.1:$((7600 + $1 * SERVERS + s))"); done
+    (IFS=,; echo "${own[*]}")
+}
 
-echo "shaped-swarm: $WORKERS workers, $SERVERS servers, ${MBIT} Mbit/s each way, ${RTT_MS} ms RTT, loss $LOSS, codec $CODEC"
+links="${MBIT} Mbit/s each way"
+[[ -n $OWN_LINKS ]] && links="${MBIT} Mbit/s each way per worker"
+((SLOW > 0)) && links+=" (the first $SLOW at ${SLOW_MBIT} Mbit/s)"
+[[ -n $PUSH_CODEC ]] && links+=", workers pushing $PUSH_CODEC"
+echo "shaped-swarm: $WORKERS workers, $SERVERS servers, $links, ${RTT_MS} ms RTT, loss $LOSS, codec $CODEC"
 workers=()
 for ((r = 0; r < WORKERS; r++)); do
-    ip netns exec "$NS_W" "$MURMUR" worker --connect "$CONNECT" --swarm "$WORK/swarm" \
-        --node "worker-$r" "${LINK[@]}" --json \
+    own=()
+    [[ -n $PUSH_CODEC ]] && own+=(--push-codec "$PUSH_CODEC")
+    ip netns exec "$NS_W" "$MURMUR" worker --connect "$(connect_of "$r")" --swarm "$WORK/swarm" \
+        --node "worker-$r" "${LINK[@]}" "${own[@]}" --json \
         >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
     workers+=($!)
     PIDS+=($!)
@@ -190,6 +228,16 @@ if [[ -n $TARGET ]]; then
                 printf "shaped-swarm: one worker moved %.1f MB (both ways) by round %d\n", b / 1e6, r }'
     fi
 fi
+# The push codec each worker took (--push-codec auto chooses by its link).
+for ((r = 0; r < WORKERS; r++)); do
+    { grep -h '"event":"joined"' "$WORK/worker-$r.out" || true; } | head -n 1 |
+        sed -nE "s/.*\"rank\":([0-9]+).*\"codec\":\"([^\"]*)\".*/shaped-swarm: worker-$r (rank \1) pushes \2/p"
+done
+# How long the rounds took (a round ends for every worker together): worker 0's, median and
+# mean.
+{ grep -h '"event":"step"' "$WORK/worker-0.out" || true; } |
+    sed -E 's/.*"seconds":([0-9.eE+-]+).*/\1/' | sort -g |
+    awk '{ v[NR] = $1; sum += $1 } END { if (NR) printf "shaped-swarm: %d rounds, median %.3f s, mean %.3f s\n", NR, v[int((NR + 1) / 2)], sum / NR }'
 # The servers gave out ranks in the order the workers joined; rank 0's last event is the one
 # summary with an accuracy: accuracy, seconds, bytes.
 grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1 || true

@@ -10,6 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use murmur_engine::comm::aggregate::Aggregate;
 use murmur_engine::comm::shard::KeyState;
 use murmur_net::identity::{verify_job, Role, Swarm};
+use murmur_net::nat::{Introduction, Meet};
 use murmur_net::word::check_participants;
 use rustls::pki_types::CertificateDer;
 use murmur_net::wire::{
@@ -128,6 +129,15 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(word) = frame.message::<Participants>() {
                 let _ = check_participants(&checks().shard_0, &[7; 32], frame.step, &word);
             }
+        }
+        Kind::Meet => {
+            // The rendezvous files a meet only after its check.
+            if let Ok(meet) = frame.message::<Meet>() {
+                let _ = meet.check();
+            }
+        }
+        Kind::Introduce => {
+            let _ = frame.message::<Introduction>();
         }
         _ => {}
     }

@@ -6,6 +6,7 @@
 
 use murmur_engine::comm::KeySpec;
 use murmur_net::identity::{Role, Swarm};
+use murmur_net::nat::{Introduction, Meet, Side};
 use murmur_net::ticket::TicketSigner;
 use murmur_net::wire::{
     Assignment, Catchup, CatchupRequest, Closed, Frame, Hello, Join, Kind, Participants, Register,
@@ -195,6 +196,35 @@ fn main() -> std::io::Result<()> {
                 0,
                 12,
                 &word,
+            ),
+        ),
+        (
+            "meet",
+            Frame::control(
+                Kind::Meet,
+                0,
+                0,
+                &Meet {
+                    session: "run-1".into(),
+                    cut: 2,
+                    side: Side::Dial,
+                    local: Some("192.168.1.2:40000".parse().unwrap()),
+                },
+            ),
+        ),
+        (
+            "introduce",
+            Frame::control(
+                Kind::Introduce,
+                0,
+                0,
+                &Introduction {
+                    peer: "203.0.113.5:4000".parse().unwrap(),
+                    peer_local: None,
+                    observed: "[2001:db8::1]:4100".parse().unwrap(),
+                    relay_port: Some(7501),
+                    token: [9; 16],
+                },
             ),
         ),
     ];

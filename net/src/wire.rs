@@ -81,7 +81,14 @@ pub enum Kind {
     /// Rendezvous node → stage, once both ends of a cut have met (key: the cut):
     /// [`crate::nat::Introduction`], where the neighbour is and where the relay is.
     Introduce = 17,
+    /// Worker → server, after its hello: bytes that measure the worker's path (at most
+    /// [`PROBE_MAX`]; any content), which the server reads and drops. The worker times how
+    /// long the server takes to acknowledge them (`QuicCollective::probe`).
+    Probe = 18,
 }
+
+/// The largest probe a server takes.
+pub const PROBE_MAX: usize = 4 << 20;
 
 impl Kind {
     fn from_u8(v: u8) -> Option<Kind> {
@@ -102,6 +109,7 @@ impl Kind {
             15 => Kind::Participants,
             16 => Kind::Meet,
             17 => Kind::Introduce,
+            18 => Kind::Probe,
             _ => return None,
         })
     }

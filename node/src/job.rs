@@ -119,6 +119,18 @@ pub struct Job {
     /// Codec of the servers' replies (default: the push codec).
     #[cfg_attr(feature = "cli", arg(long))]
     pub pull_codec: Option<String>,
+    /// Push codecs a worker may take instead of `codec` for its own pushes, to suit its link
+    /// (e.g. topk:0.003,topk:0.001 beside codec topk:0.01); the servers decode each push with
+    /// its sender's codec, and the replies stay `pull_codec` for all. LoCo codes cannot vary.
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub push_codecs: Vec<String>,
+    /// How long a worker's pushes may take per round on its link, in milliseconds: a worker
+    /// given `--push-codec auto` measures its path to the shards and pushes with the least
+    /// compressed of `codec` and `push_codecs` that its link moves in this time.
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_budget_ms: Option<f64>,
     /// Error feedback on the workers: none, ef, or loco-ema:...
     #[cfg_attr(feature = "cli", arg(long, default_value_t = Job::default().memory))]
     pub memory: String,
@@ -219,6 +231,8 @@ impl Default for Job {
             train_limit: None,
             codec: "f32".into(),
             pull_codec: None,
+            push_codecs: Vec::new(),
+            push_budget_ms: None,
             memory: "ef".into(),
             server_memory: "ef".into(),
             partition_bytes: 4_096_000,
@@ -289,6 +303,13 @@ impl Job {
             fraction: self.quorum,
             wait: self.quorum_wait,
         }
+    }
+
+    /// The push codecs a worker of this job may push with: `codec`, then `push_codecs`.
+    pub fn allowed_push_codecs(&self) -> Vec<&str> {
+        std::iter::once(self.codec.as_str())
+            .chain(self.push_codecs.iter().map(String::as_str))
+            .collect()
     }
 
     /// The job as it travels to joining workers (JSON).
@@ -398,6 +419,29 @@ impl Job {
             if let Some(spec) = spec {
                 murmur_engine::compress::parse(spec)
                     .map_err(|e| NodeError::Job(format!("{prefix}{e}")))?;
+            }
+        }
+        for spec in &self.push_codecs {
+            let parsed = murmur_engine::compress::parse(spec)
+                .map_err(|e| NodeError::Job(format!("push_codecs: {e}")))?;
+            let loco = |s: &str| {
+                matches!(
+                    s.parse::<murmur_engine::compress::CodecSpec>(),
+                    Ok(murmur_engine::compress::CodecSpec::Loco { .. })
+                )
+            };
+            if loco(spec) || loco(&self.codec) {
+                return bad(format!(
+                    "push_codecs {:?}: a LoCo code's scale is the swarm's; workers cannot push \
+                     other codes than codec {:?}",
+                    parsed.spec().to_string(),
+                    self.codec
+                ));
+            }
+        }
+        if let Some(ms) = self.push_budget_ms {
+            if !(ms.is_finite() && ms > 0.0) {
+                return bad(format!("push_budget_ms {ms} must be a positive time"));
             }
         }
         self.memory
@@ -731,6 +775,11 @@ mod tests {
     fn a_job_this_build_cannot_run_is_refused_with_the_reason() {
         for (text, needle) in [
             ("codec = \"foo\"", "codec"),
+            ("push_codecs = [\"foo\"]", "push_codecs"),
+            (
+                "codec = \"loco:bits=4:log2s=3\"\npush_codecs = [\"loco:bits=4:log2s=5\"]",
+                "LoCo",
+            ),
             ("lr = -1.0", "lr"),
             ("workers = 0", "workers"),
             ("dataset = \"imagenet\"", "dataset"),

@@ -95,8 +95,13 @@ fn registered_scale(keys: &[KeySpec]) -> Option<i32> {
 }
 
 /// What differs between a registration and the job's keys, if anything (the first few
-/// differences).
-fn differences(registered: &[KeySpec], expected: &[KeySpec]) -> Option<String> {
+/// differences). A key the job compresses with `codec` may be pushed with any of
+/// `alternatives` (the job's `push_codecs`).
+fn differences(
+    registered: &[KeySpec],
+    expected: &[KeySpec],
+    (codec, alternatives): (&str, &[String]),
+) -> Option<String> {
     let theirs: BTreeMap<u64, &KeySpec> = registered.iter().map(|k| (k.key, k)).collect();
     let ours: BTreeMap<u64, &KeySpec> = expected.iter().map(|k| (k.key, k)).collect();
     let mut found = Vec::new();
@@ -110,6 +115,14 @@ fn differences(registered: &[KeySpec], expected: &[KeySpec]) -> Option<String> {
                 "key {key:#x} has {} elements, the job's {}",
                 got.numel, spec.numel
             )),
+            Some(got)
+                if got.push != spec.push
+                    && spec.push == codec
+                    && alternatives.contains(&got.push)
+                    && KeySpec {
+                        push: spec.push.clone(),
+                        ..(*got).clone()
+                    } == **spec => {}
             Some(got) if got != spec => found.push(format!(
                 "key {key:#x} travels as push {} / reply {} / server memory {}, the job's as {} / {} / {}",
                 got.push, got.pull, got.server_memory, spec.push, spec.pull, spec.server_memory
@@ -151,7 +164,7 @@ pub fn shard_checks(
             None
         };
         let expected = expected_keys(&job, &sizes, shard, shards, log2s);
-        match differences(keys, &expected) {
+        match differences(keys, &expected, (&job.codec, &job.push_codecs)) {
             None => Ok(()),
             Some(said) => Err(said),
         }
@@ -210,6 +223,31 @@ mod tests {
                 assert!(layout.check(&more).unwrap_err().contains("does not have"));
             }
         }
+    }
+
+    #[test]
+    fn a_worker_may_push_the_codecs_the_job_allows_and_no_other() {
+        let job = job("workers = 2\ncodec = \"topk:0.01\"\npush_codecs = [\"topk:0.001\"]\nhidden = [64, 32]\nmin_compress_bytes = 4096\n");
+        let sizes = Model::of(&job).unwrap().sizes();
+        let (layout, _) = shard_checks(&job, 0, 1).unwrap();
+        let honest = expected_keys(&job, &sizes, 0, 1, None);
+        let compressed = honest.iter().position(|k| k.push == "topk:0.01").unwrap();
+        let plain = honest.iter().position(|k| k.push == "f32").unwrap();
+        let mut harder = honest.clone();
+        for key in harder.iter_mut().filter(|k| k.push == "topk:0.01") {
+            key.push = "topk:0.001".into();
+        }
+        assert_eq!(layout.check(&harder), Ok(()));
+        let mut other = honest.clone();
+        other[compressed].push = "topk:0.1".into();
+        assert!(layout.check(&other).unwrap_err().contains("topk:0.1"));
+        // A key the job sends uncompressed stays so.
+        let mut squeezed = honest.clone();
+        squeezed[plain].push = "topk:0.001".into();
+        assert!(layout.check(&squeezed).is_err());
+        // And the replies are the job's whatever a worker pushes.
+        harder[compressed].pull = "f16".into();
+        assert!(layout.check(&harder).is_err());
     }
 
     #[test]

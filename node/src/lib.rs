@@ -81,6 +81,7 @@ mod node_thread;
 pub mod pipeline;
 pub mod platform;
 pub mod process;
+mod push_choice;
 pub mod rendezvous;
 mod round;
 pub mod server;

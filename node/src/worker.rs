@@ -60,6 +60,11 @@ pub struct WorkerConfig {
     pub data: Option<PathBuf>,
     /// Its link to the servers.
     pub link: LinkConfig,
+    /// The codec of its own pushes: one the job allows (its `codec`, or one of its
+    /// `push_codecs`), e.g. a harder top-k for a slow link; or `auto`, which measures the
+    /// path to the shards and takes the least compressed that moves a round's pushes in the
+    /// job's `push_budget_ms`. `None`: the job's `codec`.
+    pub push_codec: Option<String>,
     /// How much of the machine it may take (changeable with [`WorkerHandle::set_budget`]).
     pub budget: Budget,
     /// Reconnections tried after losing the servers before the worker gives up, with
@@ -101,6 +106,7 @@ impl Default for WorkerConfig {
             device: DeviceKind::Auto,
             data: None,
             link: LinkConfig::default(),
+            push_codec: None,
             budget: Budget::default(),
             rejoin_attempts: 5,
             join_timeout_s: 120.0,
@@ -417,6 +423,52 @@ impl Run {
         }
     }
 
+    /// How this worker cuts and compresses the model: the job's plan, with its own push
+    /// codec where it chose one of those the job allows.
+    fn partition_plan(
+        &self,
+        job: &Job,
+        sizes: &[usize],
+        collective: &mut QuicCollective,
+    ) -> Result<murmur_engine::comm::partition::PartitionPlan> {
+        let mut plan = job.partition_plan();
+        if self.config.push_codec.as_deref() == Some("auto") {
+            let shards = self.servers.len();
+            let probe = crate::push_choice::probe_size(job, sizes, shards)?;
+            // The first probe opens the congestion window, as the rounds before will have
+            // by the time pushes go; the second measures the path.
+            collective.probe(probe)?;
+            let samples = collective.probe(probe)?;
+            let (codec, seconds) = crate::push_choice::choose(job, sizes, &samples)?;
+            let rates: Vec<String> = samples
+                .iter()
+                .map(|s| {
+                    let mbit = s.bytes as f64 * 8.0 / (s.seconds - s.rtt).max(1e-6) / 1e6;
+                    format!("{mbit:.1} Mbit/s at {:.0} ms", s.rtt * 1e3)
+                })
+                .collect();
+            tracing::info!(
+                "measured the path to the shards ({}): pushing {codec}, about {:.0} ms a round",
+                rates.join(", "),
+                seconds * 1e3
+            );
+            plan.push = codec;
+            return Ok(plan);
+        }
+        if let Some(codec) = &self.config.push_codec {
+            let allowed = job.allowed_push_codecs();
+            if !allowed.contains(&codec.as_str()) {
+                return Err(NodeError::Config(format!(
+                    "push codec {codec:?}: the job allows {} (its codec and push_codecs), or \
+                     auto",
+                    allowed.join(", ")
+                )));
+            }
+            plan.push = codec.clone();
+        }
+        Ok(plan)
+    }
+
     fn connect(&self, joined: &Joined) -> Result<QuicCollective> {
         Ok(QuicCollective::connect(
             &self.servers,
@@ -508,7 +560,10 @@ impl Run {
             self.client_options().start_timeout
         ));
         let parameters = replica.parameters().iter().map(|p| p.numel()).sum();
-        let mut dp = DataParallel::new(replica, collective, &job.partition_plan(), &job.memory)?;
+        let sizes: Vec<usize> = replica.parameters().iter().map(|p| p.numel()).collect();
+        let mut collective = collective;
+        let plan = self.partition_plan(job, &sizes, &mut collective)?;
+        let mut dp = DataParallel::new(replica, collective, &plan, &job.memory)?;
         if let Some(outer) = job.outer_config() {
             dp.take_local_steps(outer)?;
         }
@@ -535,11 +590,11 @@ impl Run {
             keys: dp.partitions().len(),
             from_step: dp.round(),
             resumed_from,
-            codec: job
-                .codec
+            codec: plan
+                .push
                 .parse::<murmur_engine::compress::CodecSpec>()
                 .map(|c| c.to_string())
-                .unwrap_or_else(|_| job.codec.clone()),
+                .unwrap_or_else(|_| plan.push.clone()),
         });
         let started = Instant::now();
         // The same job identity takes the state back and writes it.

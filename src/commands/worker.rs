@@ -27,6 +27,12 @@ pub struct WorkerArgs {
     data: Option<PathBuf>,
     #[command(flatten)]
     link: LinkConfig,
+    /// The codec of this worker's own pushes, one the job allows (its --codec or one of its
+    /// --push-codecs): a harder top-k for a slow link; or auto, which measures the path to
+    /// the shards and takes the least compressed that moves a round's pushes within the job's
+    /// --push-budget-ms. Default: the job's codec.
+    #[arg(long)]
+    push_codec: Option<String>,
     /// Fraction of the time spent computing, in (0, 1] (the GPU budget).
     #[arg(long, default_value_t = 1.0)]
     duty_cycle: f64,
@@ -86,6 +92,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         device: a.device,
         data: a.data,
         link: a.link,
+        push_codec: a.push_codec,
         budget: Budget {
             duty_cycle: a.duty_cycle,
             max_steps_per_second: a.max_steps_per_s,

@@ -70,9 +70,14 @@ impl PushDecoder {
 /// One key's state on a parameter-server shard: its codecs, error-feedback memory, owned parameters
 /// if any, and the decoded pushes of the open round.
 pub struct KeyState {
-    /// What every peer registered for the key.
+    /// What the first peer registered for the key; every other registers the same, but for
+    /// its push codec ([`KeyState::push_codec_of`]).
     pub spec: KeySpec,
     push: Arc<dyn Codec>,
+    /// The push codecs of the ranks that push with another than the spec's (a worker on a
+    /// slow link compresses harder): each push decodes with its sender's codec, and the
+    /// replies stay one for all, so that the replicas stay identical.
+    push_of: BTreeMap<usize, Arc<dyn Codec>>,
     /// The codec of both directions in sync rounds and of pushes in a parameter round.
     plain: Arc<dyn Codec>,
     pull: Feedback,
@@ -137,6 +142,7 @@ impl KeyState {
             spec,
             scale,
             push,
+            push_of: BTreeMap::new(),
             plain: Arc::from(parse(PLAIN)?),
             pull,
             owner,
@@ -166,13 +172,44 @@ impl KeyState {
             )));
         }
         let plain = self.spec.is_sync_round(step) || self.spec.is_param_round(step);
-        let codec = if plain { &self.plain } else { &self.push };
+        let codec = if plain {
+            &self.plain
+        } else {
+            self.push_of.get(&rank).unwrap_or(&self.push)
+        };
         Ok(PushDecoder {
             codec: codec.clone(),
             numel: self.spec.numel as usize,
             ctx: codec_context(self.spec.seed, step, self.spec.key),
             headed: self.owner.is_some() && !plain,
         })
+    }
+
+    /// Lets `rank` push with `push` (a codec spec) instead of the key's codec, from its next
+    /// push on. Any codec that decodes to the key's elements combines with the others' in the
+    /// round, except where scales must agree: LoCo's codes, and pushes to an owner, keep the
+    /// key's codec.
+    pub fn push_codec_of(&mut self, rank: usize, push: &str) -> Result<()> {
+        if push == self.spec.push {
+            self.push_of.remove(&rank);
+            return Ok(());
+        }
+        let codec: Arc<dyn Codec> = Arc::from(parse(push)?);
+        let scaled = |spec: CodecSpec| matches!(spec, CodecSpec::Loco { .. });
+        if scaled(codec.spec()) || scaled(self.push.spec()) || self.owner.is_some() {
+            return Err(Error::Config(format!(
+                "key {:#x}: rank {rank} pushes {push}, the key {}: a LoCo code's scale, or a \
+                 push to an owner, must be the key's own",
+                self.spec.key, self.spec.push
+            )));
+        }
+        self.push_of.insert(rank, codec);
+        Ok(())
+    }
+
+    /// The push codec `rank` pushes with.
+    pub fn push_codec(&self, rank: usize) -> CodecSpec {
+        self.push_of.get(&rank).unwrap_or(&self.push).spec()
     }
 
     /// Whether `rank` has pushed in the open round.
@@ -579,6 +616,32 @@ mod tests {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn a_rank_may_push_another_codec_but_not_another_loco_scale() {
+        let spec = |push: &str| KeySpec {
+            key: 3,
+            numel: 8,
+            push: push.into(),
+            pull: "f32".into(),
+            server_memory: "none".into(),
+            seed: 1,
+            sync_every: 0,
+            owner: String::new(),
+        };
+        let mut key = KeyState::new(spec("topk:0.5"), Aggregate::Mean).unwrap();
+        key.push_codec_of(1, "topk:0.25").unwrap();
+        assert_eq!(key.push_codec(1).to_string(), "topk:0.25");
+        assert_eq!(key.push_codec(0).to_string(), "topk:0.5");
+        // Back to the key's own.
+        key.push_codec_of(1, "topk:0.5").unwrap();
+        assert_eq!(key.push_codec(1).to_string(), "topk:0.5");
+        assert!(key.push_codec_of(1, "no such codec").is_err());
+        assert!(key.push_codec_of(1, "loco:bits=4:log2s=3").is_err());
+        let mut loco = KeyState::new(spec("loco:bits=4:log2s=3"), Aggregate::Mean).unwrap();
+        assert!(loco.push_codec_of(1, "loco:bits=4:log2s=5").is_err());
+        assert!(loco.push_codec_of(1, "loco:bits=4:log2s=3").is_ok());
     }
 
     #[test]

@@ -197,6 +197,26 @@ pub fn join_job(
     })
 }
 
+/// What a probe measured on the path to one shard.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathSample {
+    /// Bytes sent.
+    pub bytes: usize,
+    /// Seconds until the shard had acknowledged them all.
+    pub seconds: f64,
+    /// The connection's smoothed round trip, in seconds, after the probe.
+    pub rtt: f64,
+}
+
+impl PathSample {
+    /// Seconds that `bytes` would take on this path, sent as the probe was: a round trip,
+    /// then the bytes at the rate the probe's bytes beyond its first round trip went at.
+    pub fn seconds_for(&self, bytes: usize) -> f64 {
+        let rate = self.bytes as f64 / (self.seconds - self.rtt).max(1e-6);
+        self.rtt + bytes as f64 / rate
+    }
+}
+
 /// One worker's collective over QUIC.
 pub struct QuicCollective {
     runtime: tokio::runtime::Runtime,
@@ -294,6 +314,50 @@ impl QuicCollective {
             owners: HashMap::new(),
             in_flight: Vec::new(),
             underway: false,
+        })
+    }
+
+    /// Measures the path to every shard: sends each `bytes` bytes (at most
+    /// [`crate::wire::PROBE_MAX`]) at once and times how long until each has acknowledged
+    /// all of them. Returns, per shard in order, the seconds that took and the connection's
+    /// smoothed round trip. Call before registering: the probe travels as pushes will.
+    pub fn probe(&mut self, bytes: usize) -> Result<Vec<PathSample>> {
+        let bytes = bytes.min(crate::wire::PROBE_MAX);
+        let shards = self.shards.clone();
+        let rank = self.rank;
+        self.runtime.block_on(async move {
+            // One task per shard: the probes travel at once, as a round's pushes do.
+            let timed: Vec<_> = shards
+                .into_iter()
+                .map(|conn| {
+                    tokio::spawn(async move {
+                        let started = std::time::Instant::now();
+                        let frame = Frame::new(Kind::Probe, rank, 0, 0, 0, vec![0u8; bytes]);
+                        let lost =
+                            |e: String| NetError::Connection(format!("probing a shard: {e}"));
+                        let mut stream = conn.open_uni().await.map_err(|e| lost(e.to_string()))?;
+                        stream
+                            .write_all(&frame.encode())
+                            .await
+                            .map_err(|e| lost(e.to_string()))?;
+                        stream.finish().map_err(|e| lost(e.to_string()))?;
+                        stream.stopped().await.map_err(|e| lost(e.to_string()))?;
+                        Ok::<_, NetError>(PathSample {
+                            bytes,
+                            seconds: started.elapsed().as_secs_f64(),
+                            rtt: conn.rtt().as_secs_f64(),
+                        })
+                    })
+                })
+                .collect();
+            let mut samples = Vec::with_capacity(timed.len());
+            for task in timed {
+                samples.push(
+                    task.await
+                        .map_err(|e| NetError::Connection(format!("probing a shard: {e}")))??,
+                );
+            }
+            Ok(samples)
         })
     }
 

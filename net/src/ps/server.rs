@@ -37,7 +37,7 @@ use crate::transport::{
 };
 use crate::wire::{
     split_push, CatchupRequest, Frame, Header, Hello, Join, Kind, Limits, Participants, Register,
-    ReplicaDigest, Welcome,
+    ReplicaDigest, Welcome, PROBE_MAX,
 };
 use crate::word::check_participants;
 use rustls::pki_types::CertificateDer;
@@ -916,6 +916,15 @@ async fn handle(shared: &Arc<Shared>, id: PeerId, frame: Frame) -> Result<()> {
                 "a worker sent a {:?} frame, which only servers send",
                 frame.kind
             )))
+        }
+        Kind::Probe => {
+            // Read to its end already (which is what the worker timed): only its size counts.
+            if frame.payload.len() > PROBE_MAX {
+                return Err(NetError::Protocol(format!(
+                    "a probe of {} bytes (at most {PROBE_MAX})",
+                    frame.payload.len()
+                )));
+            }
         }
         Kind::Stage | Kind::Meet | Kind::Introduce => {
             return Err(NetError::Protocol(format!(

@@ -650,6 +650,7 @@ impl ShardState {
         if peer.registered {
             return protocol("registered twice".into());
         }
+        let rank = usize::from(peer.rank);
         register.check(&self.limits)?;
         if let Some(layout) = &self.layout {
             layout
@@ -674,17 +675,32 @@ impl ShardState {
             self.keys = keys;
             self.keys_fixed = true;
         } else {
+            // Everything but the push codec must be the first registration's: a worker may
+            // compress its own pushes harder (its link), but the replies, the memories and
+            // the seed are the swarm's.
             let same = register.keys.len() == self.keys.len()
-                && register
-                    .keys
-                    .iter()
-                    .all(|s| self.keys.get(&s.key).is_some_and(|k| k.spec == *s));
+                && register.keys.iter().all(|s| {
+                    self.keys.get(&s.key).is_some_and(|k| {
+                        k.spec
+                            == murmur_engine::comm::KeySpec {
+                                push: k.spec.push.clone(),
+                                ..s.clone()
+                            }
+                    })
+                });
             if !same {
                 return protocol(
                     "keys differ from those the other ranks registered (same model, codecs and seed?)"
                         .into(),
                 );
             }
+        }
+        // Each push decodes with its sender's codec (the first registration's included: a
+        // rank registering again may have changed its own).
+        for spec in &register.keys {
+            let key = self.keys.get_mut(&spec.key).expect("checked above");
+            key.push_codec_of(rank, &spec.push)
+                .map_err(|e| NetError::Protocol(e.to_string()))?;
         }
         let started = self.started;
         let peer = self.peers.get_mut(&id).expect("checked above");
@@ -2107,6 +2123,60 @@ mod tests {
 
     fn bytemuck_f32(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn each_push_decodes_with_its_senders_codec_and_only_the_push_codec_may_differ() {
+        use murmur_engine::comm::KeySpec;
+        use murmur_engine::compress::{parse, CodecContext};
+        let spec = |push: &str, pull: &str| KeySpec {
+            key: 1,
+            numel: 4,
+            push: push.into(),
+            pull: pull.into(),
+            server_memory: "none".into(),
+            seed: 1,
+            sync_every: 0,
+            owner: String::new(),
+        };
+        let register = |push: &str, pull: &str| Register {
+            keys: vec![spec(push, pull)],
+            replica_digests: false,
+        };
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(2);
+        state.hello(0, &hello(0)).unwrap();
+        state.register(0, &register("f32", "f32")).unwrap();
+        state.hello(1, &hello(1)).unwrap();
+        // Another reply codec would give this rank other replicas: refused.
+        let refused = state.register(1, &register("topk:0.5", "f16"));
+        assert!(refused.unwrap_err().to_string().contains("keys differ"));
+        let mut state = ShardState::new(0, Limits::default(), 10);
+        state.fix_world(2);
+        state.hello(0, &hello(0)).unwrap();
+        state.register(0, &register("f32", "f32")).unwrap();
+        state.hello(1, &hello(1)).unwrap();
+        state.register(1, &register("topk:0.5", "f32")).unwrap();
+        let values = [
+            [1.0f32, -2.0, 0.5, 4.0],
+            [3.0f32, 0.25, -6.0, 1.0], // its top half: 3 and -6
+        ];
+        for (rank, codec) in [(0u16, "f32"), (1, "topk:0.5")] {
+            let ctx = CodecContext::default();
+            let payload = parse(codec).unwrap().encode(&values[rank as usize], &ctx);
+            let PushCheck::Decode(decoder) = state.check_push(rank as PeerId, 1, 0, 4).unwrap()
+            else {
+                panic!("rank {rank}'s push is not taken");
+            };
+            let push = decoder.decode(1, &payload).unwrap();
+            state.insert_push(rank as PeerId, 1, 0, push).unwrap();
+        }
+        let round = state.close_round().expect("both ranks pushed");
+        let reply = parse("f32")
+            .unwrap()
+            .decode(&round.replies[0].2, 4, &Default::default())
+            .unwrap();
+        assert_eq!(reply, [2.0, -1.0, -2.75, 2.0]);
     }
 
     #[test]
