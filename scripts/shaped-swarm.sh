@@ -7,7 +7,7 @@
 #
 #   scripts/shaped-swarm.sh [--workers 2] [--servers 1] [--mbit 100] [--rtt-ms 40]
 #                           [--loss 0] [--codec topk:0.01] [--target 0.97]
-#                           [--congestion cubic] [--state-link]
+#                           [--congestion tolerant] [--state-link]
 #                           [--own-links] [--slow N --slow-mbit 10] [--push-codec C]
 #                           [-- more job flags for the servers]
 #
@@ -16,7 +16,7 @@
 # the first N workers on --slow-mbit links instead. --push-codec is every worker's (one the
 # job allows: its --codec or --push-codecs, given after --; or auto, with --push-budget-ms).
 #
-# Every node uses --congestion (murmur's default, cubic, unless given) and grows its QUIC
+# Every node uses --congestion (murmur's default, tolerant, unless given) and grows its QUIC
 # windows to the path it measures; --state-link states the link's speed and round trip to
 # the nodes instead (--link-mbit, --link-rtt-ms), which fixes the windows.
 #

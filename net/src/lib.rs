@@ -23,6 +23,7 @@ pub mod state_file;
 pub mod throughput;
 pub mod ticket;
 pub mod tls;
+pub mod tolerant;
 pub mod transport;
 pub mod wire;
 pub mod word;

@@ -26,9 +26,11 @@ pub struct LinkConfig {
     /// to a dead server. 3 to 3600.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = LinkConfig::default().peer_timeout_s))]
     pub peer_timeout_s: f64,
-    /// QUIC congestion controller of what this node sends: cubic shares the link with other
-    /// traffic; bbr keeps its rate through random loss but starves other flows on the link,
-    /// so give it only on links murmur has to itself (docs/benchmarks.md, "Goodput").
+    /// QUIC congestion controller of what this node sends: tolerant (CUBIC that takes only
+    /// loss with a queue, or at a high rate, for congestion) keeps its rate through random
+    /// loss and shares the link with other traffic; cubic backs off on every loss; bbr keeps
+    /// its rate through loss but starves other flows on the link, so give it only on links
+    /// murmur has to itself (docs/benchmarks.md, "Goodput").
     #[cfg_attr(feature = "cli", arg(long, default_value_t = LinkConfig::default().congestion))]
     pub congestion: Congestion,
 }
@@ -111,7 +113,7 @@ mod tests {
     fn windows_are_measured_unless_the_link_is_stated() {
         let measured = LinkConfig::default().link();
         assert_eq!(measured.windows, Windows::Measured);
-        assert_eq!(measured.congestion, Congestion::Cubic);
+        assert_eq!(measured.congestion, Congestion::Tolerant);
         let stated = LinkConfig {
             link_rtt_ms: Some(120.0),
             ..LinkConfig::default()

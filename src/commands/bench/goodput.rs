@@ -30,7 +30,11 @@ pub struct ShapedArgs {
     #[arg(long, value_delimiter = ',', default_value = "0,0.001,0.01,0.02")]
     losses: Vec<f64>,
     /// QUIC congestion controllers to measure.
-    #[arg(long, value_delimiter = ',', default_value = "cubic,newreno,bbr")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "tolerant,cubic,newreno,bbr"
+    )]
     quic: Vec<Congestion>,
     /// Kernel TCP congestion controls to measure beside them (empty: none).
     #[arg(long, value_delimiter = ',', default_value = "cubic,bbr")]
