@@ -12,6 +12,8 @@ pub mod goodput;
 pub mod identity;
 pub mod log;
 pub mod nat;
+#[cfg(target_os = "linux")]
+mod netns;
 pub mod ps;
 pub mod relay;
 pub mod shape;

@@ -13,13 +13,13 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{NetError, Result};
+use crate::netns::{in_namespace, run};
 use crate::shape::{Schedule, Shape};
 
 /// The address of end A of every path (each path lives in namespaces of its own).
@@ -158,46 +158,17 @@ impl Drop for ShapedPath {
     }
 }
 
-/// Runs `ip` with `args`, failing with its message.
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().map_err(|e| {
-        NetError::Connection(format!(
-            "a shaped path needs iproute2's `ip` (apt-get install iproute2): {e}"
-        ))
-    })?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(NetError::Connection(format!(
-        "ip {}: {} (a shaped path needs root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    )))
-}
-
-/// Runs `f` on a thread inside the network namespace `ns` (made with `ip netns add`).
-pub(crate) fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
-    let handle = File::open(format!("/var/run/netns/{ns}"))?;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            // SAFETY: setns on a handle of a network namespace moves only the calling thread,
-            // which ends when `f` returns.
-            if unsafe { libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(std::io::Error::last_os_error().into());
-            }
-            Ok(f())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(NetError::Connection(format!("a thread in {ns} panicked"))))
-    })
-}
-
 /// `struct ifreq` as TUNSETIFF reads it: the name, the flags, and the rest of the union.
 #[repr(C)]
 struct TunRequest {
     name: [u8; 16],
     flags: libc::c_short,
     _rest: [u8; 22],
+}
+
+/// Runs `ip` with `args`, failing with its message.
+fn ip(args: &[&str]) -> Result<()> {
+    run("a shaped path", ("ip", "iproute2"), args, None)
 }
 
 /// Creates [`TUN`] (layer 3, no packet information header) in this thread's namespace.

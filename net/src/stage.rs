@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use murmur_engine::comm::stage::{Direction, StageLink, StageMessage};
 use quinn::{Connection, Endpoint};
 use tokio::task::JoinHandle;
@@ -24,7 +23,8 @@ use crate::identity::{Credentials, Role};
 use crate::nat::traverse::{accept_stage, Timeouts, Traversal};
 use crate::nat::{Route, Side};
 use crate::transport::{
-    client_endpoint, close, connect, expect_peer, hang_up, server_endpoint, Incoming, Link,
+    client_endpoint, close, connect, expect_peer, hang_up, send_acknowledged, server_endpoint,
+    Incoming, Link,
 };
 use crate::wire::{Frame, Kind, Limits};
 
@@ -326,23 +326,6 @@ impl QuicStageLink {
     }
 }
 
-/// Sends one frame on a stream of its own and waits until the peer has acknowledged all of it,
-/// so that a link may close as soon as its sends are done without losing the last message.
-async fn send_acknowledged(conn: Connection, frame: Frame) -> Result<()> {
-    let lost = |e: String| NetError::Connection(format!("sending to the next stage: {e}"));
-    let mut stream = conn.open_uni().await.map_err(|e| lost(e.to_string()))?;
-    stream
-        .write_all_chunks(&mut [Bytes::from(frame.encode())])
-        .await
-        .map_err(|e| lost(e.to_string()))?;
-    stream.finish().map_err(|e| lost(e.to_string()))?;
-    match stream.stopped().await {
-        Ok(None) => Ok(()),
-        Ok(Some(code)) => Err(lost(format!("the peer stopped the stream ({code})"))),
-        Err(e) => Err(lost(e.to_string())),
-    }
-}
-
 impl StageLink for QuicStageLink {
     fn send(&mut self, message: StageMessage) -> murmur_engine::Result<()> {
         self.check_sends()?;
@@ -357,8 +340,9 @@ impl StageLink for QuicStageLink {
         // Sent in the background: the stage goes on computing while the bytes travel; the
         // receiver takes streams in the order they were opened.
         let conn = self.conn.clone();
-        self.sending
-            .push(self.runtime.spawn(send_acknowledged(conn, frame)));
+        self.sending.push(self.runtime.spawn(async move {
+            send_acknowledged(&conn, frame, "sending to the next stage").await
+        }));
         Ok(())
     }
 

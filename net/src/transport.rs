@@ -421,6 +421,25 @@ pub async fn send_push(
     send_chunks(conn, &mut [header, samples, payload]).await
 }
 
+/// Sends one frame on a stream of its own and waits until the peer has acknowledged all of
+/// it: a stage link may then close as soon as its sends are done without losing the last
+/// message, and a probe times the path. `what` begins the error.
+pub async fn send_acknowledged(conn: &Connection, frame: Frame, what: &str) -> Result<()> {
+    let lost = |e: String| NetError::Connection(format!("{what}: {e}"));
+    let header = Bytes::copy_from_slice(&frame.header().encode());
+    let mut stream = conn.open_uni().await.map_err(|e| lost(e.to_string()))?;
+    stream
+        .write_all_chunks(&mut [header, Bytes::from(frame.payload)])
+        .await
+        .map_err(|e| lost(e.to_string()))?;
+    stream.finish().map_err(|e| lost(e.to_string()))?;
+    match stream.stopped().await {
+        Ok(None) => Ok(()),
+        Ok(Some(code)) => Err(lost(format!("the peer stopped the stream ({code})"))),
+        Err(e) => Err(lost(e.to_string())),
+    }
+}
+
 /// Sends bytes that are already a whole frame, on a stream of its own.
 pub async fn send_bytes(conn: &Connection, bytes: Bytes) -> Result<()> {
     send_chunks(conn, &mut [bytes]).await

@@ -116,13 +116,9 @@ fn differences(
                 got.numel, spec.numel
             )),
             Some(got)
-                if got.push != spec.push
-                    && spec.push == codec
+                if spec.push == codec
                     && alternatives.contains(&got.push)
-                    && KeySpec {
-                        push: spec.push.clone(),
-                        ..(*got).clone()
-                    } == **spec => {}
+                    && spec.same_but_push(got) => {}
             Some(got) if got != spec => found.push(format!(
                 "key {key:#x} travels as push {} / reply {} / server memory {}, the job's as {} / {} / {}",
                 got.push, got.pull, got.server_memory, spec.push, spec.pull, spec.server_memory

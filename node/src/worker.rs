@@ -442,10 +442,7 @@ impl Run {
             let (codec, seconds) = crate::push_choice::choose(job, sizes, &samples)?;
             let rates: Vec<String> = samples
                 .iter()
-                .map(|s| {
-                    let mbit = s.bytes as f64 * 8.0 / (s.seconds - s.rtt).max(1e-6) / 1e6;
-                    format!("{mbit:.1} Mbit/s at {:.0} ms", s.rtt * 1e3)
-                })
+                .map(|s| format!("{:.1} Mbit/s at {:.0} ms", s.rate() * 8e-6, s.rtt * 1e3))
                 .collect();
             tracing::info!(
                 "measured the path to the shards ({}): pushing {codec}, about {:.0} ms a round",

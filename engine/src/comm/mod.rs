@@ -46,6 +46,17 @@ pub struct KeySpec {
 }
 
 impl KeySpec {
+    /// Whether `other` is this key with, at most, another push codec: what a worker may
+    /// register beside the others (its own link's compression), since the replies, memories
+    /// and seed must be the swarm's.
+    pub fn same_but_push(&self, other: &KeySpec) -> bool {
+        *self
+            == KeySpec {
+                push: self.push.clone(),
+                ..other.clone()
+            }
+    }
+
     /// Whether round `round` is a sync round: rounds `r` with `(r + 1) % sync_every == 0`,
     /// LIEC-SGD's averaging steps `t = H - 1, 2H - 1, ...` (liec-sgd.md §6.12). In a sync round
     /// pushes and the reply are plain f32 and the server adds its whole error-feedback memory

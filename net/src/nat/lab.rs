@@ -16,11 +16,11 @@
 //! ([`NatLab::in_public`], [`NatLab::in_host`]).
 
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::error::{NetError, Result};
-use crate::shaped_path::in_namespace;
+use crate::error::Result;
+use crate::netns::{in_namespace, run};
 
 /// The public network's address on NAT A's side, where a rendezvous listens.
 pub const PUBLIC: Ipv4Addr = Ipv4Addr::new(10, 80, 1, 1);
@@ -165,56 +165,22 @@ fn addr(ns: &str, dev: &str, cidr: &str) -> Result<()> {
     up(ns, dev)
 }
 
+const LAB: &str = "a NAT lab";
+
 fn ip(args: &[&str]) -> Result<()> {
-    run("ip", args, None, "iproute2")
+    run(LAB, ("ip", "iproute2"), args, None)
 }
 
 fn sysctl(ns: &str, setting: &str) -> Result<()> {
-    run(
-        "ip",
-        &["netns", "exec", ns, "sysctl", "-q", "-w", setting],
-        None,
-        "procps",
-    )
+    let args = ["netns", "exec", ns, "sysctl", "-q", "-w", setting];
+    run(LAB, ("ip", "procps"), &args, None)
 }
 
 fn nft(ns: &str, rules: &str) -> Result<()> {
     run(
-        "ip",
+        LAB,
+        ("ip", "nftables"),
         &["netns", "exec", ns, "nft", "-f", "-"],
         Some(rules),
-        "nftables",
     )
-}
-
-/// Runs `program` with `args` (and `input` on its stdin), failing with its message.
-fn run(program: &str, args: &[&str], input: Option<&str>, package: &str) -> Result<()> {
-    use std::io::Write;
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            NetError::Connection(format!(
-                "a NAT lab needs {package} (apt-get install {package}): {e}"
-            ))
-        })?;
-    if let Some(input) = input {
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(NetError::Connection(format!(
-        "{program} {}: {} (a NAT lab needs root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    )))
 }

@@ -19,7 +19,8 @@ use crate::error::{NetError, Result};
 use crate::identity::{verify_job, Credentials, Role};
 use crate::ticket::Ticket;
 use crate::transport::{
-    client_endpoint, close, connect, expect_peer, hang_up, send, send_push, Incoming, Link,
+    client_endpoint, close, connect, expect_peer, hang_up, send, send_acknowledged, send_push,
+    Incoming, Link,
 };
 use crate::wire::{
     Assignment, Catchup, CatchupRequest, Closed, Frame, Header, Hello, Join, Kind, Limits,
@@ -212,8 +213,12 @@ impl PathSample {
     /// Seconds that `bytes` would take on this path, sent as the probe was: a round trip,
     /// then the bytes at the rate the probe's bytes beyond its first round trip went at.
     pub fn seconds_for(&self, bytes: usize) -> f64 {
-        let rate = self.bytes as f64 / (self.seconds - self.rtt).max(1e-6);
-        self.rtt + bytes as f64 / rate
+        self.rtt + bytes as f64 / self.rate()
+    }
+
+    /// Bytes per second the probe's bytes went at beyond its first round trip.
+    pub fn rate(&self) -> f64 {
+        self.bytes as f64 / (self.seconds - self.rtt).max(1e-6)
     }
 }
 
@@ -333,15 +338,7 @@ impl QuicCollective {
                     tokio::spawn(async move {
                         let started = std::time::Instant::now();
                         let frame = Frame::new(Kind::Probe, rank, 0, 0, 0, vec![0u8; bytes]);
-                        let lost =
-                            |e: String| NetError::Connection(format!("probing a shard: {e}"));
-                        let mut stream = conn.open_uni().await.map_err(|e| lost(e.to_string()))?;
-                        stream
-                            .write_all(&frame.encode())
-                            .await
-                            .map_err(|e| lost(e.to_string()))?;
-                        stream.finish().map_err(|e| lost(e.to_string()))?;
-                        stream.stopped().await.map_err(|e| lost(e.to_string()))?;
+                        send_acknowledged(&conn, frame, "probing a shard").await?;
                         Ok::<_, NetError>(PathSample {
                             bytes,
                             seconds: started.elapsed().as_secs_f64(),

@@ -680,13 +680,9 @@ impl ShardState {
             // the seed are the swarm's.
             let same = register.keys.len() == self.keys.len()
                 && register.keys.iter().all(|s| {
-                    self.keys.get(&s.key).is_some_and(|k| {
-                        k.spec
-                            == murmur_engine::comm::KeySpec {
-                                push: k.spec.push.clone(),
-                                ..s.clone()
-                            }
-                    })
+                    self.keys
+                        .get(&s.key)
+                        .is_some_and(|k| k.spec.same_but_push(s))
                 });
             if !same {
                 return protocol(
