@@ -9,7 +9,7 @@
 #                           [--loss 0] [--codec topk:0.01] [--target 0.97]
 #                           [--congestion tolerant] [--state-link]
 #                           [--own-links] [--slow N --slow-mbit 10] [--push-codec C]
-#                           [-- more job flags for the servers]
+#                           [--metrics-dir DIR] [-- more job flags for the servers]
 #
 # The workers share one link unless --own-links gives each its own: murmur relays, one per
 # worker and shard, then shape the rate as well (--mbit each way, per worker). --slow N puts
@@ -22,14 +22,16 @@
 #
 # It prints the test accuracy after each epoch with the seconds since training began (the sum
 # of the epochs' times) and, with --target, the time to that test accuracy, stopping the swarm
-# once an epoch reaches it.
+# once an epoch reaches it; then worker 0's rounds, and how much of its communication ran
+# behind its backward passes. --metrics-dir keeps each worker's metrics (worker-R.jsonl, for
+# murmur plot).
 #
 # Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
 set -euo pipefail
 
 WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET= CONGESTION= STATE_LINK=
-OWN_LINKS= SLOW=0 SLOW_MBIT=10 PUSH_CODEC=
+OWN_LINKS= SLOW=0 SLOW_MBIT=10 PUSH_CODEC= METRICS_DIR=
 EXTRA=(--epochs 1)
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -46,8 +48,9 @@ while [[ $# -gt 0 ]]; do
         --slow) SLOW=$2; OWN_LINKS=1; shift 2 ;;
         --slow-mbit) SLOW_MBIT=$2; shift 2 ;;
         --push-codec) PUSH_CODEC=$2; shift 2 ;;
+        --metrics-dir) METRICS_DIR=$2; shift 2 ;;
         --) shift; EXTRA+=("$@"); break ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -60,6 +63,10 @@ for tool in ip tc; do
     command -v "$tool" >/dev/null || { echo "shaped-swarm: '$tool' is missing (apt-get install iproute2)" >&2; exit 1; }
 done
 
+if [[ -n $METRICS_DIR ]]; then
+    mkdir -p "$METRICS_DIR"
+    METRICS_DIR=$(cd "$METRICS_DIR" && pwd)
+fi
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
 MURMUR=$PWD/target/release/murmur
@@ -166,6 +173,7 @@ workers=()
 for ((r = 0; r < WORKERS; r++)); do
     own=()
     [[ -n $PUSH_CODEC ]] && own+=(--push-codec "$PUSH_CODEC")
+    [[ -n $METRICS_DIR ]] && own+=(--metrics "$METRICS_DIR/worker-$r.jsonl")
     ip netns exec "$NS_W" "$MURMUR" worker --connect "$(connect_of "$r")" --swarm "$WORK/swarm" \
         --node "worker-$r" "${LINK[@]}" "${own[@]}" --json \
         >"$WORK/worker-$r.out" 2>"$WORK/worker-$r.log" &
@@ -238,6 +246,11 @@ done
 { grep -h '"event":"step"' "$WORK/worker-0.out" || true; } |
     sed -E 's/.*"seconds":([0-9.eE+-]+).*/\1/' | sort -g |
     awk '{ v[NR] = $1; sum += $1 } END { if (NR) printf "shaped-swarm: %d rounds, median %.3f s, mean %.3f s\n", NR, v[int((NR + 1) / 2)], sum / NR }'
+# Communication behind compute: from each round's first push to its replies, the part that
+# ran while the backward pass was still computing (worker 0's rounds).
+{ grep -h '"event":"step"' "$WORK/worker-0.out" || true; } |
+    sed -nE 's/.*"computing":([0-9.eE+-]+),"communicating":([0-9.eE+-]+),"hidden":([0-9.eE+-]+).*/\1 \2 \3/p' |
+    awk '{ compute += $1; comm += $2; hidden += $3 } END { if (NR) printf "shaped-swarm: worker 0 computed %.1f s and communicated %.1f s, %.1f s of it (%.1f%%) behind its backward passes\n", compute, comm, hidden, 100 * hidden / (comm > 0 ? comm : 1) }'
 # The servers gave out ranks in the order the workers joined; rank 0's last event is the one
 # summary with an accuracy: accuracy, seconds, bytes.
 grep -h '"event":"done".*"final_accuracy":[0-9]' "$WORK"/worker-*.out | tail -n 1 || true

@@ -89,6 +89,18 @@ pub enum Event {
         /// samples changed nothing there (it applied the round's reply all the same).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         late: bool,
+        /// Seconds spent computing the round's gradients (an outer round's local steps
+        /// included).
+        #[serde(default)]
+        computing: f64,
+        /// Seconds from the round's first push to its replies: communication, waiting for
+        /// the other workers and the servers included.
+        #[serde(default)]
+        communicating: f64,
+        /// The part of `communicating` that ran while the gradients were still being
+        /// computed (the last layers' pushes leave during the backward pass of the first).
+        #[serde(default)]
+        hidden: f64,
     },
     /// The model was evaluated on the test set (rank 0, at the end of every epoch).
     Evaluated {
@@ -238,6 +250,9 @@ mod tests {
             saturated: None,
             error_nonzero: Some(0.25),
             late: false,
+            computing: 0.0,
+            communicating: 0.0,
+            hidden: 0.0,
         };
         let line = serde_json::to_string(&step).unwrap();
         match serde_json::from_str::<Event>(&line).unwrap() {

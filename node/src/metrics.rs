@@ -237,6 +237,9 @@ mod tests {
             saturated: None,
             error_nonzero: None,
             late: false,
+            computing: 0.01,
+            communicating: 0.1,
+            hidden: 0.005,
         };
         let line = Metrics::from_event(&step).unwrap();
         assert_eq!(

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use murmur_engine::train::{
-    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes,
+    Classifier, CodeStats, DataParallel, LanguageModel, Learner, RoundBytes, RoundTiming,
     MAX_EMULATED_SECONDS_PER_SAMPLE,
 };
 use murmur_engine::Device;
@@ -334,6 +334,7 @@ struct Round {
     loss: f32,
     bytes: RoundBytes,
     codes: CodeStats,
+    timing: RoundTiming,
     seconds: f64,
     lr: f32,
     late: bool,
@@ -763,6 +764,7 @@ impl Run {
                 loss,
                 bytes,
                 codes: dp.code_stats(),
+                timing: dp.round_timing(),
                 seconds: step_started.elapsed().as_secs_f64(),
                 lr: dp.replica.lr(),
                 late,
@@ -858,6 +860,9 @@ impl Run {
             saturated: round.codes.saturated,
             error_nonzero: round.codes.error_nonzero,
             late: round.late,
+            computing: round.timing.computing.as_secs_f64(),
+            communicating: round.timing.communicating().as_secs_f64(),
+            hidden: round.timing.hidden().as_secs_f64(),
         });
     }
 

@@ -196,14 +196,19 @@ fn follow(
                 samples_per_second,
                 saturated,
                 error_nonzero,
+                communicating,
+                hidden,
                 ..
             } => {
                 bar.set_position(step);
                 let codes = super::code_stats::code_stats_line(saturated, error_nonzero);
                 bar.set_message(format!(
-                    "loss {loss:.4}  {:.0} KB up / {:.0} KB down per step  {samples_per_second:.0} samples/s{codes}",
+                    "loss {loss:.4}  {:.0} KB up / {:.0} KB down per step  {samples_per_second:.0} samples/s  \
+                     exchange {:.0} ms ({:.0}% behind the backward pass){codes}",
                     pushed as f64 / 1e3,
-                    pulled as f64 / 1e3
+                    pulled as f64 / 1e3,
+                    communicating * 1e3,
+                    100.0 * hidden / communicating.max(1e-9),
                 ));
             }
             Event::Evaluated {

@@ -11,11 +11,27 @@ use crate::kernels::unary::{unary, unary_backward, Unary};
 use crate::kernels::{conv, dropout, embedding, layernorm, permute, pool, softmax};
 use crate::tensor::Tensor;
 
+/// What the backward pass does with a parameter's gradient once nothing more can add to it:
+/// called with the parameter's storage id and the gradient.
+pub(super) type Ready<'a> = &'a mut dyn FnMut(usize, Tensor) -> Result<()>;
+
 /// Backpropagates `seed`, the gradient of some scalar with respect to `output` (ones for a
-/// one-element loss), through the tape.
-pub(super) fn run(graph: Graph, output: Var, seed: Option<Tensor>) -> Result<Grads> {
+/// one-element loss), through the tape. With `ready`, each parameter's gradient is handed to
+/// it the moment it is final, while the pass goes on to earlier layers (and is not in the
+/// returned [`Grads`]): a parameter's leaf sits on the tape before every node that reads it,
+/// so when the reverse walk reaches the leaf, every contribution has been added.
+pub(super) fn run(
+    graph: Graph,
+    output: Var,
+    seed: Option<Tensor>,
+    mut ready: Option<Ready<'_>>,
+) -> Result<Grads> {
     let nodes = graph.nodes.into_inner();
     let params = graph.params.into_inner();
+    let mut param_at: Vec<Option<usize>> = vec![None; nodes.len()];
+    for (&storage, v) in &params {
+        param_at[v.0] = Some(storage);
+    }
     let loss = output;
     let out_value = &nodes[loss.0].value;
     let seed = match seed {
@@ -46,6 +62,12 @@ pub(super) fn run(graph: Graph, output: Var, seed: Option<Tensor>) -> Result<Gra
 
     for i in (0..=loss.0).rev() {
         let node = &nodes[i];
+        if let (Some(ready), Some(storage)) = (ready.as_mut(), param_at[i]) {
+            if let Some(grad) = grads[i].take() {
+                ready(storage, grad)?;
+            }
+            continue;
+        }
         if !node.needs_grad || matches!(node.op, Op::Leaf) {
             continue;
         }

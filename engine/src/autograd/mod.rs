@@ -503,12 +503,51 @@ impl Graph {
     /// Gradients of the one-element `loss` with respect to every parameter. Consumes the
     /// graph so that parameters are no longer shared when the optimizer updates them in place.
     pub fn backward(self, loss: Var) -> Result<Grads> {
-        backward::run(self, loss, None)
+        backward::run(self, loss, None, None)
+    }
+
+    /// Gradients of a one-element `loss` for `params`, each handed to `ready` with its
+    /// position in `params` the moment the backward pass has finished it, while the pass
+    /// goes on to earlier layers: the last layer's gradients come first, and can travel while
+    /// the rest are computed (data parallelism's overlap of communication with the backward
+    /// pass). Every parameter is handed over exactly once, zeros for one the loss does not
+    /// reach (at the end). The gradients are the bits [`Graph::backward`] gives.
+    pub fn backward_as_ready(
+        self,
+        loss: Var,
+        params: &[&Tensor],
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<()> {
+        // A tensor listed twice (tied weights) is handed over at each of its positions.
+        let mut positions: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, p) in params.iter().enumerate() {
+            positions.entry(p.storage_id()).or_default().push(i);
+        }
+        let mut handed = vec![false; params.len()];
+        backward::run(
+            self,
+            loss,
+            None,
+            Some(&mut |storage, grad| {
+                // A parameter of the graph that the caller did not ask for is dropped.
+                for &i in positions.get(&storage).into_iter().flatten() {
+                    handed[i] = true;
+                    ready(i, grad.clone())?;
+                }
+                Ok(())
+            }),
+        )?;
+        for (i, p) in params.iter().enumerate() {
+            if !handed[i] {
+                ready(i, Tensor::zeros(p.device(), p.shape())?)?;
+            }
+        }
+        Ok(())
     }
 
     /// Gradients of `sum(output ⊙ seed)`: the vector-Jacobian product a pipeline stage
     /// computes from the activation gradient its successor sent back (clapping.md §3.7).
     pub fn backward_with(self, output: Var, seed: Tensor) -> Result<Grads> {
-        backward::run(self, output, Some(seed))
+        backward::run(self, output, Some(seed), None)
     }
 }

@@ -236,6 +236,31 @@ impl Classifier {
         labels: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (g, loss) = self.loss_graph(x, labels, first_sample)?;
+        let loss_value = g.value(loss);
+        // Consuming the graph releases its handles on the parameters before the update.
+        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
+        Ok((loss_value, grads))
+    }
+
+    /// [`Classifier::loss_and_grads`] with each parameter's gradient handed to `ready` (with
+    /// its position among the parameters) as soon as the backward pass has finished it
+    /// ([`Graph::backward_as_ready`]); returns the mean loss.
+    pub fn grads_as_ready(
+        &self,
+        x: &[f32],
+        labels: &[u32],
+        first_sample: usize,
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        let (g, loss) = self.loss_graph(x, labels, first_sample)?;
+        let loss_value = g.value(loss);
+        g.backward_as_ready(loss, &self.model.parameters(), ready)?;
+        Ok(loss_value)
+    }
+
+    /// The forward pass's tape and its mean loss, for the backward pass.
+    fn loss_graph(&self, x: &[f32], labels: &[u32], first_sample: usize) -> Result<(Graph, Var)> {
         let batch = labels.len();
         let first_sample = u32::try_from(first_sample)
             .map_err(|_| Error::Config(format!("sample {first_sample} is past 2^32")))?;
@@ -249,10 +274,7 @@ impl Classifier {
             Some((self.config.seed, self.steps as u32, first_sample)),
         )?;
         let loss = g.cross_entropy_mean(logits, &yt)?;
-        let loss_value = g.value(loss);
-        // Consuming the graph releases its handles on the parameters before the update.
-        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
-        Ok((loss_value, grads))
+        Ok((g, loss))
     }
 
     /// Applies gradients with the optimizer, after clipping them and setting the step's

@@ -3,15 +3,15 @@
 //! partition, and applies the servers' averaged reply with its optimizer. All ranks apply the
 //! same reply bytes, so their replicas stay bit-identical, in-process or over QUIC.
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::outer::{OuterConfig, OuterRounds};
+use super::push_pipeline::PushPipeline;
 use super::{Classifier, Learner};
 use crate::comm::partition::{Partition, PartitionPlan};
 use crate::comm::{codec_context, Collective, Key, KeySpec};
-use crate::compress::{
-    build, clipped_codes, parse, payload_log2s, rescaled, Codec, CodecSpec, DecodeMode,
-};
+use crate::compress::{build, parse, payload_log2s, rescaled, Codec, CodecSpec, DecodeMode};
 use crate::error::{Error, Result};
 use crate::feedback::{Feedback, Memory, SavedMemory};
 use crate::tensor::{Device, Tensor};
@@ -74,6 +74,8 @@ pub struct DataParallel<C: Collective, M: Learner = Classifier> {
     /// The outer loop, when rounds are outer rounds of local steps
     /// ([`DataParallel::take_local_steps`]).
     outer: Option<OuterRounds>,
+    /// How the last round's time went.
+    timing: RoundTiming,
 }
 
 /// A function of the round and the rank's gradients (one vector per parameter tensor) that
@@ -87,6 +89,41 @@ struct EmulatedDevice {
     seconds_per_sample: f64,
     /// Rounds whose real compute took longer than the emulated device would have.
     overruns: u64,
+}
+
+/// How one round's time went on a rank: computing its gradients, and communicating (from
+/// its first push to the replies), part of which ran while the gradients were still being
+/// computed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundTiming {
+    /// From the round's start to the last gradient on the host (local steps included in an
+    /// outer round; zero where the round computed nothing).
+    pub computing: Duration,
+    computed_at: Option<Instant>,
+    first_push: Option<Instant>,
+    replied_at: Option<Instant>,
+}
+
+impl RoundTiming {
+    /// From the first push to the last reply: what the round spent communicating (waiting
+    /// for the other workers and the servers included).
+    pub fn communicating(&self) -> Duration {
+        match (self.first_push, self.replied_at) {
+            (Some(pushed), Some(replied)) => replied.saturating_duration_since(pushed),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The part of [`RoundTiming::communicating`] that ran while gradients were still being
+    /// computed: hidden behind the backward pass.
+    pub fn hidden(&self) -> Duration {
+        match (self.first_push, self.computed_at) {
+            (Some(pushed), Some(computed)) => computed
+                .saturating_duration_since(pushed)
+                .min(self.communicating()),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// A round this rank pushed, kept until its replies are applied: should they never come (a
@@ -104,8 +141,9 @@ struct Unanswered {
 pub const MAX_EMULATED_SECONDS_PER_SAMPLE: f64 = 10.0;
 
 /// Refuses a gradient with non-finite values ([`Error::NonFinite`]): the codecs would send them
-/// as zeros (their encoders read a non-finite value as zero), hiding the fault.
-fn check_finite(grads: &[Vec<f32>], round: u64) -> Result<()> {
+/// as zeros (their encoders read a non-finite value as zero), hiding the fault. `grads` are
+/// the parameter tensors from `first_tensor` on.
+fn check_finite(grads: &[Vec<f32>], first_tensor: usize, round: u64) -> Result<()> {
     use rayon::prelude::*;
     let counts: Vec<usize> = grads
         .par_iter()
@@ -116,7 +154,7 @@ fn check_finite(grads: &[Vec<f32>], round: u64) -> Result<()> {
         Some(tensor) => Err(Error::NonFinite {
             round,
             count: counts.iter().sum(),
-            tensor,
+            tensor: first_tensor + tensor,
         }),
     }
 }
@@ -176,6 +214,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             device: None,
             tamper: None,
             outer: None,
+            timing: RoundTiming::default(),
         })
     }
 
@@ -320,29 +359,113 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
         let round = self.round();
         let (loss, pushed) = match self.push_again(round)? {
             Some(again) => again,
-            None => {
-                let samples = u32::try_from(self.replica.samples(&batch)).map_err(|_| {
-                    Error::Data("a share of over 2^32 samples cannot be weighed".into())
-                })?;
-                let computing = std::time::Instant::now();
-                let (loss, mut host) = if let Some(outer) = &mut self.outer {
-                    outer.local_work(&mut self.replica, batch, first_sample)?
-                } else {
-                    let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
-                    let mut host = Tensor::read_many(
-                        &std::iter::once(&loss).chain(&grads).collect::<Vec<_>>(),
-                    )?;
-                    (host.remove(0)[0], host)
-                };
-                self.wait_for_device(computing, samples, round);
-                check_finite(&host, round)?;
-                if let Some(tamper) = &mut self.tamper {
-                    tamper(round, &mut host);
-                }
-                (loss, self.encode_and_push(host, loss, samples)?)
-            }
+            None => self.compute_and_push(batch, first_sample)?,
         };
         Ok((loss, self.pull_and_apply(round, pushed)?))
+    }
+
+    /// The first half of a round: the gradients computed and pushed, each tensor's
+    /// partitions encoded and pushed the moment the backward pass has finished the tensor
+    /// ([`PushPipeline`]), so that the last layers' pushes travel while earlier layers'
+    /// gradients are computed. Where the gradients only exist at the end (outer rounds'
+    /// pseudo-gradients, an attacker's tampering, an emulated device's wait) every tensor is
+    /// handed over at once. Returns the loss and the bytes pushed.
+    fn compute_and_push(
+        &mut self,
+        batch: M::Batch<'_>,
+        first_sample: usize,
+    ) -> Result<(f32, usize)> {
+        let round = self.round();
+        let samples = u32::try_from(self.replica.samples(&batch))
+            .map_err(|_| Error::Data("a share of over 2^32 samples cannot be weighed".into()))?;
+        let computing = Instant::now();
+        let mut pipeline = PushPipeline::new(
+            Arc::clone(&self.parts),
+            std::mem::take(&mut self.memories),
+            self.seed,
+            round,
+            self.collective.rank(),
+            samples,
+        );
+        let overlapped = self.outer.is_none() && self.tamper.is_none() && self.device.is_none();
+        let computed = if overlapped {
+            let (replica, collective) = (&self.replica, &mut self.collective);
+            replica
+                .grads_as_ready(batch, first_sample, &mut |tensor, grad| {
+                    let host = grad.to_vec()?;
+                    check_finite(std::slice::from_ref(&host), tensor, round)?;
+                    pipeline.ready(tensor, host, collective);
+                    Ok(())
+                })
+                .and_then(|loss| Ok((loss.to_vec()?[0], Instant::now())))
+        } else {
+            self.gradients_at_once(batch, first_sample, computing, samples)
+                .map(|(loss, host)| {
+                    let computed_at = Instant::now();
+                    for (tensor, grad) in host.into_iter().enumerate() {
+                        pipeline.ready(tensor, grad, &mut self.collective);
+                    }
+                    (loss, computed_at)
+                })
+        };
+        let (memories, pushed) = pipeline.finish(&mut self.collective);
+        self.memories = memories;
+        let (loss, computed_at) = computed?;
+        let pushed = pushed?;
+        self.timing = RoundTiming {
+            computing: computed_at - computing,
+            first_push: pushed.first_push,
+            computed_at: Some(computed_at),
+            ..RoundTiming::default()
+        };
+        let bytes = pushed.kept.iter().map(|(_, b)| b.len()).sum();
+        self.unanswered = Some(Unanswered {
+            step: round,
+            loss,
+            samples,
+            pushes: pushed.kept,
+        });
+        if let Some(e) = pushed.push_failed {
+            return Err(e);
+        }
+        self.codes = CodeStats {
+            saturated: pushed.clipped.map(|(c, n)| c as f64 / n.max(1) as f64),
+            error_nonzero: self.error_nonzero()?,
+        };
+        Ok((loss, bytes))
+    }
+
+    /// The round's loss and every gradient on the host, at once: an outer round's
+    /// pseudo-gradient, or the share's gradients (then waited on as an emulated device,
+    /// checked, and tampered with where this rank is an attacker).
+    fn gradients_at_once(
+        &mut self,
+        batch: M::Batch<'_>,
+        first_sample: usize,
+        computing: Instant,
+        samples: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>)> {
+        let round = self.round();
+        let (loss, mut host) = if let Some(outer) = &mut self.outer {
+            outer.local_work(&mut self.replica, batch, first_sample)?
+        } else {
+            let (loss, grads) = self.replica.loss_and_grads(batch, first_sample)?;
+            let mut host =
+                Tensor::read_many(&std::iter::once(&loss).chain(&grads).collect::<Vec<_>>())?;
+            (host.remove(0)[0], host)
+        };
+        self.wait_for_device(computing, samples, round);
+        check_finite(&host, 0, round)?;
+        if let Some(tamper) = &mut self.tamper {
+            tamper(round, &mut host);
+        }
+        Ok((loss, host))
+    }
+
+    /// How the last round's time was spent: computing, communicating, and how much of the
+    /// communication ran while the gradients were still being computed.
+    pub fn round_timing(&self) -> RoundTiming {
+        self.timing
     }
 
     /// Makes this rank compute as a device of `seconds_per_sample` would: a round's gradients
@@ -443,6 +566,10 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             return Ok(None);
         };
         let mut pushed = 0;
+        self.timing = RoundTiming {
+            first_push: Some(Instant::now()),
+            ..RoundTiming::default()
+        };
         for (key, bytes) in &again.pushes {
             pushed += bytes.len();
             self.collective
@@ -454,6 +581,7 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// The second half of a round: its replies pulled and applied; the bytes it moved.
     fn pull_and_apply(&mut self, round: u64, pushed: usize) -> Result<RoundBytes> {
         let replies = self.collective.pull(round, &self.keys)?;
+        self.timing.replied_at = Some(Instant::now());
         let pulled = replies.iter().map(|(_, b)| b.len()).sum();
         self.apply_replies(&replies)?;
         let exchanges = self
@@ -472,91 +600,6 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             pulled,
             f32_each_way,
         })
-    }
-
-    /// Encodes the partitions in parallel (each with its error-feedback memory) and pushes each
-    /// one the moment it is ready, so the first partitions travel while later ones encode.
-    /// Returns the bytes pushed. The encoding runs as one task on rayon's pool (no thread is
-    /// started per round); this thread pushes what it makes, then takes the memories back.
-    fn encode_and_push(&mut self, host: Vec<Vec<f32>>, loss: f32, samples: u32) -> Result<usize> {
-        use rayon::prelude::*;
-        let (seed, step, rank) = (self.seed, self.round(), self.collective.rank());
-        // Each encoded partition comes with its clipped LoCo codes (where it has any).
-        type Encoded = Result<(Key, Vec<u8>, Option<(usize, usize)>)>;
-        let (tx, rx) = mpsc::channel::<Encoded>();
-        let (give_back, memories_back) = mpsc::sync_channel(1);
-        let parts = Arc::clone(&self.parts);
-        let mut memories = std::mem::take(&mut self.memories);
-        rayon::spawn(move || {
-            let failed = tx.clone();
-            // A panic on rayon's pool would abort the process: it becomes this round's error.
-            let encode = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                parts
-                    .par_iter()
-                    .zip(memories.par_iter_mut())
-                    .for_each_with(tx, |tx, (p, m)| {
-                        let ctx = codec_context(seed, step, p.key).sent_by(rank);
-                        let encoded = m.encode(&host[p.tensor][p.offset..p.offset + p.len], &ctx);
-                        let encoded = encoded.map(|bytes| {
-                            let clipped =
-                                clipped_codes(m.codec().spec(), &bytes, p.len).map(|c| (c, p.len));
-                            (p.key, bytes, clipped)
-                        });
-                        // The receiver only stops listening after an error it already holds.
-                        let _ = tx.send(encoded);
-                    })
-            }));
-            if encode.is_err() {
-                let _ = failed.send(Err(Error::Data("encoding a partition panicked".into())));
-            }
-            drop(failed);
-            // The receiver waits for this below, whatever happened to the pushes.
-            let _ = give_back.send(memories);
-        });
-        let mut clipped: Option<(usize, usize)> = None;
-        // Every payload is kept, even past a failed push: the memories moved for all of them.
-        let mut kept = Vec::with_capacity(self.parts.len());
-        let (mut encoding_failed, mut push_failed) = (None, None);
-        for encoded in rx.iter() {
-            let (key, bytes, codes) = match encoded {
-                Ok(e) => e,
-                Err(e) => {
-                    encoding_failed.get_or_insert(e);
-                    continue;
-                }
-            };
-            if let Some((c, n)) = codes {
-                let (sum_c, sum_n) = clipped.get_or_insert((0, 0));
-                (*sum_c, *sum_n) = (*sum_c + c, *sum_n + n);
-            }
-            if push_failed.is_none() {
-                if let Err(e) = self.collective.push(step, key, samples, bytes.clone()) {
-                    push_failed = Some(e);
-                }
-            }
-            kept.push((key, bytes));
-        }
-        self.memories = memories_back.recv().map_err(|_| {
-            Error::Data("the encoding task ended without returning its memories".into())
-        })?;
-        if let Some(e) = encoding_failed {
-            return Err(e);
-        }
-        let pushed = kept.iter().map(|(_, b)| b.len()).sum();
-        self.unanswered = Some(Unanswered {
-            step,
-            loss,
-            samples,
-            pushes: kept,
-        });
-        if let Some(e) = push_failed {
-            return Err(e);
-        }
-        self.codes = CodeStats {
-            saturated: clipped.map(|(c, n)| c as f64 / n.max(1) as f64),
-            error_nonzero: self.error_nonzero()?,
-        };
-        Ok(pushed)
     }
 
     /// The fraction of nonzero entries over every partition's error-feedback memory.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::host_update::{self, HostUpdate};
 use super::state::{self, describe, Header, Saved};
-use crate::autograd::Graph;
+use crate::autograd::{Graph, Var};
 use crate::checkpoint::Precision;
 use crate::data::{lm_batch, lm_windows};
 use crate::error::{Error, Result};
@@ -155,6 +155,36 @@ impl LanguageModel {
         targets: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
+        let loss_value = g.value(loss);
+        // Consuming the graph releases its handles on the parameters before the update.
+        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
+        Ok((loss_value, grads))
+    }
+
+    /// [`LanguageModel::loss_and_grads`] with each parameter's gradient handed to `ready`
+    /// (with its position among the parameters) as soon as the backward pass has finished it
+    /// ([`Graph::backward_as_ready`]); returns the mean loss.
+    pub fn grads_as_ready(
+        &self,
+        ids: &[u32],
+        targets: &[u32],
+        first_sample: usize,
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
+        let loss_value = g.value(loss);
+        g.backward_as_ready(loss, &self.model.parameters(), ready)?;
+        Ok(loss_value)
+    }
+
+    /// The forward pass's tape over whole sequences and its mean loss, for the backward pass.
+    fn loss_graph(
+        &self,
+        ids: &[u32],
+        targets: &[u32],
+        first_sample: usize,
+    ) -> Result<(Graph, Var)> {
         let context = self.context();
         if ids.is_empty() || ids.len() != targets.len() || !ids.len().is_multiple_of(context) {
             return Err(Error::Config(format!(
@@ -183,11 +213,7 @@ impl LanguageModel {
             first_sample,
             samples: rows as u32,
         });
-        let (g, loss) = self.loss(ids.to_vec(), targets.to_vec(), rows, dropout)?;
-        let loss_value = g.value(loss);
-        // Consuming the graph releases its handles on the parameters before the update.
-        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
-        Ok((loss_value, grads))
+        self.loss(ids.to_vec(), targets.to_vec(), rows, dropout)
     }
 
     /// One AdamW step with `grads` (one per parameter, in order) after clipping them to the

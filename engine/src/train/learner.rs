@@ -49,6 +49,17 @@ pub trait Learner {
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)>;
 
+    /// [`Learner::loss_and_grads`] with each parameter's gradient handed to `ready` (with its
+    /// position among [`Learner::parameters`]) as soon as the backward pass has finished it,
+    /// last layer first: what lets a data-parallel rank push a layer's gradients while the
+    /// backward pass computes earlier layers'. Returns the mean loss; the same bits.
+    fn grads_as_ready(
+        &self,
+        batch: Self::Batch<'_>,
+        first_sample: usize,
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor>;
+
     /// One optimizer step with the averaged gradients (after the clipping and the schedule
     /// the model's configuration asks for).
     fn apply(&mut self, grads: &[Tensor]) -> Result<()>;
@@ -128,6 +139,15 @@ impl Learner for Classifier {
         Classifier::loss_and_grads(self, x, labels, first_sample)
     }
 
+    fn grads_as_ready(
+        &self,
+        (x, labels): Self::Batch<'_>,
+        first_sample: usize,
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        Classifier::grads_as_ready(self, x, labels, first_sample, ready)
+    }
+
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
         Classifier::apply(self, grads)
     }
@@ -202,6 +222,15 @@ impl Learner for LanguageModel {
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         LanguageModel::loss_and_grads(self, ids, targets, first_sample)
+    }
+
+    fn grads_as_ready(
+        &self,
+        (ids, targets): Self::Batch<'_>,
+        first_sample: usize,
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        LanguageModel::grads_as_ready(self, ids, targets, first_sample, ready)
     }
 
     fn apply(&mut self, grads: &[Tensor]) -> Result<()> {

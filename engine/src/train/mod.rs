@@ -6,13 +6,14 @@ mod host_update;
 mod language_model;
 mod learner;
 mod outer;
+mod push_pipeline;
 mod schedule;
 mod shares;
 mod state;
 
 pub use classifier::{Classifier, ClassifierConfig, ClassifierModel, OptimizerKind};
 pub use data_parallel::{
-    CodeStats, DataParallel, RoundBytes, Tamper, MAX_EMULATED_SECONDS_PER_SAMPLE,
+    CodeStats, DataParallel, RoundBytes, RoundTiming, Tamper, MAX_EMULATED_SECONDS_PER_SAMPLE,
 };
 pub use language_model::{LanguageModel, LmConfig};
 pub use learner::Learner;

@@ -1,6 +1,7 @@
 //! `murmur plot`: training curves from metrics files (`--metrics run.jsonl`), one line per
 //! file: loss (and validation loss), test accuracy where measured, and the bytes moved so
-//! far, against the step.
+//! far, against the step or (`--against seconds`) the training time: a time-to-accuracy
+//! figure.
 
 mod read;
 
@@ -8,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use murmur_node::Metrics;
 
 use crate::chart::{Figure, Key, Line, Panel};
@@ -34,6 +35,20 @@ pub struct PlotArgs {
     /// Height in pixels [default: 300 per panel].
     #[arg(long)]
     height: Option<u32>,
+    /// What the curves are drawn against: the step, or the seconds of training so far (the
+    /// steps' times added up; time to accuracy).
+    #[arg(long, value_enum, default_value_t = Against::Step)]
+    against: Against,
+}
+
+/// The horizontal axis of every panel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Against {
+    /// The step (a swarm's round).
+    Step,
+    /// Seconds of training: each line's mean seconds per step over the steps since the
+    /// previous line, added up (evaluations between epochs are not counted).
+    Seconds,
 }
 
 pub fn run(a: PlotArgs) -> anyhow::Result<()> {
@@ -49,7 +64,7 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
         let label = a.label.get(i).cloned().unwrap_or_else(|| file_label(path));
         runs.push((label, read_metrics(path)?));
     }
-    let figure = curves(&a.title, &runs);
+    let figure = curves(&a.title, &runs, a.against);
     let height = a.height.unwrap_or(40 + 300 * figure.panels.len() as u32);
     figure.save(&a.out, (a.width, height))?;
     eprintln!(
@@ -71,11 +86,20 @@ fn file_label(path: &Path) -> String {
 }
 
 /// The figure of labelled runs: a loss panel, an accuracy panel if any run measured one, and
-/// a traffic panel.
-fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
+/// a traffic panel, against the step or the seconds of training.
+fn curves(title: &str, runs: &[(String, Vec<Metrics>)], against: Against) -> Figure {
     let mut keys = Vec::new();
     let (mut loss, mut accuracy, mut traffic) = (vec![], vec![], vec![]);
     for (colour, (label, records)) in runs.iter().enumerate() {
+        let clock = (against == Against::Seconds).then(|| training_clock(records));
+        // Points are made against the step, then moved to the step's time where asked.
+        let x = |points: Vec<(f64, f64)>| match &clock {
+            None => points,
+            Some(clock) => points
+                .into_iter()
+                .filter_map(|(step, y)| clock.get(&(step as u64)).map(|&t| (t, y)))
+                .collect(),
+        };
         let key = keys.len();
         keys.push(Key {
             label: label.clone(),
@@ -84,10 +108,10 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
         });
         loss.push(Line {
             key,
-            points: mean_per_step(records, |m| m.loss.map(f64::from)),
+            points: x(mean_per_step(records, |m| m.loss.map(f64::from))),
             ..Line::default()
         });
-        let valid = mean_per_step(records, |m| m.valid_loss);
+        let valid = x(mean_per_step(records, |m| m.valid_loss));
         if !valid.is_empty() {
             keys.push(Key {
                 label: format!("{label} (validation)"),
@@ -101,7 +125,7 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
                 ..Line::default()
             });
         }
-        let acc = mean_per_step(records, |m| m.accuracy.map(|a| 100.0 * a));
+        let acc = x(mean_per_step(records, |m| m.accuracy.map(|a| 100.0 * a)));
         if !acc.is_empty() {
             // Evaluations are few (one per epoch): dots show where they were taken.
             accuracy.push(Line {
@@ -113,13 +137,17 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
         }
         traffic.push(Line {
             key,
-            points: cumulative_megabytes(records),
+            points: x(cumulative_megabytes(records)),
             ..Line::default()
         });
     }
+    let x_label = match against {
+        Against::Step => "step",
+        Against::Seconds => "seconds of training",
+    };
     let mut panels = vec![Panel {
         title: "Loss".into(),
-        x_label: "step".into(),
+        x_label: x_label.into(),
         y_label: "loss (nats)".into(),
         lines: loss,
         ..Panel::default()
@@ -127,7 +155,7 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
     if !accuracy.is_empty() {
         panels.push(Panel {
             title: "Test accuracy".into(),
-            x_label: "step".into(),
+            x_label: x_label.into(),
             y_label: "accuracy (%)".into(),
             lines: accuracy,
             ..Panel::default()
@@ -135,7 +163,7 @@ fn curves(title: &str, runs: &[(String, Vec<Metrics>)]) -> Figure {
     }
     panels.push(Panel {
         title: "Bytes between nodes (none for murmur train)".into(),
-        x_label: "step".into(),
+        x_label: x_label.into(),
         y_label: "MB sent + received so far".into(),
         y_from_zero: true,
         lines: traffic,
@@ -160,6 +188,22 @@ fn mean_per_step(records: &[Metrics], value: impl Fn(&Metrics) -> Option<f64>) -
     }
     sums.into_iter()
         .map(|(step, (sum, n))| (step as f64, sum / n as f64))
+        .collect()
+}
+
+/// The seconds of training by the end of each step that has a time: every line's mean
+/// seconds per step (the ranks' mean, where several wrote one) times the steps since the
+/// previous such line, added up.
+fn training_clock(records: &[Metrics]) -> BTreeMap<u64, f64> {
+    let (mut previous, mut elapsed) = (0u64, 0.0);
+    mean_per_step(records, |m| m.step_seconds)
+        .into_iter()
+        .map(|(step, seconds)| {
+            let step = step as u64;
+            elapsed += seconds * step.saturating_sub(previous) as f64;
+            previous = step;
+            (step, elapsed)
+        })
         .collect()
 }
 
@@ -218,7 +262,7 @@ mod tests {
             [(1.0, 2.0), (2.0, 1.5)]
         );
         assert_eq!(cumulative_megabytes(&records), [(1.0, 6.0), (2.0, 7.0)]);
-        let figure = curves("t", &[("a".into(), records)]);
+        let figure = curves("t", &[("a".into(), records.clone())], Against::Step);
         let titles: Vec<&str> = figure.panels.iter().map(|p| p.title.as_str()).collect();
         assert_eq!(titles.len(), 3, "{titles:?}");
         assert_eq!(figure.panels[1].lines[0].points, [(2.0, 50.0)]);
@@ -226,5 +270,18 @@ mod tests {
             figure.panels[1].lines[0].markers,
             "a lone accuracy shows as a dot"
         );
+        // Against time, a step sits at the seconds its lines add up to; the accuracy after
+        // step 2 is at the end of step 2.
+        let timed: Vec<Metrics> = records
+            .into_iter()
+            .map(|mut m| {
+                m.step_seconds = m.loss.map(|_| 0.5 * m.step as f64);
+                m
+            })
+            .collect();
+        assert_eq!(training_clock(&timed), BTreeMap::from([(1, 0.5), (2, 1.5)]));
+        let figure = curves("t", &[("a".into(), timed)], Against::Seconds);
+        assert_eq!(figure.panels[1].lines[0].points, [(1.5, 50.0)]);
+        assert_eq!(figure.panels[0].x_label, "seconds of training");
     }
 }
