@@ -32,7 +32,7 @@ set -euo pipefail
 
 WORKERS=2 SERVERS=1 MBIT=100 RTT_MS=40 LOSS=0 CODEC=topk:0.01 TARGET= CONGESTION= STATE_LINK=
 OWN_LINKS= SLOW=0 SLOW_MBIT=10 PUSH_CODEC= METRICS_DIR=
-EXTRA=(--epochs 1)
+EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --workers) WORKERS=$2; shift 2 ;;
@@ -63,6 +63,10 @@ for tool in ip tc; do
     command -v "$tool" >/dev/null || { echo "shaped-swarm: '$tool' is missing (apt-get install iproute2)" >&2; exit 1; }
 done
 
+# An mlp job of one epoch unless the job flags say otherwise (a gpt job counts steps).
+if [[ " ${EXTRA[*]} " != *" --model gpt "* && " ${EXTRA[*]} " != *" --epochs "* ]]; then
+    EXTRA=(--epochs 1 "${EXTRA[@]}")
+fi
 if [[ -n $METRICS_DIR ]]; then
     mkdir -p "$METRICS_DIR"
     METRICS_DIR=$(cd "$METRICS_DIR" && pwd)
