@@ -20,6 +20,7 @@ pub mod shape;
 #[cfg(target_os = "linux")]
 pub mod shaped_path;
 pub mod signing;
+pub mod socket_buffers;
 pub mod stage;
 pub mod state_file;
 pub mod throughput;

@@ -1,5 +1,6 @@
 //! QUIC endpoints tuned for bulk tensors: flow-control windows sized from the link's
-//! bandwidth-delay product, UDP socket buffers of at least 2 MiB, many concurrent
+//! bandwidth-delay product, UDP socket buffers of at least 2 MiB that grow with the windows
+//! ([`crate::socket_buffers`]), many concurrent
 //! unidirectional streams (one per message, so partitions never block each other) and
 //! datagrams for heartbeats only. Every message is a [`Frame`] on its own stream.
 
@@ -16,6 +17,7 @@ use quinn::{
 
 use crate::error::{NetError, Result};
 use crate::identity::{fingerprint, Credentials, Role};
+use crate::socket_buffers::{follow_window, SizedSocket};
 use crate::tls::{client_tls, server_tls};
 use crate::wire::{Frame, Header, Limits, HEADER};
 use rustls::pki_types::CertificateDer;
@@ -282,10 +284,11 @@ pub fn server_endpoint_on(
     creds: &Credentials,
     link: &Link,
 ) -> Result<Endpoint> {
-    let mut endpoint = Endpoint::new(
+    follow_window(link.connection_window());
+    let mut endpoint = Endpoint::new_with_abstract_socket(
         EndpointConfig::default(),
         Some(server_config(creds, link)?),
-        socket,
+        SizedSocket::wrap(socket)?,
         Arc::new(TokioRuntime),
     )?;
     endpoint.set_default_client_config(client_config(creds, link)?);
@@ -307,10 +310,11 @@ pub fn client_endpoint_on(
     creds: &Credentials,
     link: &Link,
 ) -> Result<Endpoint> {
-    let mut endpoint = Endpoint::new(
+    follow_window(link.connection_window());
+    let mut endpoint = Endpoint::new_with_abstract_socket(
         EndpointConfig::default(),
         None,
-        socket,
+        SizedSocket::wrap(socket)?,
         Arc::new(TokioRuntime),
     )?;
     endpoint.set_default_client_config(client_config(creds, link)?);
@@ -727,6 +731,7 @@ async fn grow_window(conn: Connection, mut window: u64) {
         if let Some(grown) = grown_window(window, per_rtt) {
             window = grown;
             conn.set_receive_window(VarInt::from_u64(window).expect("below 2^62"));
+            follow_window(window);
             tracing::debug!(
                 "receive window {window} bytes from {}: {per_rtt:.0} bytes a round trip of {rtt:?}",
                 conn.remote_address()
