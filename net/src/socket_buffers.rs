@@ -2,7 +2,7 @@
 //! peer may have in flight toward this end, so a socket whose receive buffer holds the
 //! largest window can hold what the peers may send before this end reads it (the kernel
 //! counts its own overhead on top: Linux grants twice the size asked for that). Every endpoint's socket starts with
-//! [`crate::transport::WANT_SOCKET_BUFFER`] each way; when a connection's
+//! [`WANT_SOCKET_BUFFER`] each way; when a connection's
 //! window grows (measured) or is stated larger, the process's sockets ask the kernel for that
 //! much, up to [`MAX_SOCKET_BUFFER`] (the kernel grants at most `net.core.rmem_max` and
 //! `wmem_max`; what it granted is logged).
@@ -23,7 +23,16 @@ use std::task::{Context, Poll};
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, Runtime, TokioRuntime, UdpPoller};
 
-use crate::transport::WANT_SOCKET_BUFFER;
+/// Smallest socket buffer murmur is content with (a warning below it).
+pub const SOCKET_BUFFER: usize = 2 << 20;
+/// Socket buffer murmur asks for when it binds (the kernel may grant less).
+pub const WANT_SOCKET_BUFFER: usize = 4 << 20;
+
+/// Asks for [`WANT_SOCKET_BUFFER`] each way; failures leave the kernel's default.
+pub(crate) fn request_socket_buffers(socket: socket2::SockRef<'_>) {
+    let _ = socket.set_recv_buffer_size(WANT_SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(WANT_SOCKET_BUFFER);
+}
 
 /// The most a socket buffer is asked for: a 256 MiB window's data arrives over many round
 /// trips, and the kernel's own limits stop far below this on most systems.

@@ -17,7 +17,9 @@ use quinn::{
 
 use crate::error::{NetError, Result};
 use crate::identity::{fingerprint, Credentials, Role};
+pub(crate) use crate::socket_buffers::request_socket_buffers;
 use crate::socket_buffers::{follow_window, SizedSocket};
+pub use crate::socket_buffers::{SOCKET_BUFFER, WANT_SOCKET_BUFFER};
 use crate::tls::{client_tls, server_tls};
 use crate::wire::{Frame, Header, Limits, HEADER};
 use rustls::pki_types::CertificateDer;
@@ -154,17 +156,6 @@ impl Default for Link {
 /// Streams a peer may have open and unfinished at once: enough for every partition of a
 /// 4 GB model in one round.
 pub const MAX_STREAMS_IN_FLIGHT: u32 = 1024;
-
-/// Smallest socket buffer murmur is content with (a warning below it).
-pub const SOCKET_BUFFER: usize = 2 << 20;
-/// Socket buffer murmur asks for (the kernel may grant less).
-pub const WANT_SOCKET_BUFFER: usize = 4 << 20;
-
-/// Asks for [`WANT_SOCKET_BUFFER`] each way; failures leave the kernel's default.
-pub(crate) fn request_socket_buffers(socket: socket2::SockRef<'_>) {
-    let _ = socket.set_recv_buffer_size(WANT_SOCKET_BUFFER);
-    let _ = socket.set_send_buffer_size(WANT_SOCKET_BUFFER);
-}
 
 /// What a connection to a listening node may hold before the node admits it (a shard: after
 /// a valid hello; a stage: after the role check): this much unread data in all ...
