@@ -22,7 +22,8 @@
 #
 # It prints the test accuracy after each epoch with the seconds since training began (the sum
 # of the epochs' times) and, with --target, the time to that test accuracy, stopping the swarm
-# once an epoch reaches it; then worker 0's rounds, and how much of its communication ran
+# once an epoch reaches it (a gpt job, `-- --model gpt`: the validation loss, and --target is
+# a loss in nats per byte that a validation reaches at or below); then worker 0's rounds, and how much of its communication ran
 # behind its backward passes. --metrics-dir keeps each worker's metrics (worker-R.jsonl, for
 # murmur plot).
 #
@@ -64,7 +65,9 @@ for tool in ip tc; do
 done
 
 # An mlp job of one epoch unless the job flags say otherwise (a gpt job counts steps).
-if [[ " ${EXTRA[*]} " != *" --model gpt "* && " ${EXTRA[*]} " != *" --epochs "* ]]; then
+GPT=
+[[ " ${EXTRA[*]} " == *" --model gpt "* ]] && GPT=1
+if [[ -z $GPT && " ${EXTRA[*]} " != *" --epochs "* ]]; then
     EXTRA=(--epochs 1 "${EXTRA[@]}")
 fi
 if [[ -n $METRICS_DIR ]]; then
@@ -184,18 +187,24 @@ for ((r = 0; r < WORKERS; r++)); do
     workers+=($!)
     PIDS+=($!)
 done
-# The epochs measured so far: "round accuracy seconds", one line each, in round order.
+# The measurements so far, "round value seconds", one line each, in round order: the test
+# accuracy after each epoch (mlp jobs) or the validation loss (gpt jobs). A target is reached
+# by an accuracy at or above it, a loss at or below it (SIGN).
 evaluated() {
-    { grep -h '"event":"evaluated"' "$WORK"/worker-*.out 2>/dev/null || true; } |
-        sed -E 's/.*"step":([0-9]+).*"accuracy":([0-9.eE+-]+).*"seconds":([0-9.eE+-]+).*/\1 \2 \3/' |
+    local event=evaluated field=accuracy
+    [[ -n $GPT ]] && event=validated field=valid_loss
+    { grep -h "\"event\":\"$event\"" "$WORK"/worker-*.out 2>/dev/null || true; } |
+        sed -E "s/.*\"step\":([0-9]+).*\"$field\":([0-9.eE+-]+).*\"seconds\":([0-9.eE+-]+).*/\1 \2 \3/" |
         sort -n -k1,1 | awk '!seen[$1]++'
 }
+SIGN=1
+[[ -n $GPT ]] && SIGN=-1
 status=0
 if [[ -n $TARGET ]]; then
     # With a target, the run stops once an epoch reaches it (the rest would not change the
     # time to it): the workers are stopped as soon as one reports it.
     while :; do
-        if evaluated | awk -v t="$TARGET" '$2 >= t { hit = 1 } END { exit !hit }'; then
+        if evaluated | awk -v t="$TARGET" -v s="$SIGN" 's * $2 >= s * t { hit = 1 } END { exit !hit }'; then
             echo "shaped-swarm: target reached; stopping the swarm"
             break
         fi
@@ -218,21 +227,25 @@ if [[ $status -ne 0 ]]; then
     for ((r = 0; r < WORKERS; r++)); do tail -n 5 "$WORK/worker-$r.log" >&2; done
     exit 1
 fi
-# Each epoch is measured by one rank in turn: its "evaluated" events, in round order, with the
-# running sum of the epochs' seconds.
-evaluated | awk -v target="$TARGET" '
+# Each measurement is made by one rank in turn: its events, in round order, with the running
+# sum of the seconds between them.
+evaluated | awk -v target="$TARGET" -v s="$SIGN" '
+        function shown(v) {
+            return s > 0 ? sprintf("%.2f%%", 100 * v) : sprintf("%.3f nats/byte", v)
+        }
         {
             t += $3
-            printf "shaped-swarm: round %d: test accuracy %.2f%% at %.1f s\n", $1, 100 * $2, t
-            if (target != "" && !hit && $2 >= target) {
+            printf "shaped-swarm: round %d: %s %s at %.1f s\n", $1,
+                (s > 0 ? "test accuracy" : "validation loss"), shown($2), t
+            if (target != "" && !hit && s * $2 >= s * target) {
                 hit = 1
-                printf "shaped-swarm: time to %.2f%%: %.1f s (round %d)\n", 100 * target, t, $1
+                printf "shaped-swarm: time to %s: %.1f s (round %d)\n", shown(target), t, $1
             }
         }
-        END { if (target != "" && !hit) printf "shaped-swarm: %.2f%% not reached\n", 100 * target }'
+        END { if (target != "" && !hit) printf "shaped-swarm: %s not reached\n", shown(target) }'
 if [[ -n $TARGET ]]; then
     # The bytes one worker moved (both ways) until the round that reached the target.
-    reached=$(evaluated | awk -v t="$TARGET" '$2 >= t { print $1; exit }')
+    reached=$(evaluated | awk -v t="$TARGET" -v s="$SIGN" 's * $2 >= s * t { print $1; exit }')
     if [[ -n $reached ]]; then
         { grep -h '"event":"step"' "$WORK/worker-0.out" || true; } |
             sed -E 's/.*"step":([0-9]+).*"pushed":([0-9]+),"pulled":([0-9]+).*/\1 \2 \3/' |
