@@ -506,6 +506,26 @@ impl Graph {
         backward::run(self, loss, None, None)
     }
 
+    /// The value of a one-element `loss` and its gradients for `params` (zeros for those it
+    /// does not reach), in their order; consuming the graph releases its handles on the
+    /// parameters before an update.
+    pub fn loss_and_grads(self, loss: Var, params: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
+        let value = self.value(loss);
+        Ok((value, self.backward(loss)?.for_params(params)?))
+    }
+
+    /// [`Graph::backward_as_ready`] that returns the loss's value.
+    pub fn loss_as_ready(
+        self,
+        loss: Var,
+        params: &[&Tensor],
+        ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        let value = self.value(loss);
+        self.backward_as_ready(loss, params, ready)?;
+        Ok(value)
+    }
+
     /// Gradients of a one-element `loss` for `params`, each handed to `ready` with its
     /// position in `params` the moment the backward pass has finished it, while the pass
     /// goes on to earlier layers: the last layer's gradients come first, and can travel while

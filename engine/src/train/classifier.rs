@@ -237,10 +237,7 @@ impl Classifier {
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let (g, loss) = self.loss_graph(x, labels, first_sample)?;
-        let loss_value = g.value(loss);
-        // Consuming the graph releases its handles on the parameters before the update.
-        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
-        Ok((loss_value, grads))
+        g.loss_and_grads(loss, &self.model.parameters())
     }
 
     /// [`Classifier::loss_and_grads`] with each parameter's gradient handed to `ready` (with
@@ -254,9 +251,7 @@ impl Classifier {
         ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<Tensor> {
         let (g, loss) = self.loss_graph(x, labels, first_sample)?;
-        let loss_value = g.value(loss);
-        g.backward_as_ready(loss, &self.model.parameters(), ready)?;
-        Ok(loss_value)
+        g.loss_as_ready(loss, &self.model.parameters(), ready)
     }
 
     /// The forward pass's tape and its mean loss, for the backward pass.

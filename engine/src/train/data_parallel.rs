@@ -368,8 +368,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// partitions encoded and pushed the moment the backward pass has finished the tensor
     /// ([`PushPipeline`]), so that the last layers' pushes travel while earlier layers'
     /// gradients are computed. Where the gradients only exist at the end (outer rounds'
-    /// pseudo-gradients, an attacker's tampering, an emulated device's wait) every tensor is
-    /// handed over at once. Returns the loss and the bytes pushed.
+    /// pseudo-gradients, an attacker's tampering, an emulated device's wait), or would each
+    /// cost a GPU readback, every tensor is handed over at once. Returns the loss and the bytes pushed.
     fn compute_and_push(
         &mut self,
         batch: M::Batch<'_>,
@@ -387,7 +387,12 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
             self.collective.rank(),
             samples,
         );
-        let overlapped = self.outer.is_none() && self.tamper.is_none() && self.device.is_none();
+        // On a GPU each tensor handed over would be a readback of its own (a wait for the
+        // queue each), so a GPU replica reads its gradients back once, at the end.
+        let overlapped = self.outer.is_none()
+            && self.tamper.is_none()
+            && self.device.is_none()
+            && matches!(self.replica.device(), Device::Cpu);
         let computed = if overlapped {
             let (replica, collective) = (&self.replica, &mut self.collective);
             replica

@@ -156,10 +156,7 @@ impl LanguageModel {
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
-        let loss_value = g.value(loss);
-        // Consuming the graph releases its handles on the parameters before the update.
-        let grads = g.backward(loss)?.for_params(&self.model.parameters())?;
-        Ok((loss_value, grads))
+        g.loss_and_grads(loss, &self.model.parameters())
     }
 
     /// [`LanguageModel::loss_and_grads`] with each parameter's gradient handed to `ready`
@@ -173,9 +170,7 @@ impl LanguageModel {
         ready: &mut dyn FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<Tensor> {
         let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
-        let loss_value = g.value(loss);
-        g.backward_as_ready(loss, &self.model.parameters(), ready)?;
-        Ok(loss_value)
+        g.loss_as_ready(loss, &self.model.parameters(), ready)
     }
 
     /// The forward pass's tape over whole sequences and its mean loss, for the backward pass.
