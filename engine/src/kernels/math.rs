@@ -10,11 +10,29 @@ const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
 const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
 const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
 
+#[inline(always)]
 fn pow2i(n: i32) -> f32 {
     f32::from_bits(((n + 127) as u32) << 23)
 }
 
+/// `v.floor()` for |v| < 2^31 (exp's argument is within ±150 here), in arithmetic every
+/// x86-64 vector unit has: truncate, then step down where that rounded a negative value up.
+/// `f32::floor` is a call into libm on x86-64's baseline (SSE2 has no rounding instruction),
+/// and a call keeps the loops around `exp` (GELU, sigmoid, tanh, softmax) from vectorising.
+/// Same value as `floor` in this range, except that -0.0 comes out +0.0, which `exp` only
+/// multiplies by ln 2 and subtracts from `x` (its argument is never -0.0: it adds 0.5).
+#[inline(always)]
+fn floor_small(v: f32) -> f32 {
+    let t = v as i32 as f32;
+    if t > v {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
 /// e^x, accurate to a few ulp, identical to `det_exp` in math.wgsl.
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return x;
@@ -25,7 +43,7 @@ pub fn exp(x: f32) -> f32 {
     if x < f32::from_bits(0xc2cf_f1b4) {
         return 0.0;
     }
-    let k = (x * LOG2E + 0.5).floor();
+    let k = floor_small(x * LOG2E + 0.5);
     let mut r = x - k * LN2_HI;
     r -= k * LN2_LO;
     let mut p = f32::from_bits(0x3950_0d01);
@@ -42,6 +60,7 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// e^x - 1, identical to `det_expm1`.
+#[inline(always)]
 pub fn expm1(x: f32) -> f32 {
     if x.abs() >= 0.5 {
         return exp(x) - 1.0;
@@ -59,6 +78,7 @@ pub fn expm1(x: f32) -> f32 {
 }
 
 /// Natural logarithm, identical to `det_log`.
+#[inline(always)]
 pub fn ln(x: f32) -> f32 {
     if x.is_nan() || x < 0.0 {
         return f32::NAN;
@@ -96,6 +116,7 @@ pub fn ln(x: f32) -> f32 {
 }
 
 /// Hyperbolic tangent, identical to `det_tanh`.
+#[inline(always)]
 pub fn tanh(x: f32) -> f32 {
     let a = x.abs().min(15.0);
     let t = expm1(2.0 * a);
@@ -108,6 +129,7 @@ pub fn tanh(x: f32) -> f32 {
 }
 
 /// Logistic function, identical to `det_sigmoid`.
+#[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
@@ -121,16 +143,32 @@ pub fn workgroup_sum(values: impl Iterator<Item = f32>, lanes: usize) -> f32 {
     workgroup_fold(values, lanes, 0.0, |a, b| a + b)
 }
 
-/// [`workgroup_sum`] for any combining function with its identity.
+/// [`workgroup_sum`] for any combining function with its identity. Up to 256 lanes live on
+/// the stack: the CPU path folds every row of a layernorm or softmax with it, and a heap
+/// allocation per row cost more than the row's arithmetic.
+#[inline]
 pub fn workgroup_fold(
     values: impl Iterator<Item = f32>,
     lanes: usize,
     identity: f32,
     combine: impl Fn(f32, f32) -> f32,
 ) -> f32 {
-    let mut partial = vec![identity; lanes];
-    for (i, v) in values.enumerate() {
-        partial[i % lanes] = combine(partial[i % lanes], v);
+    const ON_STACK: usize = 256;
+    let mut stack = [identity; ON_STACK];
+    let mut heap = Vec::new();
+    let partial: &mut [f32] = if lanes <= ON_STACK {
+        &mut stack[..lanes]
+    } else {
+        heap.resize(lanes, identity);
+        &mut heap
+    };
+    let mut lane = 0;
+    for v in values {
+        partial[lane] = combine(partial[lane], v);
+        lane += 1;
+        if lane == lanes {
+            lane = 0;
+        }
     }
     let mut width = lanes / 2;
     while width > 0 {
@@ -145,6 +183,37 @@ pub fn workgroup_fold(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floor_small_is_floor_over_exps_range() {
+        // Every 997th f32 from -160 to 160, integers and their neighbours among them.
+        let mut checked = 0;
+        for bits in (0..0x4320_0000u32)
+            .step_by(997)
+            .chain(0x3f7f_fff0..0x3f80_0010)
+        {
+            for v in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                if v == 0.0 {
+                    continue;
+                }
+                assert_eq!(floor_small(v).to_bits(), v.floor().to_bits(), "at {v:e}");
+                checked += 1;
+            }
+        }
+        for n in (-160..=160).filter(|n| *n != 0) {
+            let v = n as f32;
+            for w in [
+                v,
+                f32::from_bits(v.to_bits() + 1),
+                f32::from_bits(v.to_bits() - 1),
+            ] {
+                if w != 0.0 {
+                    assert_eq!(floor_small(w).to_bits(), w.floor().to_bits(), "at {w:e}");
+                }
+            }
+        }
+        assert!(checked > 2_000_000);
+    }
 
     fn ulps(a: f32, b: f32) -> u32 {
         (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32

@@ -118,9 +118,13 @@ pub fn reduce_ref(
                 });
             out
         }
-        Plan::PerWorkgroup => crate::cpu::elementwise::collect_indexed(outer * inner, |oi| {
-            fold(oi / inner, oi % inner, 0..len) * scale
-        }),
+        Plan::PerWorkgroup => match op {
+            Reduce::Sum => lanes_then_tree(x, outer, len, inner, scale, 0.0, |a, b| a + b),
+            Reduce::Max => {
+                lanes_then_tree(x, outer, len, inner, scale, f32::NEG_INFINITY, f32::max)
+            }
+            Reduce::Min => lanes_then_tree(x, outer, len, inner, scale, f32::INFINITY, f32::min),
+        },
         Plan::TwoPass { chunks } => {
             let mut partial = vec![0.0; outer * chunks * inner];
             for o in 0..outer {
@@ -134,6 +138,58 @@ pub fn reduce_ref(
             reduce_ref(&partial, outer, chunks, inner, op, scale)
         }
     }
+}
+
+/// Columns of `inner` one task of [`lanes_then_tree`] reduces: a cache line of f32.
+const COLUMNS_PER_TASK: usize = 16;
+
+/// The per-workgroup plan of `[outer, len, inner]` over `len`, output for output as
+/// [`workgroup_fold`] computes it (element `j` into lane `j % LANES` in ascending `j`, then
+/// the lanes as a tree), but walking the input in memory order: each task keeps the
+/// 256 lanes of up to [`COLUMNS_PER_TASK`] neighbouring outputs and adds each row's run of
+/// them at once, where a fold per output would stride by `inner` and allocate its lanes.
+/// One `combine` per operation (the caller's `match`), so the inner loops vectorise.
+fn lanes_then_tree(
+    x: &[f32],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    scale: f32,
+    identity: f32,
+    combine: impl Fn(f32, f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let blocks = inner.div_ceil(COLUMNS_PER_TASK);
+    let task = |t: usize| {
+        let (o, b) = (t / blocks, t % blocks);
+        let first = b * COLUMNS_PER_TASK;
+        let width = COLUMNS_PER_TASK.min(inner - first);
+        // lanes[l * width + c]: lane l of output column first + c.
+        let mut lanes = vec![identity; LANES * width];
+        for j in 0..len {
+            let row = &x[(o * len + j) * inner + first..][..width];
+            let lane = &mut lanes[(j % LANES) * width..][..width];
+            for (acc, &v) in lane.iter_mut().zip(row) {
+                *acc = combine(*acc, v);
+            }
+        }
+        let mut half = LANES / 2;
+        while half > 0 {
+            let (low, high) = lanes.split_at_mut(half * width);
+            for (acc, &v) in low.iter_mut().zip(&high[..half * width]) {
+                *acc = combine(*acc, v);
+            }
+            half /= 2;
+        }
+        lanes.truncate(width);
+        lanes.iter_mut().for_each(|v| *v *= scale);
+        lanes
+    };
+    let columns: Vec<Vec<f32>> = (0..outer * blocks).into_par_iter().map(task).collect();
+    let mut out = Vec::with_capacity(outer * inner);
+    for c in columns {
+        out.extend_from_slice(&c);
+    }
+    out
 }
 
 /// CPU reference of argmax over the last axis of `[rows, len]` (first maximum wins).
@@ -431,6 +487,34 @@ mod tests {
         );
         assert_eq!(reduce_ref(&x, 1, 12, 1, Reduce::Sum, 0.5), [33.]);
         assert_eq!(argmax_ref(&[1., 3., 3., 0., -1., -2.], 2, 3), [1, 0]);
+    }
+
+    #[test]
+    fn the_per_workgroup_plan_walks_rows_with_each_outputs_fold_order() {
+        // Awkward shapes in the per-workgroup plan (257..=65536 long, under 4096 outputs):
+        // lanes not filled, column blocks cut short, several outer rows. Values of mixed
+        // magnitude so that any other order changes the sums' bits.
+        for &(outer, len, inner) in &[(1, 257, 1), (3, 1000, 17), (2, 4099, 64), (1, 300, 33)] {
+            let x: Vec<f32> = (0..outer * len * inner)
+                .map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 1.37f32.powi((i % 23) as i32 - 11))
+                .collect();
+            assert_eq!(plan(outer * inner, len), Plan::PerWorkgroup);
+            for op in [Reduce::Sum, Reduce::Max, Reduce::Min] {
+                let fast = reduce_ref(&x, outer, len, inner, op, 0.5);
+                for o in 0..outer {
+                    for i in 0..inner {
+                        let values = (0..len).map(|j| x[(o * len + j) * inner + i]);
+                        let folded =
+                            workgroup_fold(values, LANES, op.identity(), |a, b| op.combine(a, b));
+                        assert_eq!(
+                            fast[o * inner + i].to_bits(),
+                            (folded * 0.5).to_bits(),
+                            "{op:?} of [{outer}, {len}, {inner}] at ({o}, {i})"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

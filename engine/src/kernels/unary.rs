@@ -76,6 +76,8 @@ impl Unary {
     }
 
     /// CPU reference of `f(x)`.
+    // Always inlined: the CPU path's loops vectorise only with it inside them.
+    #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Unary::Relu => x.max(0.0),
@@ -92,6 +94,7 @@ impl Unary {
     }
 
     /// CPU reference of `f'(x)`.
+    #[inline(always)]
     pub fn derivative(self, x: f32) -> f32 {
         match self {
             Unary::Relu => {
@@ -131,6 +134,56 @@ impl Unary {
     }
 }
 
+/// Runs `$body` with `$o` bound to `$op` as a constant variant in each arm, so that the CPU
+/// path's loops are compiled once per function with the `match` of `apply`/`derivative`
+/// folded away (a match per element keeps a loop from vectorising).
+macro_rules! per_op {
+    ($op:expr, |$o:ident| $body:expr) => {
+        match $op {
+            Unary::Relu => {
+                let $o = Unary::Relu;
+                $body
+            }
+            Unary::Gelu => {
+                let $o = Unary::Gelu;
+                $body
+            }
+            Unary::Tanh => {
+                let $o = Unary::Tanh;
+                $body
+            }
+            Unary::Sigmoid => {
+                let $o = Unary::Sigmoid;
+                $body
+            }
+            Unary::Exp => {
+                let $o = Unary::Exp;
+                $body
+            }
+            Unary::Log => {
+                let $o = Unary::Log;
+                $body
+            }
+            Unary::Sqrt => {
+                let $o = Unary::Sqrt;
+                $body
+            }
+            Unary::Square => {
+                let $o = Unary::Square;
+                $body
+            }
+            Unary::Abs => {
+                let $o = Unary::Abs;
+                $body
+            }
+            Unary::Affine { alpha, beta } => {
+                let $o = Unary::Affine { alpha, beta };
+                $body
+            }
+        }
+    };
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
@@ -155,7 +208,8 @@ pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
     x.expect_dtype("unary", DType::F32)?;
     match x.device() {
         Device::Cpu => {
-            let y = crate::cpu::elementwise::map(x.cpu_f32().expect("cpu"), |v| op.apply(v));
+            let xs = x.cpu_f32().expect("cpu");
+            let y = per_op!(op, |o| crate::cpu::elementwise::map(xs, |v| o.apply(v)));
             Tensor::from_vec(x.device(), x.shape(), y)
         }
         Device::Gpu(gpu) => {
@@ -187,7 +241,8 @@ pub fn unary_backward(x: &Tensor, dy: &Tensor, op: Unary) -> Result<Tensor> {
     match x.device() {
         Device::Cpu => {
             let (xs, ds) = (x.cpu_f32().expect("cpu"), dy.cpu_f32().expect("cpu"));
-            let dx = crate::cpu::elementwise::zip_map(xs, ds, |v, d| d * op.derivative(v));
+            let dx = per_op!(op, |o| crate::cpu::elementwise::zip_map(xs, ds, |v, d| d
+                * o.derivative(v)));
             Tensor::from_vec(x.device(), x.shape(), dx)
         }
         Device::Gpu(gpu) => {
