@@ -31,20 +31,21 @@ fn floor_small(v: f32) -> f32 {
     }
 }
 
+/// Above this, e^x overflows to infinity; below the other, it underflows to 0.
+const EXP_HIGH: f32 = f32::from_bits(0x42b1_7217);
+const EXP_LOW: f32 = f32::from_bits(0xc2cf_f1b4);
+
 /// e^x, accurate to a few ulp, identical to `det_exp` in math.wgsl.
+///
+/// Without branches: the polynomial runs on `x` held inside the finite range and the edge
+/// cases (NaN, overflow, underflow) are chosen after it, so that a loop over it (GELU,
+/// sigmoid, tanh, softmax on the CPU path) vectorises. Inside the range the held `x` is
+/// `x`, so the arithmetic and its bits are those of the early-return form.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x > f32::from_bits(0x42b1_7217) {
-        return f32::INFINITY;
-    }
-    if x < f32::from_bits(0xc2cf_f1b4) {
-        return 0.0;
-    }
-    let k = floor_small(x * LOG2E + 0.5);
-    let mut r = x - k * LN2_HI;
+    let held = x.clamp(EXP_LOW, EXP_HIGH);
+    let k = floor_small(held * LOG2E + 0.5);
+    let mut r = held - k * LN2_HI;
     r -= k * LN2_LO;
     let mut p = f32::from_bits(0x3950_0d01);
     p = p * r + f32::from_bits(0x3ab6_0b61);
@@ -56,7 +57,14 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.0;
     let ki = k as i32;
     let k1 = ki / 2;
-    p * pow2i(k1) * pow2i(ki - k1)
+    let e = p * pow2i(k1) * pow2i(ki - k1);
+    let e = if x > EXP_HIGH { f32::INFINITY } else { e };
+    let e = if x < EXP_LOW { 0.0 } else { e };
+    if x.is_nan() {
+        x
+    } else {
+        e
+    }
 }
 
 /// e^x - 1, identical to `det_expm1`.
@@ -183,6 +191,54 @@ pub fn workgroup_fold(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `exp` as it was written before it lost its branches (and as math.wgsl still is).
+    fn exp_with_early_returns(x: f32) -> f32 {
+        if x.is_nan() {
+            return x;
+        }
+        if x > EXP_HIGH {
+            return f32::INFINITY;
+        }
+        if x < EXP_LOW {
+            return 0.0;
+        }
+        let k = (x * LOG2E + 0.5).floor();
+        let mut r = x - k * LN2_HI;
+        r -= k * LN2_LO;
+        let mut p = f32::from_bits(0x3950_0d01);
+        p = p * r + f32::from_bits(0x3ab6_0b61);
+        p = p * r + f32::from_bits(0x3c08_8889);
+        p = p * r + f32::from_bits(0x3d2a_aaab);
+        p = p * r + f32::from_bits(0x3e2a_aaab);
+        p = p * r + 0.5;
+        p = p * r + 1.0;
+        p = p * r + 1.0;
+        let ki = k as i32;
+        let k1 = ki / 2;
+        p * pow2i(k1) * pow2i(ki - k1)
+    }
+
+    #[test]
+    fn branch_free_exp_gives_the_early_return_forms_bits() {
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            EXP_HIGH,
+            EXP_LOW,
+        ];
+        let sweep = (0..u32::MAX / 3001).map(|i| f32::from_bits(i * 3001));
+        for x in specials.into_iter().chain(sweep) {
+            let (got, want) = (exp(x), exp_with_early_returns(x));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "exp({x:e}): {got:e} against {want:e}"
+            );
+        }
+    }
 
     #[test]
     fn floor_small_is_floor_over_exps_range() {
