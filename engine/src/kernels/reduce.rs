@@ -148,7 +148,7 @@ const COLUMNS_PER_TASK: usize = 16;
 /// the lanes as a tree), but walking the input in memory order: each task keeps the
 /// 256 lanes of up to [`COLUMNS_PER_TASK`] neighbouring outputs and adds each row's run of
 /// them at once, where a fold per output would stride by `inner` and allocate its lanes.
-/// One `combine` per operation (the caller's `match`), so the inner loops vectorise.
+/// One `combine` per operation (the caller's `match`), not a `match` per element.
 fn lanes_then_tree(
     x: &[f32],
     outer: usize,

@@ -136,7 +136,8 @@ impl Unary {
 
 /// Runs `$body` with `$o` bound to `$op` as a constant variant in each arm, so that the CPU
 /// path's loops are compiled once per function with the `match` of `apply`/`derivative`
-/// folded away (a match per element keeps a loop from vectorising).
+/// folded away (a match per element is a branch per element, and keeps the compiler from
+/// specialising the loop to the one function).
 macro_rules! per_op {
     ($op:expr, |$o:ident| $body:expr) => {
         match $op {
