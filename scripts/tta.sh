@@ -42,7 +42,7 @@ while [[ $# -gt 0 ]]; do
         --target) TARGET=$2; shift 2 ;;
         --arms) ARMS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "tta: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
