@@ -23,9 +23,9 @@
 # It prints the test accuracy after each epoch with the seconds since training began (the sum
 # of the epochs' times) and, with --target, the time to that test accuracy, stopping the swarm
 # once an epoch reaches it (a gpt job, `-- --model gpt`: the validation loss, and --target is
-# a loss in nats per byte that a validation reaches at or below); then worker 0's rounds, and how much of its communication ran
-# behind its backward passes. --metrics-dir keeps each worker's metrics (worker-R.jsonl, for
-# murmur plot).
+# a loss in nats per byte that a validation reaches at or below); then worker 0's rounds, and
+# how much of its communication ran behind its backward passes. --metrics-dir keeps each
+# worker's metrics (worker-R.jsonl, for murmur plot).
 #
 # Example: four workers on 50 Mbit/s links with 80 ms round trips and 0.1% loss:
 #   scripts/shaped-swarm.sh --workers 4 --servers 2 --mbit 50 --rtt-ms 80 --loss 0.001
@@ -51,7 +51,7 @@ while [[ $# -gt 0 ]]; do
         --push-codec) PUSH_CODEC=$2; shift 2 ;;
         --metrics-dir) METRICS_DIR=$2; shift 2 ;;
         --) shift; EXTRA+=("$@"); break ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "shaped-swarm: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -85,12 +85,12 @@ async fn sample(received: &[&AtomicU64], window: Window) -> Result<Vec<Goodput>>
         }
         tokio::time::sleep(SAMPLE_EVERY.min(window.measure - at)).await;
     }
-    let t1 = Instant::now();
+    let (end, last) = samples.last().expect("the loop samples at least once");
+    let end = t0 + Duration::from_secs_f64(*end);
     Ok((0..received.len())
         .map(|i| Goodput {
             steady: slope(samples.iter().map(|(t, c)| (*t, c[i] as f64))),
-            whole: samples.last().expect("one sample at least").1[i] as f64
-                / (t1 - first[i].expect("every flow started")).as_secs_f64(),
+            whole: last[i] as f64 / (end - first[i].expect("every flow started")).as_secs_f64(),
         })
         .collect())
 }

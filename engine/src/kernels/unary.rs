@@ -76,7 +76,8 @@ impl Unary {
     }
 
     /// CPU reference of `f(x)`.
-    // Always inlined: the CPU path's loops vectorise only with it inside them.
+    // Always inlined, so that `per_op!`'s constant variant folds the `match` away in the
+    // CPU path's loops.
     #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         match self {
@@ -140,43 +141,14 @@ impl Unary {
 /// specialising the loop to the one function).
 macro_rules! per_op {
     ($op:expr, |$o:ident| $body:expr) => {
+        per_op!(@arms $op, $o, $body, Relu Gelu Tanh Sigmoid Exp Log Sqrt Square Abs)
+    };
+    (@arms $op:expr, $o:ident, $body:expr, $($unit:ident)*) => {
         match $op {
-            Unary::Relu => {
-                let $o = Unary::Relu;
+            $(Unary::$unit => {
+                let $o = Unary::$unit;
                 $body
-            }
-            Unary::Gelu => {
-                let $o = Unary::Gelu;
-                $body
-            }
-            Unary::Tanh => {
-                let $o = Unary::Tanh;
-                $body
-            }
-            Unary::Sigmoid => {
-                let $o = Unary::Sigmoid;
-                $body
-            }
-            Unary::Exp => {
-                let $o = Unary::Exp;
-                $body
-            }
-            Unary::Log => {
-                let $o = Unary::Log;
-                $body
-            }
-            Unary::Sqrt => {
-                let $o = Unary::Sqrt;
-                $body
-            }
-            Unary::Square => {
-                let $o = Unary::Square;
-                $body
-            }
-            Unary::Abs => {
-                let $o = Unary::Abs;
-                $body
-            }
+            })*
             Unary::Affine { alpha, beta } => {
                 let $o = Unary::Affine { alpha, beta };
                 $body

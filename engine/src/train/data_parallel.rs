@@ -369,7 +369,8 @@ impl<C: Collective, M: Learner> DataParallel<C, M> {
     /// ([`PushPipeline`]), so that the last layers' pushes travel while earlier layers'
     /// gradients are computed. Where the gradients only exist at the end (outer rounds'
     /// pseudo-gradients, an attacker's tampering, an emulated device's wait), or would each
-    /// cost a GPU readback, every tensor is handed over at once. Returns the loss and the bytes pushed.
+    /// cost a GPU readback, every tensor is handed over at once. Returns the loss and the
+    /// bytes pushed.
     fn compute_and_push(
         &mut self,
         batch: M::Batch<'_>,
