@@ -10,6 +10,8 @@ use clap::FromArgMatches;
 
 fn main() {
     env::quiet_mesa_wsi();
+    // Every command: shards keep their memory flat, and training keeps its tensors' blocks.
+    murmur_node::platform::return_large_frees_to_the_system();
     let matches = commands::Cli::definition().get_matches();
     let cli = commands::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     env::init_logging(cli.default_log_filter());

@@ -50,8 +50,15 @@ fn user_id() -> String {
 /// 83–84 MB resident (shard 0 35–37 MB, as before), in the same time (134.7 s against
 /// 135.4 s).
 ///
-/// Process-wide, so it is the program's choice: `murmur server` makes it; a program that
-/// embeds a shard may call it first thing. Elsewhere than glibc it does nothing.
+/// Training gains too: the engine allocates a fresh tensor per op, and with glibc's default
+/// trim threshold the heap shrank and regrew around the CPU path's megabyte-sized tensors,
+/// every block paid in page faults again. 30 GPT steps on the CPU path (`murmur train --model
+/// gpt --device cpu --batch 32 --max-steps 30`, 2-core Intel Xeon, alternating): 9.5 and 8.7 s
+/// with glibc's defaults, 7.8 and 6.8 s with these settings, the same peak resident memory
+/// (116 MB).
+///
+/// Process-wide, so it is the program's choice: `murmur` makes it for every command; a program
+/// that embeds a node may call it first thing. Elsewhere than glibc it does nothing.
 pub fn return_large_frees_to_the_system() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it refuses a value it cannot take.

@@ -55,8 +55,7 @@ pub struct ServerArgs {
 
 pub fn run(a: ServerArgs, matches: &ArgMatches) -> anyhow::Result<()> {
     let job = job_from(a.config.as_deref(), &a.job, matches)?;
-    // A shard runs for days: what it frees goes back to the system, not to a growing heap.
-    murmur_node::platform::return_large_frees_to_the_system();
+    // A shard runs for days: its free pages go back to the system, not to a growing heap.
     murmur_node::platform::trim_free_memory_every(std::time::Duration::from_secs(5));
     if let Some(path) = &a.save {
         super::flag_checks::writable("--save", path)?;

@@ -4,6 +4,8 @@
 
 use rayon::prelude::*;
 
+use super::vector_unit::widest;
+
 /// Elements per rayon task: below this, handing work to another thread costs more than it
 /// saves.
 pub const CHUNK: usize = 1 << 14;
@@ -13,11 +15,19 @@ pub const CHUNK: usize = 1 << 14;
 /// below split their work.
 pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     if out.len() <= CHUNK {
-        f(0, out);
+        widest(
+            #[inline(always)]
+            || f(0, out),
+        );
     } else {
         out.par_chunks_mut(CHUNK)
             .enumerate()
-            .for_each(|(c, chunk)| f(c * CHUNK, chunk));
+            .for_each(|(c, chunk)| {
+                widest(
+                    #[inline(always)]
+                    || f(c * CHUNK, chunk),
+                )
+            });
     }
 }
 
@@ -38,11 +48,15 @@ pub fn collect_indexed<T: Send + Clone + Default>(
 /// `f(x)` for every element, in parallel when large.
 pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
-    for_chunks(&mut out, |start, chunk| {
-        for (o, &v) in chunk.iter_mut().zip(&x[start..]) {
-            *o = f(v);
-        }
-    });
+    for_chunks(
+        &mut out,
+        #[inline(always)]
+        |start, chunk| {
+            for (o, &v) in chunk.iter_mut().zip(&x[start..]) {
+                *o = f(v);
+            }
+        },
+    );
     out
 }
 
@@ -50,11 +64,15 @@ pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
 pub fn zip_map(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     assert_eq!(x.len(), y.len(), "zip_map operands differ in length");
     let mut out = vec![0.0f32; x.len()];
-    for_chunks(&mut out, |start, chunk| {
-        for ((o, &a), &b) in chunk.iter_mut().zip(&x[start..]).zip(&y[start..]) {
-            *o = f(a, b);
-        }
-    });
+    for_chunks(
+        &mut out,
+        #[inline(always)]
+        |start, chunk| {
+            for ((o, &a), &b) in chunk.iter_mut().zip(&x[start..]).zip(&y[start..]) {
+                *o = f(a, b);
+            }
+        },
+    );
     out
 }
 
@@ -119,16 +137,26 @@ pub fn broadcast(
     };
     let rows_per_task = (CHUNK / inner).max(1);
     if n <= CHUNK {
-        for (r, o) in out.chunks_mut(inner).enumerate() {
-            row(r, o);
-        }
+        widest(
+            #[inline(always)]
+            || {
+                for (r, o) in out.chunks_mut(inner).enumerate() {
+                    row(r, o);
+                }
+            },
+        );
     } else {
         out.par_chunks_mut(rows_per_task * inner)
             .enumerate()
             .for_each(|(t, rows)| {
-                for (i, o) in rows.chunks_mut(inner).enumerate() {
-                    row(t * rows_per_task + i, o);
-                }
+                widest(
+                    #[inline(always)]
+                    || {
+                        for (i, o) in rows.chunks_mut(inner).enumerate() {
+                            row(t * rows_per_task + i, o);
+                        }
+                    },
+                )
             });
     }
     out

@@ -292,10 +292,14 @@ thread_local! {
     static B_PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// This thread's scratch buffer, at least `len` long. What it holds is left from its last use:
+/// a partial panel's padding lanes feed only accumulators whose results are never stored, so
+/// they need not be zero (zeroing every buffer took about 1% of a GPT step).
 fn take_scratch(key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, len: usize) -> Vec<f32> {
     let mut v = key.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    v.clear();
-    v.resize(len, 0.0);
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
     v
 }
 
@@ -325,21 +329,37 @@ fn product<const MR: usize, const NR: usize>(
         pack_b_panel::<NR>(&b[z * b_stride..][..b_stride], d, jp, panel);
     };
     if parallel {
-        b_packed.par_chunks_mut(k * NR).enumerate().for_each(pack);
+        b_packed[..b_len]
+            .par_chunks_mut(k * NR)
+            .enumerate()
+            .for_each(pack);
     } else {
-        b_packed.chunks_mut(k * NR).enumerate().for_each(pack);
+        b_packed[..b_len]
+            .chunks_mut(k * NR)
+            .enumerate()
+            .for_each(pack);
     }
     let a_stride = m * k;
     let row_panel = |z: usize, ip: usize, c_rows: &mut [f32]| {
         let a_z = &a[if d.a_batched { z * a_stride } else { 0 }..][..a_stride];
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
-        let mut a_panel = take_scratch(&A_PANEL, k * MR);
-        pack_a_panel::<MR>(a_z, d, ip, &mut a_panel);
+        let mut a_scratch = take_scratch(&A_PANEL, k * MR);
+        let a_panel = &mut a_scratch[..k * MR];
+        pack_a_panel::<MR>(a_z, d, ip, a_panel);
         // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
-        unsafe { kernel(&a_panel, b_z, k, n, c_rows) };
-        put_scratch(&A_PANEL, a_panel);
+        unsafe { kernel(a_panel, b_z, k, n, c_rows) };
+        put_scratch(&A_PANEL, a_scratch);
     };
-    if parallel {
+    // Many small products (attention's, one per head) split by batch entry alone: a task per
+    // row panel as well would cost more in hand-offs than a panel's work.
+    let by_entry_alone = d.batch >= 4 * rayon::current_num_threads();
+    if parallel && by_entry_alone {
+        c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
+            for (ip, rows) in c_z.chunks_mut(MR * n).enumerate() {
+                row_panel(z, ip, rows);
+            }
+        });
+    } else if parallel {
         c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
             c_z.par_chunks_mut(MR * n)
                 .enumerate()

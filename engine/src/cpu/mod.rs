@@ -4,3 +4,6 @@
 
 pub mod elementwise;
 pub mod gemm;
+pub mod layernorm;
+pub mod rows;
+pub mod vector_unit;

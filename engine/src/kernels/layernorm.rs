@@ -99,7 +99,7 @@ pub fn layernorm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<
     check(x, beta)?;
     match x.device() {
         Device::Cpu => {
-            let (y, stats) = layernorm_ref(
+            let (y, stats) = crate::cpu::layernorm::forward(
                 x.cpu_f32().expect("cpu"),
                 gamma.cpu_f32().expect("cpu"),
                 beta.cpu_f32().expect("cpu"),
@@ -158,7 +158,7 @@ pub fn layernorm_backward(
     }
     match x.device() {
         Device::Cpu => {
-            let (dx, dg, db) = layernorm_backward_ref(
+            let (dx, dg, db) = crate::cpu::layernorm::backward(
                 x.cpu_f32().expect("cpu"),
                 gamma.cpu_f32().expect("cpu"),
                 stats.cpu_f32().expect("cpu"),

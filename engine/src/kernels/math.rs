@@ -187,10 +187,37 @@ pub fn workgroup_fold(
             lane = 0;
         }
     }
-    let mut width = lanes / 2;
+    combine_as_tree(partial, combine)
+}
+
+/// [`workgroup_sum`] of a slice, in a form the compiler vectorises: lane `t` adds the `t`-th
+/// element of each `lanes`-long chunk, chunk after chunk (the same order: elements `t`,
+/// `t + lanes`, ...), then the tree. The CPU path's softmax rows use it.
+#[inline]
+pub fn workgroup_sum_of(values: &[f32], lanes: usize) -> f32 {
+    const ON_STACK: usize = 256;
+    if lanes > ON_STACK {
+        return workgroup_sum(values.iter().copied(), lanes);
+    }
+    let mut stack = [0.0f32; ON_STACK];
+    let partial = &mut stack[..lanes];
+    for chunk in values.chunks(lanes) {
+        for (p, &v) in partial.iter_mut().zip(chunk) {
+            *p += v;
+        }
+    }
+    combine_as_tree(partial, |a, b| a + b)
+}
+
+/// The last stage of a workgroup's fold: lanes combine pairwise, `t` with `t + width`, for
+/// halving widths (`partial.len()` a power of two).
+#[inline(always)]
+fn combine_as_tree(partial: &mut [f32], combine: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = partial.len() / 2;
     while width > 0 {
-        for t in 0..width {
-            partial[t] = combine(partial[t], partial[t + width]);
+        let (low, high) = partial.split_at_mut(width);
+        for (a, &b) in low.iter_mut().zip(&high[..width]) {
+            *a = combine(*a, b);
         }
         width /= 2;
     }
@@ -312,6 +339,24 @@ mod tests {
         assert!((tanh(1e-6) - 1e-6).abs() < 1e-12, "no cancellation near 0");
         assert!((expm1(1e-7) - 1e-7).abs() < 1e-13);
         assert_eq!(sigmoid(-200.0), 0.0);
+    }
+
+    #[test]
+    fn the_slice_sum_is_the_workgroup_sum() {
+        // Values whose sum depends on the order: large and small magnitudes mixed.
+        let values: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * if i % 3 == 0 { 1e6 } else { 1e-3 })
+            .collect();
+        for len in [0, 1, 2, 31, 63, 64, 65, 127, 128, 200, 1000] {
+            for lanes in [1, 2, 64, 256, 512] {
+                let row = &values[..len];
+                let (got, want) = (
+                    workgroup_sum_of(row, lanes),
+                    workgroup_sum(row.iter().copied(), lanes),
+                );
+                assert_eq!(got.to_bits(), want.to_bits(), "len {len}, {lanes} lanes");
+            }
+        }
     }
 
     #[test]

@@ -91,12 +91,7 @@ fn softmax_masked(x: &Tensor, causal: bool) -> Result<Tensor> {
     let (rows, cols) = rows_cols("softmax", x)?;
     match x.device() {
         Device::Cpu => {
-            let xs = x.cpu_f32().expect("cpu");
-            let mut y = vec![0.0; xs.len()];
-            for r in 0..rows {
-                let len = if causal { r % cols + 1 } else { cols };
-                softmax_row_ref(&xs[r * cols..][..len], &mut y[r * cols..][..len]);
-            }
+            let y = crate::cpu::rows::softmax(x.cpu_f32().expect("cpu"), cols, causal);
             Tensor::from_vec(x.device(), x.shape(), y)
         }
         Device::Gpu(gpu) => {
@@ -127,14 +122,7 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
     match y.device() {
         Device::Cpu => {
             let (ys, ds) = (y.cpu_f32().expect("cpu"), dy.cpu_f32().expect("cpu"));
-            let mut dx = vec![0.0; ys.len()];
-            for r in 0..rows {
-                let (yr, dr) = (&ys[r * cols..][..cols], &ds[r * cols..][..cols]);
-                let s = workgroup_sum(dr.iter().zip(yr).map(|(d, y)| d * y), ROW_LANES);
-                for j in 0..cols {
-                    dx[r * cols + j] = yr[j] * (dr[j] - s);
-                }
-            }
+            let dx = crate::cpu::rows::softmax_backward(ys, ds, cols);
             Tensor::from_vec(y.device(), y.shape(), dx)
         }
         Device::Gpu(gpu) => {
@@ -175,7 +163,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor
                     "label {bad} is out of range for {cols} classes"
                 )));
             }
-            let (losses, probs) = cross_entropy_ref(logits.cpu_f32().expect("cpu"), ls, cols);
+            let xs = logits.cpu_f32().expect("cpu");
+            let (losses, probs) = crate::cpu::rows::cross_entropy(xs, ls, cols);
             Ok((
                 Tensor::from_vec(logits.device(), labels.shape(), losses)?,
                 Tensor::from_vec(logits.device(), logits.shape(), probs)?,

@@ -90,7 +90,7 @@ impl Unary {
             Unary::Sqrt => x.sqrt(),
             Unary::Square => x * x,
             Unary::Abs => x.abs(),
-            Unary::Affine { alpha, beta } => alpha * x + beta,
+            Unary::Affine { alpha, beta } => AffineOp { alpha, beta }.apply(x),
         }
     }
 
@@ -130,8 +130,28 @@ impl Unary {
                     x.signum()
                 }
             }
-            Unary::Affine { alpha, .. } => alpha,
+            Unary::Affine { alpha, beta } => AffineOp { alpha, beta }.derivative(x),
         }
+    }
+}
+
+/// [`Unary::Affine`] as its own type, for `per_op!`: bound to the variant, a loop would match
+/// on the enum it captured for every element; bound to this, it reads two coefficients.
+#[derive(Clone, Copy)]
+struct AffineOp {
+    alpha: f32,
+    beta: f32,
+}
+
+impl AffineOp {
+    #[inline(always)]
+    fn apply(self, x: f32) -> f32 {
+        self.alpha * x + self.beta
+    }
+
+    #[inline(always)]
+    fn derivative(self, _x: f32) -> f32 {
+        self.alpha
     }
 }
 
@@ -146,11 +166,14 @@ macro_rules! per_op {
     (@arms $op:expr, $o:ident, $body:expr, $($unit:ident)*) => {
         match $op {
             $(Unary::$unit => {
-                let $o = Unary::$unit;
+                // A constant, not a local: a closure over a local captures it by reference,
+                // and the loop it is handed to reads the variant from memory per element.
+                #[allow(non_upper_case_globals)]
+                const $o: Unary = Unary::$unit;
                 $body
             })*
             Unary::Affine { alpha, beta } => {
-                let $o = Unary::Affine { alpha, beta };
+                let $o = AffineOp { alpha, beta };
                 $body
             }
         }

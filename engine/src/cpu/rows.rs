@@ -1,0 +1,192 @@
+//! Row-wise kernels on the CPU path (softmax, its gradient, softmax cross-entropy): each row's
+//! arithmetic in the order of the references in `kernels::softmax` (and so of softmax.wgsl),
+//! rows split over rayon. A row's values are computed once into the output and reused: the
+//! references compute `exp(x - max)` twice per element, for the sum and for the output, which
+//! gives the same value both times.
+
+use rayon::prelude::*;
+
+use super::elementwise::CHUNK;
+use super::vector_unit::widest;
+use crate::kernels::math::{exp, ln, workgroup_sum_of, ROW_LANES};
+
+/// Runs `f(row index, row)` over the `cols`-long rows of `out`, in parallel tasks of about
+/// [`CHUNK`] elements when there is more than one.
+fn for_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows_per_task = (CHUNK / cols).max(1);
+    if out.len() <= rows_per_task * cols {
+        widest(
+            #[inline(always)]
+            || out.chunks_mut(cols).enumerate().for_each(|(r, o)| f(r, o)),
+        );
+    } else {
+        out.par_chunks_mut(rows_per_task * cols)
+            .enumerate()
+            .for_each(|(t, rows)| {
+                widest(
+                    #[inline(always)]
+                    || {
+                        for (i, o) in rows.chunks_mut(cols).enumerate() {
+                            f(t * rows_per_task + i, o);
+                        }
+                    },
+                )
+            });
+    }
+}
+
+/// Writes `exp(x - max)` of `row` into `out` and returns `(max, sum)`, the sum in the
+/// workgroup's lane order.
+#[inline(always)]
+fn exp_shifted(row: &[f32], out: &mut [f32]) -> (f32, f32) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = exp(v - m);
+    }
+    (m, workgroup_sum_of(&out[..row.len()], ROW_LANES))
+}
+
+/// One row's softmax into `out`, as `softmax_row_ref`; returns `(max, sum)`.
+#[inline(always)]
+fn softmax_row(row: &[f32], out: &mut [f32]) -> (f32, f32) {
+    let (m, s) = exp_shifted(row, out);
+    let inv = 1.0 / s;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+    (m, s)
+}
+
+/// Softmax of each `cols`-long row of `x`; under the causal mask, row `r` covers its first
+/// `r % cols + 1` elements and the rest are 0.
+pub fn softmax(x: &[f32], cols: usize, causal: bool) -> Vec<f32> {
+    let mut y = vec![0.0; x.len()];
+    for_rows(
+        &mut y,
+        cols,
+        #[inline(always)]
+        |r, out| {
+            let len = if causal { r % cols + 1 } else { cols };
+            softmax_row(&x[r * cols..][..len], &mut out[..len]);
+        },
+    );
+    y
+}
+
+/// `dx = y * (dy - sum(dy * y))` per row: the products go into `dx` first, for the sum.
+pub fn softmax_backward(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
+    let mut dx = vec![0.0; y.len()];
+    for_rows(
+        &mut dx,
+        cols,
+        #[inline(always)]
+        |r, out| {
+            let (yr, dr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+            for ((o, &d), &p) in out.iter_mut().zip(dr).zip(yr) {
+                *o = d * p;
+            }
+            let s = workgroup_sum_of(out, ROW_LANES);
+            for ((o, &d), &p) in out.iter_mut().zip(dr).zip(yr) {
+                *o = p * (d - s);
+            }
+        },
+    );
+    dx
+}
+
+/// Per-row losses `ln(sum) + max - logit[label]` and the probabilities, as
+/// `cross_entropy_ref`.
+pub fn cross_entropy(logits: &[f32], labels: &[u32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut probs = vec![0.0; logits.len()];
+    let mut losses = vec![0.0; labels.len()];
+    let rows_per_task = (CHUNK / cols).max(1);
+    probs
+        .par_chunks_mut(rows_per_task * cols)
+        .zip(losses.par_chunks_mut(rows_per_task))
+        .enumerate()
+        .for_each(|(t, (probs, losses))| {
+            widest(
+                #[inline(always)]
+                || {
+                    for (i, (out, loss)) in probs.chunks_mut(cols).zip(losses).enumerate() {
+                        let r = t * rows_per_task + i;
+                        let row = &logits[r * cols..][..cols];
+                        let (m, s) = softmax_row(row, out);
+                        *loss = ln(s) + m - row[labels[r] as usize];
+                    }
+                },
+            )
+        });
+    (losses, probs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::softmax::{cross_entropy_ref, softmax_row_ref};
+
+    /// Scores over a wide range, with ties, a row of equal values and a -inf.
+    fn scores(n: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 0.037)
+            .collect();
+        if n > 3 {
+            x[3] = f32::NEG_INFINITY;
+        }
+        x
+    }
+
+    #[test]
+    fn softmax_rows_are_the_references() {
+        for (rows, cols) in [(1, 1), (3, 5), (7, 64), (5, 65), (700, 33), (64 * 9, 64)] {
+            let x = scores(rows * cols);
+            for causal in [false, true] {
+                if causal && rows % cols != 0 {
+                    continue;
+                }
+                let got = softmax(&x, cols, causal);
+                let mut want = vec![0.0; x.len()];
+                for r in 0..rows {
+                    let len = if causal { r % cols + 1 } else { cols };
+                    softmax_row_ref(&x[r * cols..][..len], &mut want[r * cols..][..len]);
+                }
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "[{rows}, {cols}], causal {causal}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_gradient_and_the_loss_are_the_references() {
+        for (rows, cols) in [(1, 1), (3, 5), (7, 64), (5, 65), (700, 33), (300, 256)] {
+            let x = scores(rows * cols);
+            let y = softmax(&x, cols, false);
+            let dy: Vec<f32> = (0..x.len()).map(|i| (i % 13) as f32 - 6.1).collect();
+            let got = softmax_backward(&y, &dy, cols);
+            for r in 0..rows {
+                let (yr, dr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+                let s = crate::kernels::math::workgroup_sum(
+                    dr.iter().zip(yr).map(|(d, y)| d * y),
+                    ROW_LANES,
+                );
+                for j in 0..cols {
+                    let want = yr[j] * (dr[j] - s);
+                    assert_eq!(got[r * cols + j].to_bits(), want.to_bits(), "row {r}");
+                }
+            }
+            let labels: Vec<u32> = (0..rows).map(|r| ((r * 31) % cols) as u32).collect();
+            let (losses, probs) = cross_entropy(&x, &labels, cols);
+            let (want_losses, want_probs) = cross_entropy_ref(&x, &labels, cols);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&losses), bits(&want_losses), "[{rows}, {cols}] losses");
+            assert_eq!(
+                bits(&probs),
+                bits(&want_probs),
+                "[{rows}, {cols}] probabilities"
+            );
+        }
+    }
+}
