@@ -2,6 +2,7 @@
 //! bits on lavapipe) at a speed that makes the CPU a training device of its own, for the
 //! nodes and CI machines that have no GPU.
 
+pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;

@@ -234,7 +234,8 @@ pub fn im2col(x: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
     let shape = g.cols_shape();
     match x.device() {
         Device::Cpu => {
-            Tensor::from_vec(x.device(), &shape, im2col_ref(x.cpu_f32().expect("cpu"), g))
+            let cols = crate::cpu::conv::im2col(x.cpu_f32().expect("cpu"), g);
+            Tensor::from_vec(x.device(), &shape, cols)
         }
         Device::Gpu(gpu) => {
             let n: usize = shape.iter().product();
@@ -263,11 +264,10 @@ pub fn col2im(cols: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
     }
     let shape = [g.n, g.h, g.w, g.c];
     match cols.device() {
-        Device::Cpu => Tensor::from_vec(
-            cols.device(),
-            &shape,
-            col2im_ref(cols.cpu_f32().expect("cpu"), g),
-        ),
+        Device::Cpu => {
+            let dx = crate::cpu::conv::col2im(cols.cpu_f32().expect("cpu"), g);
+            Tensor::from_vec(cols.device(), &shape, dx)
+        }
         Device::Gpu(gpu) => {
             let n: usize = shape.iter().product();
             let out = gpu.alloc(4 * n as u64)?;

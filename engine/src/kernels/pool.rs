@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::{grid_1d, POOL};
 use crate::cpu::elementwise::collect_indexed;
+use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -190,27 +191,36 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
         .zip(at.par_chunks_mut(row))
         .enumerate()
         .for_each(|(r, (y, at))| {
-            let (n, oh) = (r / out_h, r % out_h);
-            for (ow, (y, at)) in y.chunks_mut(c).zip(at.chunks_mut(c)).enumerate() {
-                for kh in 0..g.k {
-                    for kw in 0..g.k {
-                        let base = ((n * g.h + oh * g.stride + kh) * g.w + ow * g.stride + kw) * c;
-                        let pixel = &x[base..][..c];
-                        if kh == 0 && kw == 0 {
-                            y.copy_from_slice(pixel);
-                            for (j, a) in at.iter_mut().enumerate() {
-                                *a = (base + j) as u32;
-                            }
-                            continue;
-                        }
-                        for (j, &v) in pixel.iter().enumerate() {
-                            if v > y[j] {
-                                (y[j], at[j]) = (v, (base + j) as u32);
+            widest(
+                #[inline(always)]
+                || {
+                    let (n, oh) = (r / out_h, r % out_h);
+                    for (ow, (y, at)) in y.chunks_mut(c).zip(at.chunks_mut(c)).enumerate() {
+                        for kh in 0..g.k {
+                            for kw in 0..g.k {
+                                let base =
+                                    ((n * g.h + oh * g.stride + kh) * g.w + ow * g.stride + kw) * c;
+                                let pixel = &x[base..][..c];
+                                if kh == 0 && kw == 0 {
+                                    y.copy_from_slice(pixel);
+                                    for (j, a) in at.iter_mut().enumerate() {
+                                        *a = (base + j) as u32;
+                                    }
+                                    continue;
+                                }
+                                // Chosen without a branch, so that the channels vectorise.
+                                for (j, ((y, a), &v)) in
+                                    y.iter_mut().zip(at.iter_mut()).zip(pixel).enumerate()
+                                {
+                                    let larger = v > *y;
+                                    *y = if larger { v } else { *y };
+                                    *a = if larger { (base + j) as u32 } else { *a };
+                                }
                             }
                         }
                     }
-                }
-            }
+                },
+            )
         });
     (y, at)
 }
@@ -230,26 +240,35 @@ pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> V
         (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
     };
     dx.par_chunks_mut(g.w * c).enumerate().for_each(|(r, dx)| {
-        let (n, ih) = (r / g.h, r % g.h);
-        for (iw, acc) in dx.chunks_mut(c).enumerate() {
-            let input = ((n * g.h + ih) * g.w + iw) * c;
-            for kh in 0..g.k {
-                let Some(oh) = out_of(ih, kh, out_h) else {
-                    continue;
-                };
-                for kw in 0..g.k {
-                    let Some(ow) = out_of(iw, kw, out_w) else {
-                        continue;
-                    };
-                    let out = ((n * out_h + oh) * out_w + ow) * c;
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        if argmax[out + j] as usize == input + j {
-                            *a += dy[out + j];
+        widest(
+            #[inline(always)]
+            || {
+                let (n, ih) = (r / g.h, r % g.h);
+                for (iw, acc) in dx.chunks_mut(c).enumerate() {
+                    let input = ((n * g.h + ih) * g.w + iw) * c;
+                    for kh in 0..g.k {
+                        let Some(oh) = out_of(ih, kh, out_h) else {
+                            continue;
+                        };
+                        for kw in 0..g.k {
+                            let Some(ow) = out_of(iw, kw, out_w) else {
+                                continue;
+                            };
+                            let out = ((n * out_h + oh) * out_w + ow) * c;
+                            // Adding 0 where an output's maximum was elsewhere leaves every sum's
+                            // bits as skipping it does: a sum from +0 is never -0, and x + 0 = x
+                            // for any other x. Without the branch the channels vectorise.
+                            let (winners, grads) = (&argmax[out..][..c], &dy[out..][..c]);
+                            for (j, ((a, &w), &d)) in
+                                acc.iter_mut().zip(winners).zip(grads).enumerate()
+                            {
+                                *a += if w as usize == input + j { d } else { 0.0 };
+                            }
                         }
                     }
                 }
-            }
-        }
+            },
+        )
     });
     dx
 }

@@ -1,0 +1,132 @@
+//! Convolution lowering on the CPU path: the values of `im2col_ref` and the sums of
+//! `col2im_ref`, in their order, without a bounds decision and a call per window element.
+//!
+//! im2col copies, for each output pixel and window row, the window's in-bounds run of input
+//! pixels at once (`kw * c` floats when none is padding); the references copy one pixel at a
+//! time. col2im adds each input pixel's `c` channels side by side (one accumulator per
+//! channel, the terms in (kh, kw) order as the reference adds them), where the reference
+//! walks the window for each channel on its own and divides by the stride for every term.
+
+use rayon::prelude::*;
+
+use super::vector_unit::widest;
+use crate::kernels::conv::ConvGeometry;
+
+/// The window offsets `k` in `0..len` whose input coordinate `o * stride + k - pad` falls
+/// inside `0..size`, as a range.
+fn inside(o: usize, g: &ConvGeometry, len: usize, size: usize) -> std::ops::Range<usize> {
+    let start = o * g.stride;
+    let low = g.pad.saturating_sub(start);
+    let high = (size + g.pad).saturating_sub(start).min(len);
+    low..high.max(low)
+}
+
+/// `[n, oh, ow, kh*kw*c]`, as `im2col_ref`: padding reads as 0.
+pub fn im2col(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (out_h, out_w, c, patch) = (g.out_h(), g.out_w(), g.c, g.patch());
+    let mut cols = vec![0.0f32; g.n * out_h * out_w * patch];
+    if cols.is_empty() {
+        return cols;
+    }
+    // One output row (an image's row of output pixels) per task.
+    cols.par_chunks_mut(out_w * patch)
+        .enumerate()
+        .for_each(|(r, row)| {
+            let (n, oh) = (r / out_h, r % out_h);
+            let rows_inside = inside(oh, g, g.kh, g.h);
+            for (ow, window) in row.chunks_exact_mut(patch).enumerate() {
+                let cols_inside = inside(ow, g, g.kw, g.w);
+                let run = cols_inside.len() * c;
+                if run == 0 {
+                    continue;
+                }
+                let iw = ow * g.stride + cols_inside.start - g.pad;
+                for kh in rows_inside.clone() {
+                    let ih = oh * g.stride + kh - g.pad;
+                    let from = ((n * g.h + ih) * g.w + iw) * c;
+                    let to = (kh * g.kw + cols_inside.start) * c;
+                    window[to..][..run].copy_from_slice(&x[from..][..run]);
+                }
+            }
+        });
+    cols
+}
+
+/// `[n, h, w, c]`, as `col2im_ref`: each input element sums, from 0 and in (kh, kw) order,
+/// the columns that read it.
+pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (out_h, out_w, c, patch) = (g.out_h(), g.out_w(), g.c, g.patch());
+    let mut dx = vec![0.0f32; g.n * g.h * g.w * c];
+    if dx.is_empty() {
+        return dx;
+    }
+    // The output coordinate whose window reads input coordinate `i` at offset `k`, if any.
+    let reader = |i: usize, k: usize, len: usize| {
+        let y = (i + g.pad).checked_sub(k)?;
+        (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
+    };
+    // One input row per task; the accumulators are the output pixel itself.
+    dx.par_chunks_mut(g.w * c).enumerate().for_each(|(r, row)| {
+        let (n, ih) = (r / g.h, r % g.h);
+        widest(
+            #[inline(always)]
+            || {
+                for (iw, acc) in row.chunks_exact_mut(c).enumerate() {
+                    for kh in 0..g.kh {
+                        let Some(oh) = reader(ih, kh, out_h) else {
+                            continue;
+                        };
+                        for kw in 0..g.kw {
+                            let Some(ow) = reader(iw, kw, out_w) else {
+                                continue;
+                            };
+                            let at = ((n * out_h + oh) * out_w + ow) * patch + (kh * g.kw + kw) * c;
+                            for (a, &v) in acc.iter_mut().zip(&cols[at..][..c]) {
+                                *a += v;
+                            }
+                        }
+                    }
+                }
+            },
+        );
+    });
+    dx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::conv::{col2im_ref, im2col_ref};
+
+    #[test]
+    fn lowering_and_its_adjoint_are_the_references() {
+        for (n, h, w, c, kh, kw, stride, pad) in [
+            (2, 5, 4, 2, 3, 3, 1, 1),
+            (1, 7, 7, 1, 3, 3, 2, 0),
+            (3, 6, 5, 3, 2, 2, 2, 1),
+            (1, 1, 1, 1, 1, 1, 1, 0),
+            (2, 9, 8, 16, 3, 3, 1, 1),
+            (1, 6, 7, 5, 5, 2, 3, 2),
+            (2, 4, 4, 3, 3, 3, 1, 2),
+            (1, 28, 28, 1, 3, 3, 1, 1),
+        ] {
+            let g = ConvGeometry::of(&[n, h, w, c], kh, kw, stride, pad).unwrap();
+            let x: Vec<f32> = (0..n * h * w * c)
+                .map(|i| ((i * 7 % 11) as f32) - 5.3)
+                .collect();
+            let got = im2col(&x, &g);
+            let want = im2col_ref(&x, &g);
+            assert_eq!(got, want, "im2col {g:?}");
+            // Column values whose sums depend on their order.
+            let y: Vec<f32> = (0..want.len())
+                .map(|i| ((i * 5 % 13) as f32 - 6.0) * if i % 3 == 0 { 1e7 } else { 0.37 })
+                .collect();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(
+                bits(col2im(&y, &g)),
+                bits(col2im_ref(&y, &g)),
+                "col2im {g:?}"
+            );
+        }
+    }
+}
