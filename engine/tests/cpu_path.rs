@@ -36,6 +36,11 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         (1, 64, 96, 300),
         (2, 37, 70, 513),
         (5, 7, 40, 64),
+        // At most 16 columns and at least 24 rows: the narrow 24x16 tile on AVX-512.
+        (1, 50, 16, 33),
+        (2, 400, 13, 40),
+        // Many batch entries: split by entry alone.
+        (40, 26, 16, 5),
     ];
     for (seed, &(batch, m, n, k)) in shapes.iter().enumerate() {
         for trans_a in [false, true] {

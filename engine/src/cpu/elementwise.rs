@@ -31,6 +31,31 @@ pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     }
 }
 
+/// Runs `f(row index, row)` over the `cols`-long rows of `out`, in parallel tasks of about
+/// [`CHUNK`] elements when there is more than one, each on the widest vector unit.
+pub fn for_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows_per_task = (CHUNK / cols).max(1);
+    if out.len() <= CHUNK {
+        widest(
+            #[inline(always)]
+            || out.chunks_mut(cols).enumerate().for_each(|(r, o)| f(r, o)),
+        );
+    } else {
+        out.par_chunks_mut(rows_per_task * cols)
+            .enumerate()
+            .for_each(|(t, rows)| {
+                widest(
+                    #[inline(always)]
+                    || {
+                        for (i, o) in rows.chunks_mut(cols).enumerate() {
+                            f(t * rows_per_task + i, o);
+                        }
+                    },
+                )
+            });
+    }
+}
+
 /// `[f(0), f(1), .., f(n - 1)]`, in parallel chunks when large.
 pub fn collect_indexed<T: Send + Clone + Default>(
     n: usize,
@@ -108,57 +133,39 @@ pub fn broadcast(
         }
         (oa, ob)
     };
-    let row = |r: usize, o: &mut [f32]| {
-        let (oa, ob) = starts(r);
-        match (ia, ib) {
-            (1, 1) => {
-                for ((o, &x), &y) in o.iter_mut().zip(&a[oa..][..inner]).zip(&b[ob..][..inner]) {
-                    *o = f(x, y);
+    for_rows(
+        &mut out,
+        inner,
+        #[inline(always)]
+        |r, o| {
+            let (oa, ob) = starts(r);
+            match (ia, ib) {
+                (1, 1) => {
+                    for ((o, &x), &y) in o.iter_mut().zip(&a[oa..][..inner]).zip(&b[ob..][..inner])
+                    {
+                        *o = f(x, y);
+                    }
+                }
+                (1, 0) => {
+                    let y = b[ob];
+                    for (o, &x) in o.iter_mut().zip(&a[oa..][..inner]) {
+                        *o = f(x, y);
+                    }
+                }
+                (0, 1) => {
+                    let x = a[oa];
+                    for (o, &y) in o.iter_mut().zip(&b[ob..][..inner]) {
+                        *o = f(x, y);
+                    }
+                }
+                _ => {
+                    for (j, o) in o.iter_mut().enumerate() {
+                        *o = f(a[oa + j * ia], b[ob + j * ib]);
+                    }
                 }
             }
-            (1, 0) => {
-                let y = b[ob];
-                for (o, &x) in o.iter_mut().zip(&a[oa..][..inner]) {
-                    *o = f(x, y);
-                }
-            }
-            (0, 1) => {
-                let x = a[oa];
-                for (o, &y) in o.iter_mut().zip(&b[ob..][..inner]) {
-                    *o = f(x, y);
-                }
-            }
-            _ => {
-                for (j, o) in o.iter_mut().enumerate() {
-                    *o = f(a[oa + j * ia], b[ob + j * ib]);
-                }
-            }
-        }
-    };
-    let rows_per_task = (CHUNK / inner).max(1);
-    if n <= CHUNK {
-        widest(
-            #[inline(always)]
-            || {
-                for (r, o) in out.chunks_mut(inner).enumerate() {
-                    row(r, o);
-                }
-            },
-        );
-    } else {
-        out.par_chunks_mut(rows_per_task * inner)
-            .enumerate()
-            .for_each(|(t, rows)| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        for (i, o) in rows.chunks_mut(inner).enumerate() {
-                            row(t * rows_per_task + i, o);
-                        }
-                    },
-                )
-            });
-    }
+        },
+    );
     out
 }
 

@@ -6,34 +6,9 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::CHUNK;
+use super::elementwise::{for_rows, CHUNK};
 use super::vector_unit::widest;
 use crate::kernels::math::{exp, ln, workgroup_sum_of, ROW_LANES};
-
-/// Runs `f(row index, row)` over the `cols`-long rows of `out`, in parallel tasks of about
-/// [`CHUNK`] elements when there is more than one.
-fn for_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows_per_task = (CHUNK / cols).max(1);
-    if out.len() <= rows_per_task * cols {
-        widest(
-            #[inline(always)]
-            || out.chunks_mut(cols).enumerate().for_each(|(r, o)| f(r, o)),
-        );
-    } else {
-        out.par_chunks_mut(rows_per_task * cols)
-            .enumerate()
-            .for_each(|(t, rows)| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        for (i, o) in rows.chunks_mut(cols).enumerate() {
-                            f(t * rows_per_task + i, o);
-                        }
-                    },
-                )
-            });
-    }
-}
 
 /// Writes `exp(x - max)` of `row` into `out` and returns `(max, sum)`, the sum in the
 /// workgroup's lane order.
