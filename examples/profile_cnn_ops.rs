@@ -5,7 +5,8 @@
 
 use std::time::Instant;
 
-use murmur_engine::kernels::conv::{col2im, im2col, ConvGeometry};
+use murmur_engine::kernels::conv::{col2im, im2col};
+use murmur_engine::kernels::conv_geometry::ConvGeometry;
 use murmur_engine::kernels::pool::{pool, pool_backward, Pool, PoolGeometry};
 use murmur_engine::{Device, Result, Tensor};
 

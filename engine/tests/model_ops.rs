@@ -10,7 +10,8 @@
 mod common;
 
 use common::{assert_close, gpu, random};
-use murmur_engine::kernels::conv::{col2im, conv2d_direct_ref, im2col, ConvGeometry};
+use murmur_engine::kernels::conv::{col2im, conv2d_direct_ref, im2col};
+use murmur_engine::kernels::conv_geometry::ConvGeometry;
 use murmur_engine::kernels::dropout::{dropout, DropoutMask};
 use murmur_engine::kernels::permute::permute;
 use murmur_engine::kernels::pool::{pool, pool_backward, Pool, PoolGeometry};

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 
 use crate::error::{shape_err, Result};
 use crate::kernels::binary::{binary, Binary};
-use crate::kernels::conv::{self, ConvGeometry};
+use crate::kernels::conv;
+use crate::kernels::conv_geometry::ConvGeometry;
 use crate::kernels::dropout::{self, DropoutMask};
 use crate::kernels::permute;
 use crate::kernels::pool::{self, Pool, PoolGeometry};

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::vector_unit::widest;
-use crate::kernels::conv::ConvGeometry;
+use crate::kernels::conv_geometry::ConvGeometry;
 
 /// The window offsets `k` in `0..len` whose input coordinate `o * stride + k - pad` falls
 /// inside `0..size`, as a range.

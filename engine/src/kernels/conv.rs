@@ -6,104 +6,10 @@
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
+use super::conv_geometry::ConvGeometry;
 use super::{grid_1d, CONV};
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
-
-/// The shape of one convolution: input `[n, h, w, c]`, a `kh x kw` window, stride and zero
-/// padding on every side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvGeometry {
-    /// Images in the batch.
-    pub n: usize,
-    /// Input height in pixels, before padding.
-    pub h: usize,
-    /// Input width in pixels, before padding.
-    pub w: usize,
-    /// Input channels.
-    pub c: usize,
-    /// Window height.
-    pub kh: usize,
-    /// Window width.
-    pub kw: usize,
-    /// Pixels between window positions, in both directions, at least 1.
-    pub stride: usize,
-    /// Zero pixels added on every side of the image.
-    pub pad: usize,
-}
-
-impl ConvGeometry {
-    /// The geometry of `x [n, h, w, c]` under a `kh x kw` window; an error if the window does
-    /// not fit the padded image or the stride is zero.
-    pub fn of(x: &[usize], kh: usize, kw: usize, stride: usize, pad: usize) -> Result<Self> {
-        let &[n, h, w, c] = x else {
-            return shape_err(
-                "conv2d",
-                format!("input must be [batch, height, width, channels], is {x:?}"),
-            );
-        };
-        if stride == 0 || kh == 0 || kw == 0 || kh > h + 2 * pad || kw > w + 2 * pad || c == 0 {
-            return shape_err(
-                "conv2d",
-                format!("a {kh}x{kw} window with stride {stride} and padding {pad} does not fit input {x:?}"),
-            );
-        }
-        Ok(ConvGeometry {
-            n,
-            h,
-            w,
-            c,
-            kh,
-            kw,
-            stride,
-            pad,
-        })
-    }
-
-    /// Output height: `(h + 2 pad - kh) / stride + 1`.
-    pub fn out_h(&self) -> usize {
-        (self.h + 2 * self.pad - self.kh) / self.stride + 1
-    }
-
-    /// Output width: `(w + 2 pad - kw) / stride + 1`.
-    pub fn out_w(&self) -> usize {
-        (self.w + 2 * self.pad - self.kw) / self.stride + 1
-    }
-
-    /// Columns of the im2col matrix: one (kh, kw, c) triple each.
-    pub fn patch(&self) -> usize {
-        self.kh * self.kw * self.c
-    }
-
-    /// `[n, out_h, out_w, patch]`.
-    pub fn cols_shape(&self) -> [usize; 4] {
-        [self.n, self.out_h(), self.out_w(), self.patch()]
-    }
-
-    fn params(&self) -> Params {
-        Params {
-            n: self.n as u32,
-            h: self.h as u32,
-            w: self.w as u32,
-            c: self.c as u32,
-            kh: self.kh as u32,
-            kw: self.kw as u32,
-            stride: self.stride as u32,
-            pad: self.pad as u32,
-            oh: self.out_h() as u32,
-            ow: self.out_w() as u32,
-            _pad: [0; 2],
-        }
-    }
-
-    /// The input position `(ih, iw)` that output `(oh, ow)` reads at window offset `(kh, kw)`,
-    /// or `None` in the padding.
-    fn source(&self, oh: usize, ow: usize, kh: usize, kw: usize) -> Option<(usize, usize)> {
-        let ih = (oh * self.stride + kh).checked_sub(self.pad)?;
-        let iw = (ow * self.stride + kw).checked_sub(self.pad)?;
-        (ih < self.h && iw < self.w).then_some((ih, iw))
-    }
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -119,6 +25,23 @@ struct Params {
     oh: u32,
     ow: u32,
     _pad: [u32; 2],
+}
+
+/// The kernel's uniform block for geometry `g`.
+fn params(g: &ConvGeometry) -> Params {
+    Params {
+        n: g.n as u32,
+        h: g.h as u32,
+        w: g.w as u32,
+        c: g.c as u32,
+        kh: g.kh as u32,
+        kw: g.kw as u32,
+        stride: g.stride as u32,
+        pad: g.pad as u32,
+        oh: g.out_h() as u32,
+        ow: g.out_w() as u32,
+        _pad: [0; 2],
+    }
 }
 
 /// CPU reference of im2col.
@@ -243,7 +166,7 @@ pub fn im2col(x: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
             let pipeline = gpu.pipeline(&CONV, "im2col", &[]);
             gpu.launch(
                 &pipeline,
-                &g.params(),
+                &params(g),
                 &[x.gpu_buf().expect("gpu"), &out],
                 grid_1d(n),
             );
@@ -274,7 +197,7 @@ pub fn col2im(cols: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
             let pipeline = gpu.pipeline(&CONV, "col2im", &[]);
             gpu.launch(
                 &pipeline,
-                &g.params(),
+                &params(g),
                 &[cols.gpu_buf().expect("gpu"), &out],
                 grid_1d(n),
             );

@@ -6,6 +6,7 @@
 
 pub mod binary;
 pub mod conv;
+pub mod conv_geometry;
 pub mod copy;
 pub mod dropout;
 pub mod embedding;
