@@ -7,9 +7,7 @@
 //! channel, the terms in (kh, kw) order as the reference adds them), where the reference
 //! walks the window for each channel on its own and divides by the stride for every term.
 
-use rayon::prelude::*;
-
-use super::vector_unit::widest;
+use super::elementwise::for_rows;
 use crate::kernels::conv_geometry::ConvGeometry;
 
 /// The window offsets `k` in `0..len` whose input coordinate `o * stride + k - pad` falls
@@ -28,27 +26,25 @@ pub fn im2col(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
     if cols.is_empty() {
         return cols;
     }
-    // One output row (an image's row of output pixels) per task.
-    cols.par_chunks_mut(out_w * patch)
-        .enumerate()
-        .for_each(|(r, row)| {
-            let (n, oh) = (r / out_h, r % out_h);
-            let rows_inside = inside(oh, g, g.kh, g.h);
-            for (ow, window) in row.chunks_exact_mut(patch).enumerate() {
-                let cols_inside = inside(ow, g, g.kw, g.w);
-                let run = cols_inside.len() * c;
-                if run == 0 {
-                    continue;
-                }
-                let iw = ow * g.stride + cols_inside.start - g.pad;
-                for kh in rows_inside.clone() {
-                    let ih = oh * g.stride + kh - g.pad;
-                    let from = ((n * g.h + ih) * g.w + iw) * c;
-                    let to = (kh * g.kw + cols_inside.start) * c;
-                    window[to..][..run].copy_from_slice(&x[from..][..run]);
-                }
+    // By output rows (an image's row of output pixels).
+    for_rows(&mut cols, out_w * patch, |r, row| {
+        let (n, oh) = (r / out_h, r % out_h);
+        let rows_inside = inside(oh, g, g.kh, g.h);
+        for (ow, window) in row.chunks_exact_mut(patch).enumerate() {
+            let cols_inside = inside(ow, g, g.kw, g.w);
+            let run = cols_inside.len() * c;
+            if run == 0 {
+                continue;
             }
-        });
+            let iw = ow * g.stride + cols_inside.start - g.pad;
+            for kh in rows_inside.clone() {
+                let ih = oh * g.stride + kh - g.pad;
+                let from = ((n * g.h + ih) * g.w + iw) * c;
+                let to = (kh * g.kw + cols_inside.start) * c;
+                window[to..][..run].copy_from_slice(&x[from..][..run]);
+            }
+        }
+    });
     cols
 }
 
@@ -65,31 +61,31 @@ pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
         let y = (i + g.pad).checked_sub(k)?;
         (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
     };
-    // One input row per task; the accumulators are the output pixel itself.
-    dx.par_chunks_mut(g.w * c).enumerate().for_each(|(r, row)| {
-        let (n, ih) = (r / g.h, r % g.h);
-        widest(
-            #[inline(always)]
-            || {
-                for (iw, acc) in row.chunks_exact_mut(c).enumerate() {
-                    for kh in 0..g.kh {
-                        let Some(oh) = reader(ih, kh, out_h) else {
+    // By input rows; the accumulators are the output pixel itself.
+    for_rows(
+        &mut dx,
+        g.w * c,
+        #[inline(always)]
+        |r, row| {
+            let (n, ih) = (r / g.h, r % g.h);
+            for (iw, acc) in row.chunks_exact_mut(c).enumerate() {
+                for kh in 0..g.kh {
+                    let Some(oh) = reader(ih, kh, out_h) else {
+                        continue;
+                    };
+                    for kw in 0..g.kw {
+                        let Some(ow) = reader(iw, kw, out_w) else {
                             continue;
                         };
-                        for kw in 0..g.kw {
-                            let Some(ow) = reader(iw, kw, out_w) else {
-                                continue;
-                            };
-                            let at = ((n * out_h + oh) * out_w + ow) * patch + (kh * g.kw + kw) * c;
-                            for (a, &v) in acc.iter_mut().zip(&cols[at..][..c]) {
-                                *a += v;
-                            }
+                        let at = ((n * out_h + oh) * out_w + ow) * patch + (kh * g.kw + kw) * c;
+                        for (a, &v) in acc.iter_mut().zip(&cols[at..][..c]) {
+                            *a += v;
                         }
                     }
                 }
-            },
-        );
-    });
+            }
+        },
+    );
     dx
 }
 

@@ -29,9 +29,12 @@ pub enum Arithmetic {
 }
 
 /// The micro-kernel sizes for this CPU, as `"<isa> <rows>x<columns>"` (for `murmur info`
-/// and benchmark reports).
+/// and benchmark reports), with the narrow tile where [`matmul_on`] picks one.
 pub fn describe() -> String {
-    Isa::detect().to_string()
+    match Isa::detect() {
+        Isa::Avx512 => format!("{}, 24x16 for at most 16 columns", Isa::Avx512),
+        isa => isa.to_string(),
+    }
 }
 
 /// `C = op(A) * op(B)` with the reference's bits (see the module comment).

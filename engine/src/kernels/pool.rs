@@ -4,7 +4,7 @@ use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
 use super::{grid_1d, POOL};
-use crate::cpu::elementwise::collect_indexed;
+use crate::cpu::elementwise::{collect_indexed, for_rows};
 use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -239,37 +239,36 @@ pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> V
         let y = x.checked_sub(k)?;
         (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
     };
-    dx.par_chunks_mut(g.w * c).enumerate().for_each(|(r, dx)| {
-        widest(
-            #[inline(always)]
-            || {
-                let (n, ih) = (r / g.h, r % g.h);
-                for (iw, acc) in dx.chunks_mut(c).enumerate() {
-                    let input = ((n * g.h + ih) * g.w + iw) * c;
-                    for kh in 0..g.k {
-                        let Some(oh) = out_of(ih, kh, out_h) else {
+    for_rows(
+        &mut dx,
+        g.w * c,
+        #[inline(always)]
+        |r, dx| {
+            let (n, ih) = (r / g.h, r % g.h);
+            for (iw, acc) in dx.chunks_mut(c).enumerate() {
+                let input = ((n * g.h + ih) * g.w + iw) * c;
+                for kh in 0..g.k {
+                    let Some(oh) = out_of(ih, kh, out_h) else {
+                        continue;
+                    };
+                    for kw in 0..g.k {
+                        let Some(ow) = out_of(iw, kw, out_w) else {
                             continue;
                         };
-                        for kw in 0..g.k {
-                            let Some(ow) = out_of(iw, kw, out_w) else {
-                                continue;
-                            };
-                            let out = ((n * out_h + oh) * out_w + ow) * c;
-                            // Adding 0 where an output's maximum was elsewhere leaves every sum's
-                            // bits as skipping it does: a sum from +0 is never -0, and x + 0 = x
-                            // for any other x. Without the branch the channels vectorise.
-                            let (winners, grads) = (&argmax[out..][..c], &dy[out..][..c]);
-                            for (j, ((a, &w), &d)) in
-                                acc.iter_mut().zip(winners).zip(grads).enumerate()
-                            {
-                                *a += if w as usize == input + j { d } else { 0.0 };
-                            }
+                        let out = ((n * out_h + oh) * out_w + ow) * c;
+                        // Adding 0 where an output's maximum was elsewhere leaves every sum's
+                        // bits as skipping it does: a sum from +0 is never -0, and x + 0 = x
+                        // for any other x. Without the branch the channels vectorise.
+                        let (winners, grads) = (&argmax[out..][..c], &dy[out..][..c]);
+                        for (j, ((a, &w), &d)) in acc.iter_mut().zip(winners).zip(grads).enumerate()
+                        {
+                            *a += if w as usize == input + j { d } else { 0.0 };
                         }
                     }
                 }
-            },
-        )
-    });
+            }
+        },
+    );
     dx
 }
 
