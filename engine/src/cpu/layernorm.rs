@@ -60,7 +60,6 @@ pub fn backward(
     cols: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = x.len() / cols;
-    let xhat = |r: usize, j: usize| (x[r * cols + j] - stats[2 * r]) * stats[2 * r + 1];
     let mut dx = vec![0.0; x.len()];
     let rows_per_task = (CHUNK / cols).max(1);
     dx.par_chunks_mut(rows_per_task * cols)
@@ -91,6 +90,8 @@ pub fn backward(
             );
         });
     let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
+    // Each block of columns walks the rows in order, its columns side by side in vector lanes
+    // (xhat recomputed as the reference does, from the row's statistics).
     const BLOCK: usize = 16;
     dgamma
         .par_chunks_mut(BLOCK)
@@ -98,13 +99,21 @@ pub fn backward(
         .enumerate()
         .for_each(|(b, (dg, db))| {
             let j0 = b * BLOCK;
-            for r in 0..rows {
-                let dyr = &dy[r * cols + j0..][..dg.len()];
-                for (jj, ((g, bt), &d)) in dg.iter_mut().zip(db.iter_mut()).zip(dyr).enumerate() {
-                    *g += d * xhat(r, j0 + jj);
-                    *bt += d;
-                }
-            }
+            widest(
+                #[inline(always)]
+                || {
+                    for r in 0..rows {
+                        let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
+                        let dyr = &dy[r * cols + j0..][..dg.len()];
+                        let xr = &x[r * cols + j0..][..dg.len()];
+                        for (((g, bt), &d), &v) in dg.iter_mut().zip(db.iter_mut()).zip(dyr).zip(xr)
+                        {
+                            *g += d * ((v - mean) * rstd);
+                            *bt += d;
+                        }
+                    }
+                },
+            )
         });
     (dx, dgamma, dbeta)
 }

@@ -15,15 +15,32 @@ fn pow2i(n: i32) -> f32 {
     f32::from_bits(((n + 127) as u32) << 23)
 }
 
-/// `v.floor()` for |v| < 2^31 (exp's argument is within ±150 here), in arithmetic every
-/// x86-64 vector unit has: truncate, then step down where that rounded a negative value up.
-/// `f32::floor` is a call into libm on x86-64's baseline (SSE2 has no rounding instruction):
-/// `floorf` took 1.4–1.8% of a GPT step on the CPU path, inside the loops around `exp`.
-/// Same value as `floor` in this range, except that -0.0 comes out +0.0, which `exp` only
-/// multiplies by ln 2 and subtracts from `x` (its argument is never -0.0: it adds 0.5).
+/// `v` truncated toward zero, for `v` inside ±2^30 (exp's arguments are within ±150 here;
+/// anything outside, NaN included, is held at the nearest end first). `as i32` saturates and
+/// maps NaN to 0, which no x86 vector instruction does: the compiler converted lane by lane,
+/// 16 scalar `cvttss2si` with their overflow and NaN fix-ups per AVX-512 vector of the CPU
+/// path's exp loop (seen in objdump). Held in range, the plain truncation is one
+/// `vcvttps2dq`, and the value is the same.
+#[inline(always)]
+fn truncate_small(v: f32) -> i32 {
+    const LIMIT: f32 = (1u32 << 30) as f32;
+    // `max` and `min` return the other operand for NaN, so `held` is a number (`clamp` would
+    // keep the NaN).
+    #[allow(clippy::manual_clamp)]
+    let held = v.max(-LIMIT).min(LIMIT);
+    // SAFETY: `held` is finite and within i32's range.
+    unsafe { held.to_int_unchecked::<i32>() }
+}
+
+/// `v.floor()` for |v| < 2^30, in arithmetic every x86-64 vector unit has: truncate, then
+/// step down where that rounded a negative value up. `f32::floor` is a call into libm on
+/// x86-64's baseline (SSE2 has no rounding instruction): `floorf` took 1.4–1.8% of a GPT step
+/// on the CPU path, inside the loops around `exp`. Same value as `floor` in this range,
+/// except that -0.0 comes out +0.0, which `exp` only multiplies by ln 2 and subtracts from
+/// `x` (its argument is never -0.0: it adds 0.5).
 #[inline(always)]
 fn floor_small(v: f32) -> f32 {
-    let t = v as i32 as f32;
+    let t = truncate_small(v) as f32;
     if t > v {
         t - 1.0
     } else {
@@ -49,7 +66,7 @@ fn exp_reduced(x: f32, k: f32) -> f32 {
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    let ki = k as i32;
+    let ki = truncate_small(k);
     let k1 = ki / 2;
     p * pow2i(k1) * pow2i(ki - k1)
 }
@@ -59,9 +76,10 @@ fn exp_reduced(x: f32, k: f32) -> f32 {
 /// Without branches: the polynomial runs on `x` held inside the finite range and the edge
 /// cases (NaN, overflow, underflow) are chosen after it, so that the CPU path's loops over
 /// it (GELU, sigmoid, tanh, softmax) have no branch to mispredict: 12% off a GPT step on
-/// 2 cores (docs/benchmarks.md). The compiler still leaves those loops scalar on x86-64's
-/// baseline; an explicit SIMD form is the next step. Inside the range the held `x` is `x`,
-/// so the arithmetic and its bits are those of the early-return form (test).
+/// 2 cores (docs/benchmarks.md). Compiled for AVX-512 or AVX2 (`cpu::vector_unit::widest`),
+/// those loops run a vector of lanes at a time, now that the conversions to integers are
+/// plain truncations (`truncate_small`). Inside the range the held `x` is `x`, so the
+/// arithmetic and its bits are those of the early-return form (test).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let held = x.clamp(EXP_LOW, EXP_HIGH);
@@ -192,8 +210,9 @@ pub fn workgroup_fold(
 
 /// [`workgroup_sum`] of a slice, in a form the compiler vectorises: lane `t` adds the `t`-th
 /// element of each `lanes`-long chunk, chunk after chunk (the same order: elements `t`,
-/// `t + lanes`, ...), then the tree. The CPU path's softmax rows use it.
-#[inline]
+/// `t + lanes`, ...), then the tree. The CPU path's softmax rows use it. Always inlined, so
+/// that it runs on the vector unit of the loop that calls it (`cpu::vector_unit::widest`).
+#[inline(always)]
 pub fn workgroup_sum_of(values: &[f32], lanes: usize) -> f32 {
     const ON_STACK: usize = 256;
     if lanes > ON_STACK {

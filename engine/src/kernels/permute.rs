@@ -45,6 +45,8 @@ fn plan(shape: &[usize], perm: &[usize]) -> Result<(Vec<usize>, Params)> {
     Ok((out_shape, params))
 }
 
+/// The reference order, one element at a time: what [`permute_cpu`] is tested against.
+#[cfg(test)]
 fn permute_ref(x: &[f32], p: &Params) -> Vec<f32> {
     let [d0, d1, d2, d3] = p.dims.map(|d| d as usize);
     let [s0, s1, s2, s3] = p.strides.map(|s| s as usize);
@@ -59,6 +61,32 @@ fn permute_ref(x: &[f32], p: &Params) -> Vec<f32> {
     out
 }
 
+/// The CPU path: [`permute_ref`]'s output (a permutation only moves values), written by
+/// output rows of `d2 * d3` elements in parallel, and with each run along the innermost axis
+/// copied at once where that axis stays innermost (attention's head split and merge move
+/// runs of a head's width): the reference's index arithmetic per element, on one thread,
+/// took 0.3 ms of a GPT step's 2 ms per permutation of [32, 64, 4, 16].
+fn permute_cpu(x: &[f32], p: &Params) -> Vec<f32> {
+    let [_, d1, d2, d3] = p.dims.map(|d| d as usize);
+    let [s0, s1, s2, s3] = p.strides.map(|s| s as usize);
+    let mut out = vec![0.0; p.dims.iter().map(|&d| d as usize).product()];
+    let row_len = (d2 * d3).max(1);
+    crate::cpu::elementwise::for_rows(&mut out, row_len, |r, row| {
+        let base = (r / d1) * s0 + (r % d1) * s1;
+        for (i2, run) in row.chunks_exact_mut(d3).enumerate() {
+            let start = base + i2 * s2;
+            if s3 == 1 {
+                run.copy_from_slice(&x[start..][..d3]);
+            } else {
+                for (i3, o) in run.iter_mut().enumerate() {
+                    *o = x[start + i3 * s3];
+                }
+            }
+        }
+    });
+    out
+}
+
 /// `x` with its axes reordered: output axis `a` is input axis `perm[a]`.
 pub fn permute(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     x.expect_dtype("permute", DType::F32)?;
@@ -67,7 +95,7 @@ pub fn permute(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
         Device::Cpu => Tensor::from_vec(
             x.device(),
             &shape,
-            permute_ref(x.cpu_f32().expect("cpu"), &params),
+            permute_cpu(x.cpu_f32().expect("cpu"), &params),
         ),
         Device::Gpu(gpu) => {
             let n = x.numel();
@@ -116,6 +144,34 @@ mod tests {
         assert_eq!(back.to_vec().unwrap(), x.to_vec().unwrap());
         for bad in [&[0, 0, 1, 2][..], &[0, 1, 2], &[0, 1, 2, 4]] {
             assert!(permute(&x, bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_cpu_path_gives_the_references_order() {
+        // Every permutation of awkward shapes, with axes of 1 and ones large enough to be
+        // split over threads; and lower ranks, padded with leading ones.
+        let perms: Vec<Vec<usize>> = (0..256usize)
+            .map(|code| (0..4).map(|i| (code >> (2 * i)) & 3).collect::<Vec<_>>())
+            .filter(|p| (0..4).all(|a| p.contains(&a)))
+            .collect();
+        assert_eq!(perms.len(), 24);
+        let mut cases: Vec<(Vec<usize>, Vec<usize>)> = vec![];
+        for shape in [[3, 1, 5, 7], [33, 64, 4, 16], [2, 17, 1, 1], [1, 3, 129, 2]] {
+            cases.extend(perms.iter().map(|p| (shape.to_vec(), p.clone())));
+        }
+        cases.push((vec![300, 7], vec![1, 0]));
+        cases.push((vec![5, 300, 7], vec![2, 0, 1]));
+        cases.push((vec![9], vec![0]));
+        for (shape, perm) in cases {
+            let n: usize = shape.iter().product();
+            let x: Vec<f32> = (0..n).map(|v| v as f32).collect();
+            let (_, params) = plan(&shape, &perm).unwrap();
+            assert_eq!(
+                permute_cpu(&x, &params),
+                permute_ref(&x, &params),
+                "{shape:?} by {perm:?}"
+            );
         }
     }
 }

@@ -8,7 +8,6 @@ use bytemuck::{Pod, Zeroable};
 
 use rayon::prelude::*;
 
-use super::math::workgroup_fold;
 use super::{grid_1d, grid_groups, span_starts, LOOP_SPAN, REDUCE};
 use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
@@ -87,12 +86,6 @@ pub fn reduce_ref(
     op: Reduce,
     scale: f32,
 ) -> Vec<f32> {
-    let at = |o: usize, j: usize, i: usize| x[(o * len + j) * inner + i];
-    let fold = |o: usize, i: usize, js: std::ops::Range<usize>| {
-        workgroup_fold(js.map(|j| at(o, j, i)), LANES, op.identity(), |a, b| {
-            op.combine(a, b)
-        })
-    };
     match plan(outer * inner, len) {
         Plan::PerThread => {
             let mut out = vec![op.identity(); outer * inner];
@@ -118,25 +111,38 @@ pub fn reduce_ref(
                 });
             out
         }
-        Plan::PerWorkgroup => match op {
-            Reduce::Sum => lanes_then_tree(x, outer, len, inner, scale, 0.0, |a, b| a + b),
-            Reduce::Max => {
-                lanes_then_tree(x, outer, len, inner, scale, f32::NEG_INFINITY, f32::max)
-            }
-            Reduce::Min => lanes_then_tree(x, outer, len, inner, scale, f32::INFINITY, f32::min),
-        },
+        Plan::PerWorkgroup => per_workgroup(x, outer, len, inner, op, scale),
         Plan::TwoPass { chunks } => {
+            // Each chunk of the axis is what one workgroup of the first pass folds: the
+            // per-workgroup plan over that chunk's rows, in memory order.
             let mut partial = vec![0.0; outer * chunks * inner];
-            for o in 0..outer {
-                for c in 0..chunks {
-                    for i in 0..inner {
-                        let js = c * CHUNK..((c + 1) * CHUNK).min(len);
-                        partial[(o * chunks + c) * inner + i] = fold(o, i, js);
-                    }
-                }
-            }
+            partial
+                .par_chunks_mut(inner.max(1))
+                .enumerate()
+                .for_each(|(oc, part)| {
+                    let (o, c) = (oc / chunks, oc % chunks);
+                    let rows = CHUNK.min(len - c * CHUNK);
+                    let x = &x[(o * len + c * CHUNK) * inner..][..rows * inner];
+                    part.copy_from_slice(&per_workgroup(x, 1, rows, inner, op, 1.0));
+                });
             reduce_ref(&partial, outer, chunks, inner, op, scale)
         }
+    }
+}
+
+/// The per-workgroup plan's sums ([`lanes_then_tree`] with `op`'s identity and combine).
+fn per_workgroup(
+    x: &[f32],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: Reduce,
+    scale: f32,
+) -> Vec<f32> {
+    match op {
+        Reduce::Sum => lanes_then_tree(x, outer, len, inner, scale, 0.0, |a, b| a + b),
+        Reduce::Max => lanes_then_tree(x, outer, len, inner, scale, f32::NEG_INFINITY, f32::max),
+        Reduce::Min => lanes_then_tree(x, outer, len, inner, scale, f32::INFINITY, f32::min),
     }
 }
 
@@ -472,6 +478,7 @@ pub fn argmax_last(x: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::math::workgroup_fold;
 
     #[test]
     fn reference_reduces_the_middle_axis() {
@@ -509,6 +516,40 @@ mod tests {
                         assert_eq!(
                             fast[o * inner + i].to_bits(),
                             (folded * 0.5).to_bits(),
+                            "{op:?} of [{outer}, {len}, {inner}] at ({o}, {i})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_two_pass_plan_folds_each_chunk_then_the_chunks_in_order() {
+        // Past 65536 along the axis: a chunk cut short, several columns (a convolution's
+        // bias gradient is [100352, 16] summed over its rows), several outer rows.
+        for &(outer, len, inner) in &[(1usize, 65537usize, 1usize), (2, 70001, 3), (1, 140000, 17)]
+        {
+            let x: Vec<f32> = (0..outer * len * inner)
+                .map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 1.37f32.powi((i % 23) as i32 - 11))
+                .collect();
+            let chunks = len.div_ceil(CHUNK);
+            assert_eq!(plan(outer * inner, len), Plan::TwoPass { chunks });
+            for op in [Reduce::Sum, Reduce::Max, Reduce::Min] {
+                let fast = reduce_ref(&x, outer, len, inner, op, 0.5);
+                for o in 0..outer {
+                    for i in 0..inner {
+                        let chunk_fold = |c: usize| {
+                            let js = c * CHUNK..((c + 1) * CHUNK).min(len);
+                            let values = js.map(|j| x[(o * len + j) * inner + i]);
+                            workgroup_fold(values, LANES, op.identity(), |a, b| op.combine(a, b))
+                        };
+                        let want = (0..chunks)
+                            .map(chunk_fold)
+                            .fold(op.identity(), |a, b| op.combine(a, b));
+                        assert_eq!(
+                            fast[o * inner + i].to_bits(),
+                            (want * 0.5).to_bits(),
                             "{op:?} of [{outer}, {len}, {inner}] at ({o}, {i})"
                         );
                     }
