@@ -41,6 +41,14 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         (2, 400, 13, 40),
         // Many batch entries: split by entry alone.
         (40, 26, 16, 5),
+        // Tall products (transposed A, at most 32 columns, k of 256 or more) read their
+        // operands in place on AVX-512: blocks cut short, one and two vectors of columns,
+        // columns masked off, one row and one column, serial and parallel.
+        (1, 9, 16, 1000),
+        (1, 13, 32, 257),
+        (1, 29, 17, 600),
+        (1, 1, 1, 256),
+        (1, 12, 5, 300),
     ];
     for (seed, &(batch, m, n, k)) in shapes.iter().enumerate() {
         for trans_a in [false, true] {

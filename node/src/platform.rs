@@ -26,7 +26,7 @@ fn user_id() -> String {
 }
 
 /// Has glibc's allocator map every block over 4 MiB on its own and unmap it when freed, keep
-/// up to 64 MiB free at the top of its heap, and keep at most two arenas. A parameter-server
+/// up to 256 MiB free at the top of its heap, and keep at most two arenas. A parameter-server
 /// shard receives a model-sized snapshot every few rounds. By default glibc raises its mmap threshold to the
 /// largest block freed (up to 32 MiB), after which such blocks come from its arenas and the
 /// memory they leave behind stays with the process. 4 MiB is above BytePS's partitions
@@ -34,8 +34,9 @@ fn user_id() -> String {
 /// arenas and are reused.
 ///
 /// Fixing the mmap threshold also fixes the trim threshold at 128 KiB, which shrinks and
-/// regrows the heap every round; hence the 64 MiB. Measured on the churn benchmark's calm arm
-/// (8 workers, 2 shards, MNIST MLP, 20 epochs, docs/benchmarks.md):
+/// regrows the heap every round; hence a high one (64 MiB when these were measured, 256 MiB
+/// since: below). Measured on the churn benchmark's calm arm (8 workers, 2 shards, MNIST
+/// MLP, 20 epochs, docs/benchmarks.md):
 /// - glibc's default: shard 0 at 113–153 MB after a minute, 119–184 MB at the end; 95–98 s.
 /// - these settings: shard 0 flat at 36–38 MB, shard 1 at 138–142 MB; 95–97 s.
 /// - a 1 MiB threshold alone: 33–36 MB, but rounds 10% slower (104–108 s). Every
@@ -54,8 +55,15 @@ fn user_id() -> String {
 /// trim threshold the heap shrank and regrew around the CPU path's megabyte-sized tensors,
 /// every block paid in page faults again. 30 GPT steps on the CPU path (`murmur train --model
 /// gpt --device cpu --batch 32 --max-steps 30`, 2-core Intel Xeon, alternating): 9.5 and 8.7 s
-/// with glibc's defaults, 7.8 and 6.8 s with these settings, the same peak resident memory
-/// (116 MB).
+/// with glibc's defaults, 7.8 and 6.8 s with a 64 MiB trim threshold, the same peak resident
+/// memory (116 MB). Once the CPU path's kernels got faster, 64 MiB trimmed too: a GPT step
+/// frees more than that at the top of the heap, and the next step faulted it in again.
+/// `murmur bench train --models cnn,gpt` (same machine, two rounds): GPT 9.06 and 8.78
+/// steps/s with 64 MiB, 11.39 and 11.70 with 256 MiB; the CNN 17.2 and 18.4, 19.1 and 18.3;
+/// peak resident memory 113 MB in every run. (A 32 MiB mmap threshold beside the 256 MiB
+/// gave the CNN another 3–5% and the GPT nothing; it would take model-sized snapshots back
+/// into a shard's arenas, above.) A shard also runs [`trim_free_memory_every`], which hands
+/// free pages back whatever the threshold.
 ///
 /// Process-wide, so it is the program's choice: `murmur` makes it for every command; a program
 /// that embeds a node may call it first thing. Elsewhere than glibc it does nothing.
@@ -64,7 +72,7 @@ pub fn return_large_frees_to_the_system() {
     // SAFETY: mallopt only sets allocator parameters; it refuses a value it cannot take.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }

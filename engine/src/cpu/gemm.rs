@@ -81,6 +81,11 @@ pub fn matmul_on(
         d
     };
     let fused = arithmetic == Arithmetic::Fused;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && is_tall(d) {
+        tall(a, b, d, &mut c, fused);
+        return c;
+    }
     // At most 16 columns (attention's per-head values, a convolution of 16 channels) fill
     // half of a 12x32 tile: a 24x16 one does twice the useful work per step of k.
     let narrow = d.n <= 16 && d.m >= 24;
@@ -103,6 +108,58 @@ pub fn matmul_on(
         _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>),
     }
     c
+}
+
+/// Whether `d` is a tall product: `op(A)^T`'s few rows times B's few columns over a long
+/// `k`, both stored with `k` outermost, as a convolution's weight gradient is (im2col's
+/// columns transposed times the output gradient: [9, 100352] x [100352, 16] for the first
+/// layer of the CNN). Packed, its panels cost more than its arithmetic: B padded from 16
+/// to 32 columns and A to 12 rows, 17 MB written and read again for 29 MFLOP, on one
+/// thread. `tall` reads the operands where they are.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn is_tall(d: &MatmulDims) -> bool {
+    d.batch == 1 && d.trans_a && !d.trans_b && d.n <= 32 && d.k >= 256
+}
+
+/// Rows of C per task of [`tall`]: one accumulator per row and 16 columns must fit in the
+/// 32 vector registers with B's row.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_ROWS: usize = 12;
+
+/// The tall product (see [`is_tall`]) on AVX-512: blocks of at most [`TALL_ROWS`] rows of C,
+/// each over the whole of `k` in registers, reading A's and B's rows in place; blocks split
+/// over rayon, and a product of few rows cut into as many blocks as threads, so that both
+/// cores of a small machine work.
+#[cfg(target_arch = "x86_64")]
+fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
+    let (m, n, k) = (d.m, d.n, d.k);
+    let parallel = m * n * k >= PARALLEL_MIN_TERMS;
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let tasks = m.div_ceil(TALL_ROWS).max(threads.min(m));
+    let rows_per_task = m.div_ceil(tasks);
+    let block = |(t, c_rows): (usize, &mut [f32])| {
+        let (i0, rows) = (t * rows_per_task, c_rows.len() / n);
+        // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
+        unsafe {
+            match (n > 16, fused) {
+                (false, false) => x86::tall_block::<false, false>(a, b, d, i0, rows, c_rows),
+                (false, true) => x86::tall_block::<false, true>(a, b, d, i0, rows, c_rows),
+                (true, false) => x86::tall_block::<true, false>(a, b, d, i0, rows, c_rows),
+                (true, true) => x86::tall_block::<true, true>(a, b, d, i0, rows, c_rows),
+            }
+        }
+    };
+    if parallel {
+        c.par_chunks_mut(rows_per_task * n)
+            .enumerate()
+            .for_each(block);
+    } else {
+        c.chunks_mut(rows_per_task * n).enumerate().for_each(block);
+    }
 }
 
 /// The vector instruction set a micro-kernel is compiled for.
@@ -235,6 +292,72 @@ mod x86 {
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA.
         panel_tiles::<6, 16>(a, b, k, n, c, |a, b| unsafe { tile_avx2::<FUSED>(a, b, k) })
+    }
+
+    /// Rows `i0 .. i0 + rows` (at most `TALL_ROWS`) of a tall product's C, over the whole
+    /// of `k` in registers: each step of `k` loads B's row (two vectors when `TWO`, the
+    /// columns past `n` masked off) and broadcasts A's values for the block's rows. Rows past
+    /// the block repeat its last row's value and are not stored: the loop is unrolled over
+    /// `TALL_ROWS` accumulators whatever the block's size.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tall_block<const TWO: bool, const FUSED: bool>(
+        a: &[f32],
+        b: &[f32],
+        d: &super::MatmulDims,
+        i0: usize,
+        rows: usize,
+        c_rows: &mut [f32],
+    ) {
+        use super::TALL_ROWS;
+        let (m, n, k) = (d.m, d.n, d.k);
+        assert!((1..=TALL_ROWS).contains(&rows) && i0 + rows <= m && n <= 32);
+        assert!(a.len() >= k * m && b.len() >= k * n && c_rows.len() >= rows * n);
+        let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
+        let (mask0, mask1) = (lanes(n), lanes(n.saturating_sub(16)));
+        let mut acc = [[_mm512_setzero_ps(); 2]; TALL_ROWS];
+        for p in 0..k {
+            // SAFETY: row p of B holds n floats from p * n < k * n; lanes past n are masked
+            // off (a masked load does not touch them).
+            let (b0, b1) = unsafe {
+                let row = b.as_ptr().add(p * n);
+                let b1 = if TWO {
+                    _mm512_maskz_loadu_ps(mask1, row.add(16))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                (_mm512_maskz_loadu_ps(mask0, row), b1)
+            };
+            let a_row = p * m + i0;
+            for (i, acc_i) in acc.iter_mut().enumerate() {
+                // SAFETY: a_row + rows - 1 < p * m + m <= k * m, asserted above.
+                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(a_row + i.min(rows - 1)) });
+                if FUSED {
+                    acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
+                    if TWO {
+                        acc_i[1] = _mm512_fmadd_ps(av, b1, acc_i[1]);
+                    }
+                } else {
+                    acc_i[0] = _mm512_add_ps(acc_i[0], _mm512_mul_ps(av, b0));
+                    if TWO {
+                        acc_i[1] = _mm512_add_ps(acc_i[1], _mm512_mul_ps(av, b1));
+                    }
+                }
+            }
+        }
+        for (i, acc_i) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row i of the block holds n floats, asserted above; masked lanes are
+            // not written.
+            unsafe {
+                let out = c_rows.as_mut_ptr().add(i * n);
+                _mm512_mask_storeu_ps(out, mask0, acc_i[0]);
+                if TWO {
+                    _mm512_mask_storeu_ps(out.add(16), mask1, acc_i[1]);
+                }
+            }
+        }
     }
 
     /// A 12 x 32 tile: 24 accumulators of 16 lanes, two rows of B and a broadcast.
@@ -441,9 +564,18 @@ fn pack_a_panel<const MR: usize>(a: &[f32], d: &MatmulDims, ip: usize, dst: &mut
     let i0 = ip * MR;
     let rows = MR.min(m - i0);
     if d.trans_a {
-        // Stored [k, m]: each p holds the panel's rows side by side.
-        for (p, group) in dst.chunks_exact_mut(MR).enumerate() {
-            group[..rows].copy_from_slice(&a[p * m + i0..][..rows]);
+        // Stored [k, m]: each p holds the panel's rows side by side. A whole panel's copy has
+        // a length known at compile time, which the compiler does with vector moves; a
+        // length known only at run time is a call to memmove per step of k (9% of a CNN
+        // step's samples in memmove, most of them from the packing and storing here).
+        if rows == MR {
+            for (p, group) in dst.chunks_exact_mut(MR).enumerate() {
+                group.copy_from_slice(&a[p * m + i0..][..MR]);
+            }
+        } else {
+            for (p, group) in dst.chunks_exact_mut(MR).enumerate() {
+                group[..rows].copy_from_slice(&a[p * m + i0..][..rows]);
+            }
         }
     } else {
         for i in 0..rows {
@@ -469,6 +601,11 @@ fn pack_b_panel<const NR: usize>(b: &[f32], d: &MatmulDims, jp: usize, dst: &mut
                 dst[p * NR + j] = v;
             }
         }
+    } else if cols == NR {
+        // A length known at compile time, as in `pack_a_panel`.
+        for (p, row) in dst.chunks_exact_mut(NR).enumerate() {
+            row.copy_from_slice(&b[p * n + j0..][..NR]);
+        }
     } else {
         for (p, row) in dst.chunks_exact_mut(NR).enumerate() {
             row[..cols].copy_from_slice(&b[p * n + j0..][..cols]);
@@ -491,7 +628,12 @@ fn panel_tiles<const MR: usize, const NR: usize>(
         let tile = tile_of(a_panel, b_panel);
         let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
         for (i, tile_row) in tile.iter().enumerate().take(rows) {
-            c_rows[i * n + j0..][..cols].copy_from_slice(&tile_row[..cols]);
+            // A whole tile row's length is known at compile time (see `pack_a_panel`).
+            if cols == NR {
+                c_rows[i * n + j0..][..NR].copy_from_slice(tile_row);
+            } else {
+                c_rows[i * n + j0..][..cols].copy_from_slice(&tile_row[..cols]);
+            }
         }
     }
 }

@@ -115,6 +115,34 @@ pub fn cross_entropy(logits: &[f32], labels: &[u32], cols: usize) -> (Vec<f32>, 
     (losses, probs)
 }
 
+/// `dlogits = (probs - onehot(label)) * dloss` per row (a label past the row matches no
+/// column, as in the reference): one row per step in parallel tasks, where the reference
+/// divided every index.
+pub fn cross_entropy_backward(
+    probs: &[f32],
+    labels: &[u32],
+    dloss: &[f32],
+    cols: usize,
+) -> Vec<f32> {
+    let mut dx = vec![0.0; probs.len()];
+    if dx.is_empty() {
+        return dx;
+    }
+    for_rows(
+        &mut dx,
+        cols,
+        #[inline(always)]
+        |r, out| {
+            let (label, d) = (labels[r] as usize, dloss[r]);
+            for (j, (o, &p)) in out.iter_mut().zip(&probs[r * cols..][..cols]).enumerate() {
+                let onehot = if j == label { 1.0 } else { 0.0 };
+                *o = (p - onehot) * d;
+            }
+        },
+    );
+    dx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +210,16 @@ mod tests {
                 bits(&want_probs),
                 "[{rows}, {cols}] probabilities"
             );
+            let dloss: Vec<f32> = (0..rows).map(|r| 0.3 - r as f32 * 0.01).collect();
+            let dlogits = cross_entropy_backward(&probs, &labels, &dloss, cols);
+            let want: Vec<f32> = (0..rows * cols)
+                .map(|i| {
+                    let (r, j) = (i / cols, i % cols);
+                    let onehot = if labels[r] as usize == j { 1.0 } else { 0.0 };
+                    (probs[i] - onehot) * dloss[r]
+                })
+                .collect();
+            assert_eq!(bits(&dlogits), bits(&want), "[{rows}, {cols}] dlogits");
         }
     }
 }

@@ -208,13 +208,7 @@ pub fn cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss: &Tensor) -
                 labels.cpu_u32().expect("cpu"),
                 dloss.cpu_f32().expect("cpu"),
             );
-            let dx = (0..rows * cols)
-                .map(|i| {
-                    let (r, j) = (i / cols, i % cols);
-                    let onehot = if ls[r] as usize == j { 1.0 } else { 0.0 };
-                    (ps[i] - onehot) * ds[r]
-                })
-                .collect();
+            let dx = crate::cpu::rows::cross_entropy_backward(ps, ls, ds, cols);
             Tensor::from_vec(probs.device(), probs.shape(), dx)
         }
         Device::Gpu(gpu) => {
