@@ -49,6 +49,10 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         (1, 29, 17, 600),
         (1, 1, 1, 256),
         (1, 12, 5, 300),
+        // A of at most 256 columns, not transposed, is read in place by AVX-512's 12x32
+        // tile: k at that edge and k of 1, a panel of 12 rows exactly.
+        (1, 30, 33, 256),
+        (2, 12, 64, 1),
     ];
     for (seed, &(batch, m, n, k)) in shapes.iter().enumerate() {
         for trans_a in [false, true] {

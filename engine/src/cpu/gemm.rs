@@ -89,23 +89,38 @@ pub fn matmul_on(
     // At most 16 columns (attention's per-head values, a convolution of 16 channels) fill
     // half of a 12x32 tile: a 24x16 one does twice the useful work per step of k.
     let narrow = d.n <= 16 && d.m >= 24;
+    // A short k (a transformer's projections: 64) leaves a 12x32 tile little work per packed
+    // panel of A, and packing it is a transpose one element at a time: the tile reads A's rows
+    // where they lie instead, 12 of them at most 256 long staying in the first two caches.
+    #[cfg(target_arch = "x86_64")]
+    let a_in_place = !d.trans_a && d.k <= 256;
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow && fused => {
-            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<true>)
+            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<true>, false)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if narrow => product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<false>),
+        Isa::Avx512 if narrow => {
+            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<false>, false)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if fused => product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>),
+        Isa::Avx512 if a_in_place && fused => {
+            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<true>, true)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => product::<12, 32>(a, b, d, &mut c, x86::avx512::<false>),
+        Isa::Avx512 if a_in_place => {
+            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<false>, true)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if fused => product::<6, 16>(a, b, d, &mut c, x86::avx2::<true>),
+        Isa::Avx512 if fused => product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>, false),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => product::<6, 16>(a, b, d, &mut c, x86::avx2::<false>),
-        _ if fused => product::<4, 8>(a, b, d, &mut c, baseline::<true>),
-        _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>),
+        Isa::Avx512 => product::<12, 32>(a, b, d, &mut c, x86::avx512::<false>, false),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if fused => product::<6, 16>(a, b, d, &mut c, x86::avx2::<true>, false),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => product::<6, 16>(a, b, d, &mut c, x86::avx2::<false>, false),
+        _ if fused => product::<4, 8>(a, b, d, &mut c, baseline::<true>, false),
+        _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>, false),
     }
     c
 }
@@ -264,6 +279,26 @@ mod x86 {
         })
     }
 
+    /// [`avx512`] with A's rows read where they lie (`a` holds the panel's rows of C's
+    /// worth of rows of A, `k` values each, row-major) instead of from a packed panel.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avx512_in_place<const FUSED: bool>(
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) {
+        let rows = c.len() / n;
+        // SAFETY: the caller guarantees AVX-512F.
+        panel_tiles::<12, 32>(a, b, k, n, c, |a, b| unsafe {
+            tile_avx512_in_place::<FUSED>(a, b, k, rows)
+        })
+    }
+
     /// # Safety
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
@@ -395,6 +430,48 @@ mod x86 {
         out
     }
 
+    /// [`tile_avx512`] over `rows` (1 to 12) rows of A stored row-major, `k` values each:
+    /// rows past them repeat the last one, whose results are not stored.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile_avx512_in_place<const FUSED: bool>(
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+        rows: usize,
+    ) -> [[f32; 32]; 12] {
+        assert!((1..=12).contains(&rows) && a.len() >= rows * k && b.len() >= 32 * k);
+        let starts: [usize; 12] = std::array::from_fn(|i| i.min(rows - 1) * k);
+        let mut acc = [[_mm512_setzero_ps(); 2]; 12];
+        for p in 0..k {
+            // SAFETY: p < k, and the assert bounds B's panel.
+            let (b0, b1) = unsafe {
+                let row = b.as_ptr().add(32 * p);
+                (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)))
+            };
+            for (acc_i, &start) in acc.iter_mut().zip(&starts) {
+                // SAFETY: start + p < (rows - 1) * k + k <= a.len(), asserted above.
+                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(start + p) });
+                if FUSED {
+                    acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
+                    acc_i[1] = _mm512_fmadd_ps(av, b1, acc_i[1]);
+                } else {
+                    acc_i[0] = _mm512_add_ps(acc_i[0], _mm512_mul_ps(av, b0));
+                    acc_i[1] = _mm512_add_ps(acc_i[1], _mm512_mul_ps(av, b1));
+                }
+            }
+        }
+        let mut out = [[0.0f32; 32]; 12];
+        for (row, acc_i) in out.iter_mut().zip(&acc) {
+            // SAFETY: each row holds 32 floats.
+            unsafe {
+                _mm512_storeu_ps(row.as_mut_ptr(), acc_i[0]);
+                _mm512_storeu_ps(row.as_mut_ptr().add(16), acc_i[1]);
+            }
+        }
+        out
+    }
+
     /// A 24 x 16 tile: 24 accumulators of 16 lanes, one row of B and a broadcast.
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -497,6 +574,7 @@ fn product<const MR: usize, const NR: usize>(
     d: &MatmulDims,
     c: &mut [f32],
     kernel: PanelKernel,
+    a_in_place: bool,
 ) {
     let (m, n, k) = (d.m, d.n, d.k);
     let panels = n.div_ceil(NR);
@@ -525,6 +603,13 @@ fn product<const MR: usize, const NR: usize>(
     let row_panel = |z: usize, ip: usize, c_rows: &mut [f32]| {
         let a_z = &a[if d.a_batched { z * a_stride } else { 0 }..][..a_stride];
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
+        if a_in_place {
+            // The panel's rows of A as they are stored (`!trans_a`): `k` values per row.
+            let rows = c_rows.len() / n;
+            // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
+            unsafe { kernel(&a_z[ip * MR * k..][..rows * k], b_z, k, n, c_rows) };
+            return;
+        }
         let mut a_scratch = take_scratch(&A_PANEL, k * MR);
         let a_panel = &mut a_scratch[..k * MR];
         pack_a_panel::<MR>(a_z, d, ip, a_panel);
