@@ -274,8 +274,9 @@ mod x86 {
         c: &mut [f32],
     ) {
         // SAFETY: the caller guarantees AVX-512F.
+        let packed: [usize; 12] = std::array::from_fn(|i| i);
         panel_tiles::<12, 32>(a, b, k, n, c, |a, b| unsafe {
-            tile_avx512::<FUSED>(a, b, k)
+            tile_avx512::<FUSED>(a, packed, 12, b, k)
         })
     }
 
@@ -293,9 +294,11 @@ mod x86 {
         c: &mut [f32],
     ) {
         let rows = c.len() / n;
+        // Rows past the panel's repeat its last one; their results are not stored.
+        let in_place: [usize; 12] = std::array::from_fn(|i| i.min(rows - 1) * k);
         // SAFETY: the caller guarantees AVX-512F.
         panel_tiles::<12, 32>(a, b, k, n, c, |a, b| unsafe {
-            tile_avx512_in_place::<FUSED>(a, b, k, rows)
+            tile_avx512::<FUSED>(a, in_place, 1, b, k)
         })
     }
 
@@ -395,11 +398,20 @@ mod x86 {
         }
     }
 
-    /// A 12 x 32 tile: 24 accumulators of 16 lanes, two rows of B and a broadcast.
+    /// A 12 x 32 tile: 24 accumulators of 16 lanes, two rows of B and a broadcast. Row `i`'s
+    /// value of A at step `p` is `a[starts[i] + p * step]`: a packed panel (starts 0 to 11,
+    /// step 12) or rows read in place (starts a row of `k` apart, step 1).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn tile_avx512<const FUSED: bool>(a: &[f32], b: &[f32], k: usize) -> [[f32; 32]; 12] {
-        assert!(a.len() >= 12 * k && b.len() >= 32 * k);
+    unsafe fn tile_avx512<const FUSED: bool>(
+        a: &[f32],
+        starts: [usize; 12],
+        step: usize,
+        b: &[f32],
+        k: usize,
+    ) -> [[f32; 32]; 12] {
+        assert!(b.len() >= 32 * k);
+        assert!(k == 0 || starts.iter().all(|&s| s + (k - 1) * step < a.len()));
         let mut acc = [[_mm512_setzero_ps(); 2]; 12];
         for p in 0..k {
             // SAFETY: p < k, and the assert bounds both panels.
@@ -407,51 +419,9 @@ mod x86 {
                 let row = b.as_ptr().add(32 * p);
                 (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)))
             };
-            for (i, acc_i) in acc.iter_mut().enumerate() {
-                // SAFETY: as above.
-                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(12 * p + i) });
-                if FUSED {
-                    acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
-                    acc_i[1] = _mm512_fmadd_ps(av, b1, acc_i[1]);
-                } else {
-                    acc_i[0] = _mm512_add_ps(acc_i[0], _mm512_mul_ps(av, b0));
-                    acc_i[1] = _mm512_add_ps(acc_i[1], _mm512_mul_ps(av, b1));
-                }
-            }
-        }
-        let mut out = [[0.0f32; 32]; 12];
-        for (row, acc_i) in out.iter_mut().zip(&acc) {
-            // SAFETY: each row holds 32 floats.
-            unsafe {
-                _mm512_storeu_ps(row.as_mut_ptr(), acc_i[0]);
-                _mm512_storeu_ps(row.as_mut_ptr().add(16), acc_i[1]);
-            }
-        }
-        out
-    }
-
-    /// [`tile_avx512`] over `rows` (1 to 12) rows of A stored row-major, `k` values each:
-    /// rows past them repeat the last one, whose results are not stored.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn tile_avx512_in_place<const FUSED: bool>(
-        a: &[f32],
-        b: &[f32],
-        k: usize,
-        rows: usize,
-    ) -> [[f32; 32]; 12] {
-        assert!((1..=12).contains(&rows) && a.len() >= rows * k && b.len() >= 32 * k);
-        let starts: [usize; 12] = std::array::from_fn(|i| i.min(rows - 1) * k);
-        let mut acc = [[_mm512_setzero_ps(); 2]; 12];
-        for p in 0..k {
-            // SAFETY: p < k, and the assert bounds B's panel.
-            let (b0, b1) = unsafe {
-                let row = b.as_ptr().add(32 * p);
-                (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)))
-            };
             for (acc_i, &start) in acc.iter_mut().zip(&starts) {
-                // SAFETY: start + p < (rows - 1) * k + k <= a.len(), asserted above.
-                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(start + p) });
+                // SAFETY: p < k, and the assert bounds every row's last value.
+                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(start + p * step) });
                 if FUSED {
                     acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
                     acc_i[1] = _mm512_fmadd_ps(av, b1, acc_i[1]);
