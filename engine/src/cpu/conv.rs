@@ -8,7 +8,7 @@
 //! walks the window for each channel on its own and divides by the stride for every term.
 
 use super::elementwise::for_rows;
-use crate::kernels::conv_geometry::ConvGeometry;
+use crate::kernels::conv_geometry::{window_reading, ConvGeometry};
 
 /// The window offsets `k` in `0..len` whose input coordinate `o * stride + k - pad` falls
 /// inside `0..size`, as a range.
@@ -57,10 +57,7 @@ pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
         return dx;
     }
     // The output coordinate whose window reads input coordinate `i` at offset `k`, if any.
-    let reader = |i: usize, k: usize, len: usize| {
-        let y = (i + g.pad).checked_sub(k)?;
-        (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
-    };
+    let reader = |i: usize, k: usize, len: usize| window_reading(i + g.pad, k, g.stride, len);
     // By input rows; the accumulators are the output pixel itself.
     for_rows(
         &mut dx,

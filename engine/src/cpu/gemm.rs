@@ -621,8 +621,9 @@ fn pack_a_panel<const MR: usize>(a: &[f32], d: &MatmulDims, ip: usize, dst: &mut
     if d.trans_a {
         // Stored [k, m]: each p holds the panel's rows side by side. A whole panel's copy has
         // a length known at compile time, which the compiler does with vector moves; a
-        // length known only at run time is a call to memmove per step of k (9% of a CNN
-        // step's samples in memmove, most of them from the packing and storing here).
+        // length known only at run time is a call to memmove per step of k (memmove held
+        // 11.8% and 13.4% of a CNN step's samples in two `perf record`s, docs/benchmarks.md;
+        // the call graph put 9.9 of the 13.4 points under the products' packing and stores).
         if rows == MR {
             for (p, group) in dst.chunks_exact_mut(MR).enumerate() {
                 group.copy_from_slice(&a[p * m + i0..][..MR]);

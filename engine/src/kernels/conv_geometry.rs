@@ -3,6 +3,16 @@
 
 use crate::error::{shape_err, Result};
 
+/// The window that reads padded input coordinate `i` at offset `k` inside it, if one does:
+/// windows start every `stride` along an axis and there are `windows` of them. The backward
+/// passes of convolution (col2im) and of pooling walk their inputs with it, each input
+/// gathering from the outputs whose windows cover it.
+#[inline(always)]
+pub fn window_reading(i: usize, k: usize, stride: usize, windows: usize) -> Option<usize> {
+    let start = i.checked_sub(k)?;
+    (start % stride == 0 && start / stride < windows).then_some(start / stride)
+}
+
 /// The shape of one convolution: input `[n, h, w, c]`, a `kh x kw` window, stride and zero
 /// padding on every side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
+use super::conv_geometry::window_reading;
 use super::{grid_1d, POOL};
 use crate::cpu::elementwise::{collect_indexed, for_rows};
 use crate::cpu::vector_unit::widest;
@@ -234,11 +235,8 @@ pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> V
     if dx.is_empty() {
         return dx;
     }
-    // Where an input coordinate sits in the window that starts `k` before it, if one does.
-    let out_of = |x: usize, k: usize, len: usize| {
-        let y = x.checked_sub(k)?;
-        (y % g.stride == 0 && y / g.stride < len).then_some(y / g.stride)
-    };
+    // The window that reads input coordinate `x` at offset `k`, if one does (no padding).
+    let out_of = |x: usize, k: usize, len: usize| window_reading(x, k, g.stride, len);
     for_rows(
         &mut dx,
         g.w * c,
