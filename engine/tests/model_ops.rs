@@ -10,6 +10,7 @@
 mod common;
 
 use common::{assert_close, gpu, random};
+use murmur_engine::kernels::attention::{causal_attention, causal_attention_backward};
 use murmur_engine::kernels::conv::{col2im, conv2d_direct_ref, im2col};
 use murmur_engine::kernels::conv_geometry::ConvGeometry;
 use murmur_engine::kernels::dropout::{dropout, DropoutMask};
@@ -292,6 +293,57 @@ fn permute_and_causal_softmax_gpu_match_cpu() {
     assert!(causal_softmax(&Tensor::zeros(&Device::Cpu, &[2, 3]).unwrap()).is_err());
 }
 
+/// The GPU runs attention as the composition of its kernels, the CPU path in one pass per
+/// head: the same values, forward and backward, with dropout and without.
+#[test]
+fn causal_attention_gpu_matches_cpu() {
+    let mut rng = Rng::new(36, 0);
+    for (batch, time, heads, width) in [(1, 1, 1, 1), (2, 9, 3, 5), (2, 66, 2, 16)] {
+        let shape = [batch, time, heads * width];
+        let n = batch * time * heads * width;
+        let [q, k, v, dy] =
+            [3.0, 3.0, 1.0, 1.0].map(|scale| both(&shape, &random(&mut rng, n, scale)));
+        let mask = DropoutMask {
+            rate: 0.2,
+            seed: 4,
+            step: 1,
+            key: 3,
+            first_sample: 0,
+            samples: batch as u32,
+        };
+        for mask in [None, Some(&mask)] {
+            let what = format!("{shape:?} over {heads} heads, dropout {}", mask.is_some());
+            let (cy, cw) = causal_attention(&q.0, &k.0, &v.0, heads, mask).unwrap();
+            let (gy, gw) = causal_attention(&q.1, &k.1, &v.1, heads, mask).unwrap();
+            assert_close(
+                &format!("weights, {what}"),
+                &gw.to_vec().unwrap(),
+                &cw.to_vec().unwrap(),
+                1e-6,
+                1e-5,
+            );
+            assert_close(
+                &format!("output, {what}"),
+                &gy.to_vec().unwrap(),
+                &cy.to_vec().unwrap(),
+                1e-5,
+                1e-4,
+            );
+            let c = causal_attention_backward(&q.0, &k.0, &v.0, &cw, heads, mask, &dy.0).unwrap();
+            let g = causal_attention_backward(&q.1, &k.1, &v.1, &gw, heads, mask, &dy.1).unwrap();
+            for (name, (g, c)) in ["dq", "dk", "dv"].iter().zip(g.iter().zip(&c)) {
+                assert_close(
+                    &format!("{name}, {what}"),
+                    &g.to_vec().unwrap(),
+                    &c.to_vec().unwrap(),
+                    1e-5,
+                    1e-4,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gradients_of_convolution_pooling_and_image_norm() {
     for (n, h, w, c, k, stride, pad) in [(2, 5, 4, 2, 3, 1, 1), (1, 6, 5, 3, 3, 2, 0)] {
@@ -341,9 +393,22 @@ fn gradients_of_dropout_permute_and_causal_attention() {
     check_grad("permute", std::slice::from_ref(&x), |g, v| {
         g.permute(v[0], &[0, 2, 1, 3])
     });
-    let scores = cpu_tensor(&[2, 5, 5], 52, 2.0);
-    check_grad("causal softmax", std::slice::from_ref(&scores), |g, v| {
-        g.causal_softmax(v[0])
+    // Attention alone: 2 heads of width 3 over 5 positions, with and without dropout on
+    // the weights (the mask's gradient is the mask itself).
+    let qkv: Vec<Tensor> = (0..3)
+        .map(|i| cpu_tensor(&[2, 5, 6], 52 + i, 2.0))
+        .collect();
+    check_grad("causal attention", &qkv, |g, v| {
+        g.causal_attention(v[0], v[1], v[2], 2, None)
+    });
+    check_grad("causal attention with dropout", &qkv, |g, v| {
+        g.causal_attention(
+            v[0],
+            v[1],
+            v[2],
+            2,
+            Some(DropoutMask { samples: 2, ..mask }),
+        )
     });
     // A whole attention layer: 2 heads of width 3 over 5 positions, weights as inputs.
     let attn = CausalSelfAttention::new(&Device::Cpu, 6, 2, 0.3, &mut Rng::new(53, 0)).unwrap();

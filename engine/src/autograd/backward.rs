@@ -8,7 +8,7 @@ use crate::kernels::binary::{broadcast_to, Binary};
 use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{unary, unary_backward, Unary};
-use crate::kernels::{conv, dropout, embedding, layernorm, permute, pool, softmax};
+use crate::kernels::{attention, conv, dropout, embedding, layernorm, permute, pool, softmax};
 use crate::tensor::Tensor;
 
 /// What the backward pass does with a parameter's gradient once nothing more can add to it:
@@ -149,6 +149,25 @@ pub(super) fn run(
                 vec![(*x, broadcast_to(&dy.scale(1.0 / n)?, value(*x).shape())?)]
             }
             Op::Softmax { x } => vec![(*x, softmax::softmax_backward(&node.value, &dy)?)],
+            Op::Attention {
+                q,
+                k,
+                v,
+                heads,
+                mask,
+                weights,
+            } => {
+                let [dq, dk, dv] = attention::causal_attention_backward(
+                    value(*q),
+                    value(*k),
+                    value(*v),
+                    weights,
+                    *heads,
+                    mask.as_ref(),
+                    &dy,
+                )?;
+                vec![(*q, dq), (*k, dk), (*v, dv)]
+            }
             Op::CrossEntropy {
                 logits,
                 labels,

@@ -16,6 +16,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::error::{shape_err, Result};
+use crate::kernels::attention;
 use crate::kernels::binary::{binary, Binary};
 use crate::kernels::conv;
 use crate::kernels::conv_geometry::ConvGeometry;
@@ -69,6 +70,16 @@ pub(crate) enum Op {
     },
     Softmax {
         x: Var,
+    },
+    /// Causal self-attention over `heads` (`kernels::attention`); keeps the attention
+    /// weights before dropout for the backward pass, which recomputes the mask.
+    Attention {
+        q: Var,
+        k: Var,
+        v: Var,
+        heads: usize,
+        mask: Option<DropoutMask>,
+        weights: Tensor,
     },
     /// Per-row losses; keeps the probabilities for the backward pass.
     CrossEntropy {
@@ -473,12 +484,35 @@ impl Graph {
         Ok(self.record(y, Op::Permute { x, perm }, &[x]))
     }
 
-    /// Softmax of square `[..., T, T]` attention scores under the causal mask.
-    pub fn causal_softmax(&self, x: Var) -> Result<Var> {
-        let y = softmax::causal_softmax(&self.value(x))?;
-        // The softmax backward rule holds as is: masked probabilities are 0, so are their
-        // gradients.
-        Ok(self.record(y, Op::Softmax { x }, &[x]))
+    /// Causal self-attention: for each of `heads` heads side by side in the features of
+    /// `q`, `k` and `v` (`[batch, time, features]`), the causal softmax of `q kᵀ` (dropped
+    /// out by `mask`, when given a rate above 0) times `v`; output `[batch, time, features]`.
+    /// Scale the queries first.
+    pub fn causal_attention(
+        &self,
+        q: Var,
+        k: Var,
+        v: Var,
+        heads: usize,
+        mask: Option<DropoutMask>,
+    ) -> Result<Var> {
+        let mask = mask.filter(|m| m.rate > 0.0);
+        let (y, weights) = attention::causal_attention(
+            &self.value(q),
+            &self.value(k),
+            &self.value(v),
+            heads,
+            mask.as_ref(),
+        )?;
+        let op = Op::Attention {
+            q,
+            k,
+            v,
+            heads,
+            mask,
+            weights,
+        };
+        Ok(self.record(y, op, &[q, k, v]))
     }
 
     /// Normalization of NHWC images over each sample's (h, w, c) together, with a per-channel

@@ -2,9 +2,11 @@
 //! bits on lavapipe) at a speed that makes the CPU a training device of its own, for the
 //! nodes and CI machines that have no GPU.
 
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;
 pub mod rows;
+pub mod strided_product;
 pub mod vector_unit;

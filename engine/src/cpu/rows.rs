@@ -34,16 +34,35 @@ fn max_of(row: &[f32]) -> f32 {
 /// workgroup's lane order.
 #[inline(always)]
 fn exp_shifted(row: &[f32], out: &mut [f32]) -> (f32, f32) {
+    const LANES: usize = 16;
     let m = max_of(row);
-    for (o, &v) in out.iter_mut().zip(row) {
-        *o = exp(v - m);
+    let out = &mut out[..row.len()];
+    let mut values = row.chunks_exact(LANES);
+    let mut exps = out.chunks_exact_mut(LANES);
+    for (vs, es) in (&mut values).zip(&mut exps) {
+        for (e, &v) in es.iter_mut().zip(vs) {
+            *e = exp(v - m);
+        }
     }
-    (m, workgroup_sum_of(&out[..row.len()], ROW_LANES))
+    // The last, shorter chunk in a whole vector too (exp of each lane on its own, so the
+    // padding changes nothing): the compiler's epilogue for it ran exp 4 lanes and 1 lane
+    // at a time, which causal attention's short rows paid on every row.
+    let rest = values.remainder();
+    if !rest.is_empty() {
+        let mut padded = [m; LANES];
+        for (p, &v) in padded.iter_mut().zip(rest) {
+            *p = v;
+        }
+        for (e, &p) in exps.into_remainder().iter_mut().zip(&padded) {
+            *e = exp(p - m);
+        }
+    }
+    (m, workgroup_sum_of(out, ROW_LANES))
 }
 
 /// One row's softmax into `out`, as `softmax_row_ref`; returns `(max, sum)`.
 #[inline(always)]
-fn softmax_row(row: &[f32], out: &mut [f32]) -> (f32, f32) {
+pub(super) fn softmax_row(row: &[f32], out: &mut [f32]) -> (f32, f32) {
     let (m, s) = exp_shifted(row, out);
     let inv = 1.0 / s;
     for o in out.iter_mut() {
@@ -75,18 +94,21 @@ pub fn softmax_backward(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
         &mut dx,
         cols,
         #[inline(always)]
-        |r, out| {
-            let (yr, dr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
-            for ((o, &d), &p) in out.iter_mut().zip(dr).zip(yr) {
-                *o = d * p;
-            }
-            let s = workgroup_sum_of(out, ROW_LANES);
-            for ((o, &d), &p) in out.iter_mut().zip(dr).zip(yr) {
-                *o = p * (d - s);
-            }
-        },
+        |r, out| softmax_backward_row(&y[r * cols..][..cols], &dy[r * cols..][..cols], out),
     );
     dx
+}
+
+/// One row of [`softmax_backward`]: the products go into `out` first, for the sum.
+#[inline(always)]
+pub(super) fn softmax_backward_row(y: &[f32], dy: &[f32], out: &mut [f32]) {
+    for ((o, &d), &p) in out.iter_mut().zip(dy).zip(y) {
+        *o = d * p;
+    }
+    let s = workgroup_sum_of(out, ROW_LANES);
+    for ((o, &d), &p) in out.iter_mut().zip(dy).zip(y) {
+        *o = p * (d - s);
+    }
 }
 
 /// Per-row losses `ln(sum) + max - logit[label]` and the probabilities, as

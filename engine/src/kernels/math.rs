@@ -215,6 +215,9 @@ pub fn workgroup_fold(
 #[inline(always)]
 pub fn workgroup_sum_of(values: &[f32], lanes: usize) -> f32 {
     const ON_STACK: usize = 256;
+    if lanes == ROW_LANES {
+        return sum_in_lanes::<ROW_LANES>(values);
+    }
     if lanes > ON_STACK {
         return workgroup_sum(values.iter().copied(), lanes);
     }
@@ -226,6 +229,34 @@ pub fn workgroup_sum_of(values: &[f32], lanes: usize) -> f32 {
         }
     }
     combine_as_tree(partial, |a, b| a + b)
+}
+
+/// [`workgroup_sum_of`] over a number of lanes known at compile time (the row kernels' 64): the
+/// partial sums stay in vector registers, and a last chunk shorter than `L` is padded with
+/// +0, which changes no partial sum (each starts at +0, and a sum is -0 only when both of its
+/// terms are, so no partial sum is ever -0, and `p + 0` is `p` for every other value).
+/// Before, a 256-float array was zeroed for every row, and a short row's lanes were a loop
+/// of variable length.
+#[inline(always)]
+fn sum_in_lanes<const L: usize>(values: &[f32]) -> f32 {
+    let mut partial = [0.0f32; L];
+    let mut chunks = values.chunks_exact(L);
+    for chunk in &mut chunks {
+        for (p, &v) in partial.iter_mut().zip(chunk) {
+            *p += v;
+        }
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut padded = [0.0f32; L];
+        for (p, &v) in padded.iter_mut().zip(rest) {
+            *p = v;
+        }
+        for (p, &v) in partial.iter_mut().zip(&padded) {
+            *p += v;
+        }
+    }
+    combine_as_tree(&mut partial, |a, b| a + b)
 }
 
 /// The last stage of a workgroup's fold: lanes combine pairwise, `t` with `t + width`, for

@@ -4,6 +4,7 @@
 //!
 //! Tolerances between the two paths are documented in `engine/tests/kernels_gpu_vs_cpu.rs`.
 
+pub mod attention;
 pub mod binary;
 pub mod conv;
 pub mod conv_geometry;

@@ -93,30 +93,18 @@ impl CausalSelfAttention {
     /// `key_base + 1`) drops attention weights and the output.
     pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
         let shape = g.shape(x);
-        let &[b, t, c] = shape.as_slice() else {
+        let &[_, _, c] = shape.as_slice() else {
             return shape_err(
                 "attention",
                 format!("needs [batch, time, dim], is {shape:?}"),
             );
         };
-        let (h, d) = (self.heads, c / self.heads);
-        // [b, t, c] -> [b, h, t, d]
-        let split = |v: Var| -> Result<Var> {
-            let v = g.reshape(v, &[b, t, h, d])?;
-            g.permute(v, &[0, 2, 1, 3])
-        };
+        let d = c / self.heads;
         let q = g.scale(self.query.forward(g, x)?, 1.0 / (d as f32).sqrt())?;
-        let q = split(q)?;
-        let k = split(self.key.forward(g, x)?)?;
-        let v = split(self.value.forward(g, x)?)?;
-        let scores = g.matmul_t(q, k, false, true)?; // [b, h, t, t]
-        let mut att = g.causal_softmax(scores)?;
-        if let Some((plan, key)) = dropout {
-            att = g.dropout(att, plan.mask(key))?;
-        }
-        let y = g.matmul(att, v)?; // [b, h, t, d]
-        let y = g.permute(y, &[0, 2, 1, 3])?;
-        let y = g.reshape(y, &[b, t, c])?;
+        let k = self.key.forward(g, x)?;
+        let v = self.value.forward(g, x)?;
+        let mask = dropout.map(|(plan, key)| plan.mask(key));
+        let y = g.causal_attention(q, k, v, self.heads, mask)?;
         let mut y = self.proj.forward(g, y)?;
         if let Some((plan, key)) = dropout {
             y = g.dropout(y, plan.mask(key + 1))?;

@@ -1,0 +1,259 @@
+//! Causal self-attention on the CPU path, in the arithmetic of the composition that
+//! `kernels::attention` runs on the GPU (permute, matmul, causal softmax, matmul, permute).
+//!
+//! The composition moves every head of every batch entry through memory five times: a
+//! permutation of q, k and v into `[batch, heads, time, width]`, a product of `time` x
+//! `time` scores, their softmax, a second product and a permutation back. Here one task
+//! takes a batch entry (or a head), reads q, k and v where they lie in
+//! `[batch, time, heads * width]`, keeps one head's scores in cache from product to
+//! softmax, and writes its output rows in place: no permutation, one pass.
+//!
+//! Every value is computed as the composition computes it: a product's element is a sum
+//! from 0 over ascending `k` with a separately rounded multiply and add per term (as
+//! `cpu::gemm` and its reference do), and the softmax rows and their gradient are
+//! `cpu::rows`' own. The probabilities are kept between the passes (the composition keeps
+//! them too), so dropout on them is the ordinary dropout kernel in between.
+
+use rayon::prelude::*;
+
+use super::rows::{softmax_backward_row, softmax_row};
+use super::strided_product::{product, Strided};
+use super::vector_unit::widest;
+
+/// The shape of one attention call: `batch` entries of `time` positions, `heads` heads of
+/// `width` features each, side by side in the feature axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    /// Batch entries.
+    pub batch: usize,
+    /// Positions per entry; query `i` attends to keys `0..=i`.
+    pub time: usize,
+    /// Heads, side by side in the feature axis.
+    pub heads: usize,
+    /// Features per head.
+    pub width: usize,
+}
+
+impl HeadShape {
+    /// Features per position: the heads side by side.
+    pub fn features(&self) -> usize {
+        self.heads * self.width
+    }
+
+    /// Floats per batch entry of q, k, v and the output, `[time, heads * width]`.
+    fn entry(&self) -> usize {
+        self.time * self.features()
+    }
+
+    /// Floats per head of the attention weights, `[time, time]`.
+    fn square(&self) -> usize {
+        self.time * self.time
+    }
+
+    /// Floats of q, k, v and the output: `[batch, time, heads * width]`.
+    pub fn numel(&self) -> usize {
+        self.batch * self.entry()
+    }
+
+    /// Floats of the attention weights: `[batch, heads, time, time]`.
+    pub fn weights_numel(&self) -> usize {
+        self.batch * self.heads * self.square()
+    }
+}
+
+/// A row-major matrix whose row `r` starts at `first + r * row_stride`, as a product's left
+/// operand.
+fn rows_of(values: &[f32], first: usize, row_stride: usize) -> Strided<'_> {
+    Strided {
+        values,
+        first,
+        row_stride,
+        step: 1,
+    }
+}
+
+/// The transpose of a row-major matrix of `columns` columns from `first`, as a product's left
+/// operand.
+fn columns_of(values: &[f32], first: usize, columns: usize) -> Strided<'_> {
+    Strided {
+        values,
+        first,
+        row_stride: 1,
+        step: columns,
+    }
+}
+
+/// Head `h` of a batch entry `[time, heads * width]`, transposed into `[width, time]`.
+fn transpose_head(entry: &[f32], h: usize, sh: HeadShape, out: &mut [f32]) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    for (j, row) in entry.chunks_exact(c).enumerate() {
+        for (p, &value) in row[h * d..][..d].iter().enumerate() {
+            out[p * t + j] = value;
+        }
+    }
+}
+
+/// Rows of scores computed together, the block of `strided_product`.
+const SCORE_ROWS: usize = 8;
+
+/// The first `len` keys rounded up to whole 16-lane vectors, at most `time`: a short row's
+/// loops then run whole vectors, where the compiler's epilogue for the last few lanes (exp
+/// 4 lanes and 1 lane at a time) cost causal rows of every length more than their vectors.
+fn causal_span(len: usize, time: usize) -> usize {
+    len.next_multiple_of(16).min(time)
+}
+
+/// The attention weights `[batch, heads, time, time]`: for each head, the causal softmax of
+/// `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
+pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let mut weights = vec![0.0f32; sh.weights_numel()];
+    if weights.is_empty() {
+        return weights;
+    }
+    weights
+        .par_chunks_mut(sh.square())
+        .enumerate()
+        .for_each(|(zh, weights_h)| {
+            let (z, h) = (zh / sh.heads, zh % sh.heads);
+            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
+            let mut k_t = vec![0.0f32; d * t];
+            let mut scores = vec![0.0f32; t * t];
+            widest(
+                #[inline(always)]
+                || {
+                    transpose_head(&k_z[..sh.entry()], h, sh, &mut k_t);
+                    // The scores each block of rows reads: up to its last row's key, in
+                    // whole vectors (the rest, never read, are left uncomputed).
+                    for r0 in (0..t).step_by(SCORE_ROWS) {
+                        let rows = SCORE_ROWS.min(t - r0);
+                        let keys = causal_span(r0 + rows, t);
+                        let q_rows = rows_of(q_z, r0 * c + h * d, c);
+                        product(rows, keys, d, q_rows, &k_t, t, &mut scores[r0 * t..], t);
+                    }
+                    for i in 0..t {
+                        // Row `i` over keys `0..=i`, run over whole vectors: the keys past
+                        // `i` score -inf, so their exp is +0, which changes neither the max
+                        // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
+                        // weights are set to 0 after, as the composition leaves them.
+                        let (len, span) = (i + 1, causal_span(i + 1, t));
+                        let row = &mut scores[i * t..][..span];
+                        row[len..].fill(f32::NEG_INFINITY);
+                        let out = &mut weights_h[i * t..][..span];
+                        softmax_row(row, out);
+                        out[len..].fill(0.0);
+                    }
+                },
+            )
+        });
+    weights
+}
+
+/// The output `[batch, time, heads * width]`: each head's weights times its values.
+pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let mut y = vec![0.0f32; sh.numel()];
+    if y.is_empty() {
+        return y;
+    }
+    y.par_chunks_mut(sh.entry())
+        .enumerate()
+        .for_each(|(z, y_z)| {
+            let v_z = &v[z * sh.entry()..][..sh.entry()];
+            widest(
+                #[inline(always)]
+                || {
+                    for h in 0..sh.heads {
+                        let w_h = rows_of(weights, (z * sh.heads + h) * t * t, t);
+                        product(t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
+                    }
+                },
+            )
+        });
+    y
+}
+
+/// The first half of the backward pass, through the weights-times-values product: the
+/// gradient of the weights `[batch, heads, time, time]` (`dy vᵀ` per head) and of the values
+/// (`weightsᵀ dy` per head, in place in `[batch, time, heads * width]`).
+pub fn weighted_values_backward(
+    weights: &[f32],
+    v: &[f32],
+    dy: &[f32],
+    sh: HeadShape,
+) -> (Vec<f32>, Vec<f32>) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let mut d_weights = vec![0.0f32; sh.weights_numel()];
+    let mut dv = vec![0.0f32; sh.numel()];
+    if dv.is_empty() {
+        return (d_weights, dv);
+    }
+    d_weights
+        .par_chunks_mut(sh.heads * sh.square())
+        .zip(dv.par_chunks_mut(sh.entry()))
+        .enumerate()
+        .for_each(|(z, (d_weights_z, dv_z))| {
+            let (v_z, dy_z) = (&v[z * sh.entry()..][..sh.entry()], &dy[z * sh.entry()..]);
+            let dy_z = &dy_z[..sh.entry()];
+            let mut v_t = vec![0.0f32; d * t];
+            widest(
+                #[inline(always)]
+                || {
+                    for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
+                        transpose_head(v_z, h, sh, &mut v_t);
+                        product(t, t, d, rows_of(dy_z, h * d, c), &v_t, t, dw_h, t);
+                        let w_t = columns_of(weights, (z * sh.heads + h) * t * t, t);
+                        product(t, d, t, w_t, &dy_z[h * d..], c, &mut dv_z[h * d..], c);
+                    }
+                },
+            )
+        });
+    (d_weights, dv)
+}
+
+/// The second half of the backward pass, from the gradient of the weights `d_weights`: the
+/// softmax's gradient per row (over whole rows, as the softmax backward kernel runs), then
+/// the gradients of the queries (`dscores k`) and keys (`dscoresᵀ q`) in place.
+pub fn scores_backward(
+    weights: &[f32],
+    d_weights: &[f32],
+    q: &[f32],
+    k: &[f32],
+    sh: HeadShape,
+) -> (Vec<f32>, Vec<f32>) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let mut dq = vec![0.0f32; sh.numel()];
+    let mut dk = vec![0.0f32; sh.numel()];
+    if dq.is_empty() {
+        return (dq, dk);
+    }
+    dq.par_chunks_mut(sh.entry())
+        .zip(dk.par_chunks_mut(sh.entry()))
+        .enumerate()
+        .for_each(|(z, (dq_z, dk_z))| {
+            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
+            let k_z = &k_z[..sh.entry()];
+            let mut d_scores = vec![0.0f32; t * t];
+            widest(
+                #[inline(always)]
+                || {
+                    for h in 0..sh.heads {
+                        let at = (z * sh.heads + h) * t * t;
+                        let (w_h, dw_h) = (&weights[at..][..t * t], &d_weights[at..][..t * t]);
+                        for ((w, dw), ds) in w_h
+                            .chunks_exact(t)
+                            .zip(dw_h.chunks_exact(t))
+                            .zip(d_scores.chunks_exact_mut(t))
+                        {
+                            softmax_backward_row(w, dw, ds);
+                        }
+                        let ds = rows_of(&d_scores, 0, t);
+                        product(t, d, t, ds, &k_z[h * d..], c, &mut dq_z[h * d..], c);
+                        let ds_t = columns_of(&d_scores, 0, t);
+                        product(t, d, t, ds_t, &q_z[h * d..], c, &mut dk_z[h * d..], c);
+                    }
+                },
+            )
+        });
+    (dq, dk)
+}

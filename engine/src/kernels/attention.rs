@@ -1,0 +1,262 @@
+//! Causal self-attention over heads side by side: for each head of `[batch, time, heads *
+//! width]` queries, keys and values (the layout the projections give), the causal softmax of
+//! `q kᵀ` times `v`, with dropout on the attention weights when a mask is given.
+//!
+//! Its definition is [`composed`]: the existing kernels in sequence (permute into `[batch,
+//! heads, time, width]`, matmul, causal softmax, dropout, matmul, permute back). The GPU runs
+//! that composition. The CPU path (`cpu::attention`) computes the same values in the same
+//! arithmetic without the permutations and with each head's scores in cache; a test holds
+//! the two to the same bits, forward and backward.
+
+use super::dropout::{self, DropoutMask};
+use super::matmul::matmul;
+use super::permute::permute;
+use super::softmax::{causal_softmax, softmax_backward};
+use crate::cpu::attention::{self as cpu, HeadShape};
+use crate::error::{shape_err, Result};
+use crate::tensor::{DType, Device, Tensor};
+
+/// The shape of `q`, `k` and `v`, checked: the same `[batch, time, features]` on one device,
+/// `features` a multiple of `heads`.
+fn head_shape(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<HeadShape> {
+    for (name, x) in [("queries", q), ("keys", k), ("values", v)] {
+        x.expect_dtype("attention", DType::F32)?;
+        q.same_device("attention", x)?;
+        if x.shape() != q.shape() {
+            return shape_err(
+                "attention",
+                format!("{name} {:?} differ from queries {:?}", x.shape(), q.shape()),
+            );
+        }
+    }
+    match *q.shape() {
+        [batch, time, features] if heads > 0 && features % heads == 0 => Ok(HeadShape {
+            batch,
+            time,
+            heads,
+            width: features / heads,
+        }),
+        ref other => shape_err(
+            "attention",
+            format!("needs [batch, time, features] with features a multiple of {heads} heads, is {other:?}"),
+        ),
+    }
+}
+
+/// `[batch, time, heads * width]` as `[batch, heads, time, width]`.
+fn split_heads(x: &Tensor, sh: HeadShape) -> Result<Tensor> {
+    let x = x.reshape(&[sh.batch, sh.time, sh.heads, sh.width])?;
+    permute(&x, &[0, 2, 1, 3])
+}
+
+/// `[batch, heads, time, width]` as `[batch, time, heads * width]`.
+fn merge_heads(x: &Tensor, sh: HeadShape) -> Result<Tensor> {
+    permute(x, &[0, 2, 1, 3])?.reshape(&[sh.batch, sh.time, sh.features()])
+}
+
+/// A CPU tensor's values.
+fn f(x: &Tensor) -> &[f32] {
+    x.cpu_f32().expect("cpu")
+}
+
+/// The weights after dropout, as the product with the values sees them.
+fn dropped(weights: &Tensor, mask: Option<&DropoutMask>) -> Result<Tensor> {
+    match mask {
+        Some(mask) => dropout::dropout(weights, mask),
+        None => Ok(weights.clone()),
+    }
+}
+
+/// The attention's output `[batch, time, heads * width]` and its weights `[batch, heads,
+/// time, time]` before dropout (kept for the backward pass).
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    mask: Option<&DropoutMask>,
+) -> Result<(Tensor, Tensor)> {
+    let sh = head_shape(q, k, v, heads)?;
+    match q.device() {
+        Device::Cpu => {
+            let weights = Tensor::from_vec(
+                q.device(),
+                &[sh.batch, sh.heads, sh.time, sh.time],
+                cpu::weights(f(q), f(k), sh),
+            )?;
+            let y = cpu::weighted_values(f(&dropped(&weights, mask)?), f(v), sh);
+            Ok((Tensor::from_vec(q.device(), q.shape(), y)?, weights))
+        }
+        Device::Gpu(_) => composed::forward(q, k, v, sh, mask),
+    }
+}
+
+/// The gradients of `q`, `k` and `v` from the output's gradient `dy`, given the weights
+/// [`causal_attention`] returned.
+pub fn causal_attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    weights: &Tensor,
+    heads: usize,
+    mask: Option<&DropoutMask>,
+    dy: &Tensor,
+) -> Result<[Tensor; 3]> {
+    let sh = head_shape(q, k, v, heads)?;
+    q.same_device("attention backward", dy)?;
+    q.same_device("attention backward", weights)?;
+    if dy.shape() != q.shape() || weights.shape() != [sh.batch, sh.heads, sh.time, sh.time] {
+        return shape_err(
+            "attention backward",
+            format!(
+                "dy {:?} and weights {:?} for queries {:?} over {heads} heads",
+                dy.shape(),
+                weights.shape(),
+                q.shape()
+            ),
+        );
+    }
+    match q.device() {
+        Device::Cpu => {
+            let (d_dropped, dv) =
+                cpu::weighted_values_backward(f(&dropped(weights, mask)?), f(v), f(dy), sh);
+            // Dropout's gradient is the same mask applied to the gradient.
+            let d_dropped = Tensor::from_vec(q.device(), weights.shape(), d_dropped)?;
+            let d_weights = dropped(&d_dropped, mask)?;
+            let (dq, dk) = cpu::scores_backward(f(weights), f(&d_weights), f(q), f(k), sh);
+            let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
+            Ok([out(dq)?, out(dk)?, out(dv)?])
+        }
+        Device::Gpu(_) => composed::backward(q, k, v, weights, sh, mask, dy),
+    }
+}
+
+/// The definition: attention as the composition of the existing kernels, on whichever device
+/// the operands live. The GPU runs it; on the CPU it is the reference of `cpu::attention`.
+pub mod composed {
+    use super::*;
+
+    /// See [`causal_attention`].
+    pub fn forward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sh: HeadShape,
+        mask: Option<&DropoutMask>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (qh, kh, vh) = (
+            split_heads(q, sh)?,
+            split_heads(k, sh)?,
+            split_heads(v, sh)?,
+        );
+        let weights = causal_softmax(&matmul(&qh, &kh, false, true)?)?;
+        let y = matmul(&dropped(&weights, mask)?, &vh, false, false)?;
+        Ok((merge_heads(&y, sh)?, weights))
+    }
+
+    /// See [`causal_attention_backward`]: the backward rules of the composition's steps
+    /// (a product's, dropout's, the softmax's), in reverse.
+    pub fn backward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        weights: &Tensor,
+        sh: HeadShape,
+        mask: Option<&DropoutMask>,
+        dy: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        let (qh, kh, vh) = (
+            split_heads(q, sh)?,
+            split_heads(k, sh)?,
+            split_heads(v, sh)?,
+        );
+        let dyh = split_heads(dy, sh)?;
+        let d_dropped = matmul(&dyh, &vh, false, true)?;
+        let dv = matmul(&dropped(weights, mask)?, &dyh, true, false)?;
+        let d_scores = softmax_backward(weights, &dropped(&d_dropped, mask)?)?;
+        let dq = matmul(&d_scores, &kh, false, false)?;
+        let dk = matmul(&d_scores, &qh, true, false)?;
+        Ok([
+            merge_heads(&dq, sh)?,
+            merge_heads(&dk, sh)?,
+            merge_heads(&dv, sh)?,
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(shape: &[usize], seed: usize, scale: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let values = (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.5 - 1.0)
+            .map(|x| x * scale)
+            .collect();
+        Tensor::from_vec(&Device::Cpu, shape, values).unwrap()
+    }
+
+    fn bits(x: &Tensor) -> Vec<u32> {
+        x.to_vec().unwrap().into_iter().map(f32::to_bits).collect()
+    }
+
+    #[test]
+    fn the_cpu_path_gives_the_compositions_bits() {
+        // Times off the 8-row blocks and past softmax's 64 lanes, widths off the 16 lanes,
+        // one head and several; with dropout and without.
+        for (batch, time, heads, width) in
+            [(1, 1, 1, 1), (2, 5, 2, 3), (3, 9, 3, 17), (2, 70, 2, 16)]
+        {
+            let sh = HeadShape {
+                batch,
+                time,
+                heads,
+                width,
+            };
+            let shape = [batch, time, heads * width];
+            let (q, k, v, dy) = (
+                tensor(&shape, 1, 3.0),
+                tensor(&shape, 2, 3.0),
+                tensor(&shape, 3, 1.0),
+                tensor(&shape, 4, 1.0),
+            );
+            let mask = DropoutMask {
+                rate: 0.25,
+                seed: 9,
+                step: 3,
+                key: 2,
+                first_sample: 1,
+                samples: batch as u32,
+            };
+            for mask in [None, Some(&mask)] {
+                let what = format!("{sh:?} dropout {}", mask.is_some());
+                let (y, weights) = causal_attention(&q, &k, &v, heads, mask).unwrap();
+                let (y_ref, weights_ref) = composed::forward(&q, &k, &v, sh, mask).unwrap();
+                assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
+                assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
+                let got = causal_attention_backward(&q, &k, &v, &weights, heads, mask, &dy);
+                let want = composed::backward(&q, &k, &v, &weights, sh, mask, &dy).unwrap();
+                for (name, (g, w)) in ["dq", "dk", "dv"]
+                    .iter()
+                    .zip(got.unwrap().iter().zip(&want))
+                {
+                    assert_eq!(g.shape(), w.shape());
+                    assert_eq!(bits(g), bits(w), "{name}, {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let q = tensor(&[2, 4, 6], 1, 1.0);
+        assert!(causal_attention(&q, &q, &q, 4, None).is_err());
+        assert!(causal_attention(&q, &q, &q, 0, None).is_err());
+        assert!(causal_attention(&q, &tensor(&[2, 4, 3], 2, 1.0), &q, 3, None).is_err());
+        assert!(causal_attention(&tensor(&[8, 6], 1, 1.0), &q, &q, 3, None).is_err());
+        let (_, weights) = causal_attention(&q, &q, &q, 3, None).unwrap();
+        assert!(causal_attention_backward(&q, &q, &q, &weights, 2, None, &q).is_err());
+        assert!(causal_attention_backward(&q, &q, &q, &q, 3, None, &q).is_err());
+    }
+}
