@@ -194,7 +194,23 @@ pub(super) fn run(
             }
             Op::Transpose { x } => vec![(*x, dy.t()?)],
             Op::Reshape { x } => vec![(*x, dy.reshape(value(*x).shape())?)],
-            Op::Im2col { x, geometry } => vec![(*x, conv::col2im(&dy, geometry)?)],
+            Op::Conv2d {
+                x,
+                weight,
+                geometry,
+                cols,
+            } => {
+                // As the product's rule gives them: colsᵀ dy for the weight, and for the
+                // input col2im of dy weightᵀ.
+                let mut out = vec![];
+                if needs(*weight) {
+                    out.push((*weight, matmul(cols, &dy, true, false)?));
+                }
+                if needs(*x) {
+                    out.push((*x, conv::input_gradient(&dy, value(*weight), geometry)?));
+                }
+                out
+            }
             Op::Pool {
                 x,
                 geometry,

@@ -103,10 +103,13 @@ pub(crate) enum Op {
     Reshape {
         x: Var,
     },
-    /// Convolution lowering; the backward pass is col2im.
-    Im2col {
+    /// A convolution's product of `x`'s im2col columns and `weight`, `[n * oh * ow, oc]`;
+    /// keeps the columns for the weight's gradient.
+    Conv2d {
         x: Var,
+        weight: Var,
         geometry: ConvGeometry,
+        cols: Tensor,
     },
     Pool {
         x: Var,
@@ -403,12 +406,6 @@ impl Graph {
         Ok(self.record(y, Op::Reshape { x }, &[x]))
     }
 
-    /// The im2col matrix `[n, oh, ow, kh*kw*c]` of NHWC images `x`.
-    pub fn im2col(&self, x: Var, geometry: ConvGeometry) -> Result<Var> {
-        let y = conv::im2col(&self.value(x), &geometry)?;
-        Ok(self.record(y, Op::Im2col { x, geometry }, &[x]))
-    }
-
     /// 2-D convolution of NHWC images `x [n, h, w, c]` with `weight [kh*kw*c, oc]` (rows in
     /// (kh, kw, c) order) and an optional `bias [oc]`: output `[n, oh, ow, oc]`.
     pub fn conv2d(
@@ -437,9 +434,17 @@ impl Graph {
             }
         };
         let [n, oh, ow, patch] = geometry.cols_shape();
-        let cols = self.im2col(x, geometry)?;
-        let cols = self.reshape(cols, &[n * oh * ow, patch])?;
-        let mut y = self.matmul(cols, weight)?;
+        // Lowered to im2col and a product; the input's gradient is col2im of the product's
+        // (`conv::input_gradient`, which the CPU path runs an image at a time).
+        let cols = conv::im2col(&self.value(x), &geometry)?.reshape(&[n * oh * ow, patch])?;
+        let y = matmul::matmul(&cols, &self.value(weight), false, false)?;
+        let op = Op::Conv2d {
+            x,
+            weight,
+            geometry,
+            cols,
+        };
+        let mut y = self.record(y, op, &[x, weight]);
         if let Some(b) = bias {
             y = self.add(y, b)?;
         }

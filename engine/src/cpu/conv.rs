@@ -7,7 +7,11 @@
 //! channel, the terms in (kh, kw) order as the reference adds them), where the reference
 //! walks the window for each channel on its own and divides by the stride for every term.
 
+use rayon::prelude::*;
+
 use super::elementwise::for_rows;
+use super::strided_product::{product, Strided};
+use super::vector_unit::widest;
 use crate::kernels::conv_geometry::{window_reading, ConvGeometry};
 
 /// The window offsets `k` in `0..len` whose input coordinate `o * stride + k - pad` falls
@@ -51,38 +55,91 @@ pub fn im2col(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
 /// `[n, h, w, c]`, as `col2im_ref`: each input element sums, from 0 and in (kh, kw) order,
 /// the columns that read it.
 pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
-    let (out_h, out_w, c, patch) = (g.out_h(), g.out_w(), g.c, g.patch());
-    let mut dx = vec![0.0f32; g.n * g.h * g.w * c];
+    let mut dx = vec![0.0f32; g.n * g.h * g.w * g.c];
     if dx.is_empty() {
         return dx;
     }
-    // The output coordinate whose window reads input coordinate `i` at offset `k`, if any.
-    let reader = |i: usize, k: usize, len: usize| window_reading(i + g.pad, k, g.stride, len);
+    let image_cols = g.out_h() * g.out_w() * g.patch();
     // By input rows; the accumulators are the output pixel itself.
     for_rows(
         &mut dx,
-        g.w * c,
+        g.w * g.c,
         #[inline(always)]
         |r, row| {
             let (n, ih) = (r / g.h, r % g.h);
-            for (iw, acc) in row.chunks_exact_mut(c).enumerate() {
-                for kh in 0..g.kh {
-                    let Some(oh) = reader(ih, kh, out_h) else {
-                        continue;
-                    };
-                    for kw in 0..g.kw {
-                        let Some(ow) = reader(iw, kw, out_w) else {
-                            continue;
-                        };
-                        let at = ((n * out_h + oh) * out_w + ow) * patch + (kh * g.kw + kw) * c;
-                        for (a, &v) in acc.iter_mut().zip(&cols[at..][..c]) {
-                            *a += v;
-                        }
-                    }
-                }
-            }
+            col2im_row(&cols[n * image_cols..][..image_cols], g, ih, row)
         },
     );
+    dx
+}
+
+/// Row `ih` of one image's [`col2im`] from that image's columns `[oh, ow, kh*kw*c]`, into
+/// `row` (`w * c` zeros).
+#[inline(always)]
+fn col2im_row(cols: &[f32], g: &ConvGeometry, ih: usize, row: &mut [f32]) {
+    let (out_h, out_w, c, patch) = (g.out_h(), g.out_w(), g.c, g.patch());
+    // The output coordinate whose window reads input coordinate `i` at offset `k`, if any.
+    let reader = |i: usize, k: usize, len: usize| window_reading(i + g.pad, k, g.stride, len);
+    for (iw, acc) in row.chunks_exact_mut(c).enumerate() {
+        for kh in 0..g.kh {
+            let Some(oh) = reader(ih, kh, out_h) else {
+                continue;
+            };
+            for kw in 0..g.kw {
+                let Some(ow) = reader(iw, kw, out_w) else {
+                    continue;
+                };
+                let at = (oh * out_w + ow) * patch + (kh * g.kw + kw) * c;
+                for (a, &v) in acc.iter_mut().zip(&cols[at..][..c]) {
+                    *a += v;
+                }
+            }
+        }
+    }
+}
+
+/// The gradient of a convolution's input `[n, h, w, c]` from its output's gradient `dy`
+/// (`[n * oh * ow, oc]`) and its weight (`[kh*kw*c, oc]`): `col2im(dy weightᵀ)` with the
+/// values and sums of the two steps, one image at a time, so that an image's columns (the
+/// CNN's second layer: 196 x 144 floats) stay in cache between the product and col2im
+/// instead of going through memory for the whole batch.
+pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -> Vec<f32> {
+    let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
+    assert!(dy.len() == g.n * pixels * oc && weight.len() == patch * oc);
+    let mut dx = vec![0.0f32; g.n * g.h * g.w * g.c];
+    if dx.is_empty() {
+        return dx;
+    }
+    // weightᵀ, [oc, patch]: the product's right operand, rows of `patch` columns.
+    let mut weight_t = vec![0.0f32; oc * patch];
+    for (col, w_row) in weight.chunks_exact(oc).enumerate() {
+        for (co, &w) in w_row.iter().enumerate() {
+            weight_t[co * patch + col] = w;
+        }
+    }
+    dx.par_chunks_mut(g.h * g.w * g.c)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; pixels * patch],
+            |cols, (n, dx_n)| {
+                // Every column is written: the buffer's earlier contents never show.
+                let dy_n = Strided {
+                    values: &dy[n * pixels * oc..][..pixels * oc],
+                    first: 0,
+                    row_stride: oc,
+                    step: 1,
+                };
+                product(pixels, patch, oc, dy_n, &weight_t, patch, cols, patch);
+                widest(
+                    #[inline(always)]
+                    || {
+                        for (ih, row) in dx_n.chunks_exact_mut(g.w * g.c).enumerate() {
+                            col2im_row(cols, g, ih, row);
+                        }
+                    },
+                )
+            },
+        );
     dx
 }
 

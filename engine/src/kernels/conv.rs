@@ -206,6 +206,46 @@ pub fn col2im(cols: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
     }
 }
 
+/// The gradient of a convolution's input `[n, h, w, c]` from the gradient `dy` of its
+/// output as the product gave it (`[n * oh * ow, oc]`) and its weight `[kh*kw*c, oc]`:
+/// `col2im(dy weightᵀ)`. The GPU runs those two steps; the CPU path runs them an image at a
+/// time with the same values (`cpu::conv::input_gradient`, tested against the two steps).
+pub fn input_gradient(dy: &Tensor, weight: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
+    dy.expect_dtype("conv input gradient", DType::F32)?;
+    weight.expect_dtype("conv input gradient", DType::F32)?;
+    dy.same_device("conv input gradient", weight)?;
+    let [n, oh, ow, patch] = g.cols_shape();
+    let oc = match *weight.shape() {
+        [rows, oc] if rows == patch && dy.shape() == [n * oh * ow, oc] => oc,
+        _ => {
+            return shape_err(
+                "conv input gradient",
+                format!(
+                    "dy {:?} and weight {:?} do not match {g:?}",
+                    dy.shape(),
+                    weight.shape()
+                ),
+            )
+        }
+    };
+    match dy.device() {
+        Device::Cpu => {
+            let (dy_values, w_values) =
+                (dy.cpu_f32().expect("cpu"), weight.cpu_f32().expect("cpu"));
+            let dx = crate::cpu::conv::input_gradient(dy_values, w_values, oc, g);
+            Tensor::from_vec(dy.device(), &[g.n, g.h, g.w, g.c], dx)
+        }
+        Device::Gpu(_) => input_gradient_composed(dy, weight, g),
+    }
+}
+
+/// [`input_gradient`] as its two steps, on whichever device the operands live: the GPU's
+/// implementation, and the CPU path's reference.
+pub fn input_gradient_composed(dy: &Tensor, weight: &Tensor, g: &ConvGeometry) -> Result<Tensor> {
+    let cols = super::matmul::matmul(dy, weight, false, true)?;
+    col2im(&cols.reshape(&g.cols_shape())?, g)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +279,48 @@ mod tests {
                 .sum();
             assert_eq!(lhs, rhs, "{g:?}");
         }
+    }
+
+    #[test]
+    fn the_cpu_paths_input_gradient_gives_the_two_steps_bits() {
+        // Strides, padding, channels off 16 and images whose columns span several 8-row
+        // blocks; terms whose sums depend on their order.
+        for (n, h, w, c, k, stride, pad, oc) in [
+            (1, 1, 1, 1, 1, 1, 0, 1),
+            (2, 5, 4, 2, 3, 1, 1, 3),
+            (1, 7, 7, 3, 3, 2, 0, 5),
+            (2, 6, 5, 17, 2, 2, 1, 4),
+            (2, 14, 14, 16, 3, 1, 1, 32),
+        ] {
+            let g = ConvGeometry::of(&[n, h, w, c], k, k, stride, pad).unwrap();
+            let rows = g.cols_shape()[..3].iter().product::<usize>();
+            let values = |len: usize, seed: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|i| ((i * 7 + seed) % 11) as f32 - 5.0)
+                    .map(|x| x * if x as i32 % 3 == 0 { 1e6 } else { 0.37 })
+                    .collect()
+            };
+            let dy = Tensor::from_vec(&Device::Cpu, &[rows, oc], values(rows * oc, 1)).unwrap();
+            let weight =
+                Tensor::from_vec(&Device::Cpu, &[g.patch(), oc], values(g.patch() * oc, 2))
+                    .unwrap();
+            let bits = |x: Tensor| -> Vec<u32> {
+                x.to_vec().unwrap().into_iter().map(f32::to_bits).collect()
+            };
+            assert_eq!(
+                bits(input_gradient(&dy, &weight, &g).unwrap()),
+                bits(input_gradient_composed(&dy, &weight, &g).unwrap()),
+                "{g:?}, {oc} outputs"
+            );
+        }
+        let g = ConvGeometry::of(&[1, 4, 4, 2], 3, 3, 1, 1).unwrap();
+        let weight = Tensor::zeros(&Device::Cpu, &[18, 3]).unwrap();
+        assert!(
+            input_gradient(&Tensor::zeros(&Device::Cpu, &[16, 2]).unwrap(), &weight, &g).is_err()
+        );
+        assert!(
+            input_gradient(&Tensor::zeros(&Device::Cpu, &[15, 3]).unwrap(), &weight, &g).is_err()
+        );
     }
 
     #[test]
