@@ -49,6 +49,8 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         (1, 29, 17, 600),
         (1, 1, 1, 256),
         (1, 12, 5, 300),
+        // Several blocks per thread, each taking k in spans of 256 and resuming from C.
+        (1, 150, 32, 700),
         // A of at most 256 columns, not transposed, is read in place by AVX-512's 12x32
         // tile: k at that edge and k of 1, a panel of 12 rows exactly.
         (1, 30, 33, 256),

@@ -141,10 +141,19 @@ fn is_tall(d: &MatmulDims) -> bool {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const TALL_ROWS: usize = 12;
 
+/// Steps of `k` a tall product's blocks of rows take in turn before the next: B's rows for
+/// them (at most 32 floats each, 32 KB) and A's (a convolution's columns: 256 x 144 floats)
+/// stay in the second-level cache while every block of rows reads them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_STEPS: usize = 256;
+
 /// The tall product (see [`is_tall`]) on AVX-512: blocks of at most [`TALL_ROWS`] rows of C,
-/// each over the whole of `k` in registers, reading A's and B's rows in place; blocks split
-/// over rayon, and a product of few rows cut into as many blocks as threads, so that both
-/// cores of a small machine work.
+/// reading A's and B's rows in place, one task per thread over a share of the blocks. Each
+/// task takes `k` in spans of [`TALL_STEPS`], running all its blocks over a span before the
+/// next: each block's sums go to C and come back for the next span (exactly: an f32 stored
+/// and loaded is the same f32), so every element is still one sum in ascending `k`. Before,
+/// each block ran the whole of `k` alone and read all of B from memory again: twelve times for
+/// the CNN's second layer, [144, 25088] x [25088, 32], whose columns had left the caches.
 #[cfg(target_arch = "x86_64")]
 fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
     let (m, n, k) = (d.m, d.n, d.k);
@@ -154,26 +163,43 @@ fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
     } else {
         1
     };
-    let tasks = m.div_ceil(TALL_ROWS).max(threads.min(m));
+    // At least one block per task, and at least as many tasks as threads while there are rows.
+    let tasks = threads.min(m.div_ceil(TALL_ROWS)).max(threads.min(m));
     let rows_per_task = m.div_ceil(tasks);
-    let block = |(t, c_rows): (usize, &mut [f32])| {
-        let (i0, rows) = (t * rows_per_task, c_rows.len() / n);
-        // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
-        unsafe {
-            match (n > 16, fused) {
-                (false, false) => x86::tall_block::<false, false>(a, b, d, i0, rows, c_rows),
-                (false, true) => x86::tall_block::<false, true>(a, b, d, i0, rows, c_rows),
-                (true, false) => x86::tall_block::<true, false>(a, b, d, i0, rows, c_rows),
-                (true, true) => x86::tall_block::<true, true>(a, b, d, i0, rows, c_rows),
+    let task = |(t, c_rows): (usize, &mut [f32])| {
+        let task_rows = c_rows.len() / n;
+        for k0 in (0..k).step_by(TALL_STEPS) {
+            let steps = k0..(k0 + TALL_STEPS).min(k);
+            for (block, c_block) in c_rows.chunks_mut(TALL_ROWS * n).enumerate() {
+                let i0 = t * rows_per_task + block * TALL_ROWS;
+                let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
+                let span = (steps.clone(), k0 > 0);
+                // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
+                unsafe {
+                    match (n > 16, fused) {
+                        (false, false) => {
+                            x86::tall_block::<false, false>(a, b, d, i0, rows, span, c_block)
+                        }
+                        (false, true) => {
+                            x86::tall_block::<false, true>(a, b, d, i0, rows, span, c_block)
+                        }
+                        (true, false) => {
+                            x86::tall_block::<true, false>(a, b, d, i0, rows, span, c_block)
+                        }
+                        (true, true) => {
+                            x86::tall_block::<true, true>(a, b, d, i0, rows, span, c_block)
+                        }
+                    }
+                }
             }
         }
     };
     if parallel {
         c.par_chunks_mut(rows_per_task * n)
             .enumerate()
-            .for_each(block);
+            .for_each(task);
     } else {
-        c.chunks_mut(rows_per_task * n).enumerate().for_each(block);
+        c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
     }
 }
 
@@ -332,11 +358,12 @@ mod x86 {
         panel_tiles::<6, 16>(a, b, k, n, c, |a, b| unsafe { tile_avx2::<FUSED>(a, b, k) })
     }
 
-    /// Rows `i0 .. i0 + rows` (at most `TALL_ROWS`) of a tall product's C, over the whole
-    /// of `k` in registers: each step of `k` loads B's row (two vectors when `TWO`, the
-    /// columns past `n` masked off) and broadcasts A's values for the block's rows. Rows past
-    /// the block repeat its last row's value and are not stored: the loop is unrolled over
-    /// `TALL_ROWS` accumulators whatever the block's size.
+    /// Rows `i0 .. i0 + rows` (at most `TALL_ROWS`) of a tall product's C over the steps
+    /// `span.0` of `k` in registers, starting from the sums C holds when `span.1` (a later
+    /// span) and from 0 otherwise: each step of `k` loads B's row (two vectors when `TWO`,
+    /// the columns past `n` masked off) and broadcasts A's values for the block's rows. Rows
+    /// past the block repeat its last row's value and are not stored: the loop is unrolled
+    /// over `TALL_ROWS` accumulators whatever the block's size.
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
@@ -347,16 +374,32 @@ mod x86 {
         d: &super::MatmulDims,
         i0: usize,
         rows: usize,
+        span: (std::ops::Range<usize>, bool),
         c_rows: &mut [f32],
     ) {
         use super::TALL_ROWS;
         let (m, n, k) = (d.m, d.n, d.k);
+        let (steps, resume) = span;
         assert!((1..=TALL_ROWS).contains(&rows) && i0 + rows <= m && n <= 32);
-        assert!(a.len() >= k * m && b.len() >= k * n && c_rows.len() >= rows * n);
+        assert!(steps.end <= k && a.len() >= k * m && b.len() >= k * n);
+        assert!(c_rows.len() >= rows * n);
         let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
         let (mask0, mask1) = (lanes(n), lanes(n.saturating_sub(16)));
         let mut acc = [[_mm512_setzero_ps(); 2]; TALL_ROWS];
-        for p in 0..k {
+        if resume {
+            for (i, acc_i) in acc.iter_mut().enumerate().take(rows) {
+                // SAFETY: row i of the block holds n floats, asserted above; masked lanes are
+                // not read.
+                unsafe {
+                    let from = c_rows.as_ptr().add(i * n);
+                    acc_i[0] = _mm512_maskz_loadu_ps(mask0, from);
+                    if TWO {
+                        acc_i[1] = _mm512_maskz_loadu_ps(mask1, from.add(16));
+                    }
+                }
+            }
+        }
+        for p in steps {
             // SAFETY: row p of B holds n floats from p * n < k * n; lanes past n are masked
             // off (a masked load does not touch them).
             let (b0, b1) = unsafe {
