@@ -3,10 +3,10 @@
 //!
 //! The composition moves every head of every batch entry through memory five times: a
 //! permutation of q, k and v into `[batch, heads, time, width]`, a product of `time` x
-//! `time` scores, their softmax, a second product and a permutation back. Here one task
-//! takes a batch entry (or a head), reads q, k and v where they lie in
-//! `[batch, time, heads * width]`, keeps one head's scores in cache from product to
-//! softmax, and writes its output rows in place: no permutation, one pass.
+//! `time` scores, their softmax, a second product and a permutation back. Here a task takes
+//! a head (for the weights) or a batch entry (for the rest), reads q, k and v where they lie
+//! in `[batch, time, heads * width]`, keeps a head's scores in cache from product to
+//! softmax, and writes its output rows in place: two passes, no permutation.
 //!
 //! Every value is computed as the composition computes it: a product's element is a sum
 //! from 0 over ascending `k` with a separately rounded multiply and add per term (as

@@ -55,7 +55,7 @@ fn merge_heads(x: &Tensor, sh: HeadShape) -> Result<Tensor> {
 }
 
 /// A CPU tensor's values.
-fn f(x: &Tensor) -> &[f32] {
+fn values_of(x: &Tensor) -> &[f32] {
     x.cpu_f32().expect("cpu")
 }
 
@@ -82,9 +82,9 @@ pub fn causal_attention(
             let weights = Tensor::from_vec(
                 q.device(),
                 &[sh.batch, sh.heads, sh.time, sh.time],
-                cpu::weights(f(q), f(k), sh),
+                cpu::weights(values_of(q), values_of(k), sh),
             )?;
-            let y = cpu::weighted_values(f(&dropped(&weights, mask)?), f(v), sh);
+            let y = cpu::weighted_values(values_of(&dropped(&weights, mask)?), values_of(v), sh);
             Ok((Tensor::from_vec(q.device(), q.shape(), y)?, weights))
         }
         Device::Gpu(_) => composed::forward(q, k, v, sh, mask),
@@ -118,12 +118,22 @@ pub fn causal_attention_backward(
     }
     match q.device() {
         Device::Cpu => {
-            let (d_dropped, dv) =
-                cpu::weighted_values_backward(f(&dropped(weights, mask)?), f(v), f(dy), sh);
+            let (d_dropped, dv) = cpu::weighted_values_backward(
+                values_of(&dropped(weights, mask)?),
+                values_of(v),
+                values_of(dy),
+                sh,
+            );
             // Dropout's gradient is the same mask applied to the gradient.
             let d_dropped = Tensor::from_vec(q.device(), weights.shape(), d_dropped)?;
             let d_weights = dropped(&d_dropped, mask)?;
-            let (dq, dk) = cpu::scores_backward(f(weights), f(&d_weights), f(q), f(k), sh);
+            let (dq, dk) = cpu::scores_backward(
+                values_of(weights),
+                values_of(&d_weights),
+                values_of(q),
+                values_of(k),
+                sh,
+            );
             let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
             Ok([out(dq)?, out(dk)?, out(dv)?])
         }
