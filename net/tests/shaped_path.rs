@@ -156,7 +156,6 @@ fn bbr_paces_near_the_bottleneck_instead_of_flooding_its_queue() {
         return;
     }
     let (server, client, runtime) = quic_ends();
-    let path = path(50.0, 40, 0.0);
     let link = Link {
         congestion: Congestion::Bbr,
         ..Link::default()
@@ -165,23 +164,33 @@ fn bbr_paces_near_the_bottleneck_instead_of_flooding_its_queue() {
         warmup: Duration::from_secs(2),
         measure: Duration::from_secs(4),
     };
-    let got = runtime
-        .block_on(goodput::quic(&path, &link, &server, &client, window))
-        .unwrap();
-    let dropped = path
-        .stats
-        .dropped
-        .load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let forwarded = path
-        .stats
-        .forwarded
-        .load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let share = dropped / (dropped + forwarded);
+    // The medians of three runs: one run's share spreads over 2-26% on a loaded 2-core machine
+    // (docs/benchmarks.md), and a single run over the line failed CI once; without the patch
+    // every run lost 35-47%.
+    let (mut shares, mut rates) = (vec![], vec![]);
+    for _ in 0..3 {
+        let path = path(50.0, 40, 0.0);
+        let got = runtime
+            .block_on(goodput::quic(&path, &link, &server, &client, window))
+            .unwrap();
+        let dropped = path
+            .stats
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed) as f64;
+        let forwarded = path
+            .stats
+            .forwarded
+            .load(std::sync::atomic::Ordering::Relaxed) as f64;
+        shares.push(dropped / (dropped + forwarded));
+        rates.push(got.steady / (50e6 / 8.0));
+    }
+    shares.sort_by(f64::total_cmp);
+    rates.sort_by(f64::total_cmp);
+    assert!(rates[1] > 0.85, "BBR moved {rates:.3?} of a 50 Mbit/s path");
     // quinn's bandwidth samples (one per acknowledgement) lost 35-47% of the packets at a
     // clean path's queue; a sample per round trip (vendor/README.md) about 5%.
     assert!(
-        share < 0.2,
-        "BBR lost {share:.3} of its packets at the queue"
+        shares[1] < 0.2,
+        "BBR lost {shares:.3?} of its packets at the queue (median over 0.2)"
     );
-    assert!(got.steady / (50e6 / 8.0) > 0.85);
 }
