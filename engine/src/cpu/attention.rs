@@ -61,28 +61,6 @@ impl HeadShape {
     }
 }
 
-/// A row-major matrix whose row `r` starts at `first + r * row_stride`, as a product's left
-/// operand.
-fn rows_of(values: &[f32], first: usize, row_stride: usize) -> Strided<'_> {
-    Strided {
-        values,
-        first,
-        row_stride,
-        step: 1,
-    }
-}
-
-/// The transpose of a row-major matrix of `columns` columns from `first`, as a product's left
-/// operand.
-fn columns_of(values: &[f32], first: usize, columns: usize) -> Strided<'_> {
-    Strided {
-        values,
-        first,
-        row_stride: 1,
-        step: columns,
-    }
-}
-
 /// Head `h` of a batch entry `[time, heads * width]`, transposed into `[width, time]`.
 fn transpose_head(entry: &[f32], h: usize, sh: HeadShape, out: &mut [f32]) {
     let (t, d, c) = (sh.time, sh.width, sh.features());
@@ -114,38 +92,39 @@ pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
     weights
         .par_chunks_mut(sh.square())
         .enumerate()
-        .for_each(|(zh, weights_h)| {
-            let (z, h) = (zh / sh.heads, zh % sh.heads);
-            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
-            let mut k_t = vec![0.0f32; d * t];
-            let mut scores = vec![0.0f32; t * t];
-            widest(
-                #[inline(always)]
-                || {
-                    transpose_head(&k_z[..sh.entry()], h, sh, &mut k_t);
-                    // The scores each block of rows reads: up to its last row's key, in
-                    // whole vectors (the rest, never read, are left uncomputed).
-                    for r0 in (0..t).step_by(SCORE_ROWS) {
-                        let rows = SCORE_ROWS.min(t - r0);
-                        let keys = causal_span(r0 + rows, t);
-                        let q_rows = rows_of(q_z, r0 * c + h * d, c);
-                        product(rows, keys, d, q_rows, &k_t, t, &mut scores[r0 * t..], t);
-                    }
-                    for i in 0..t {
-                        // Row `i` over keys `0..=i`, run over whole vectors: the keys past
-                        // `i` score -inf, so their exp is +0, which changes neither the max
-                        // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
-                        // weights are set to 0 after, as the composition leaves them.
-                        let (len, span) = (i + 1, causal_span(i + 1, t));
-                        let row = &mut scores[i * t..][..span];
-                        row[len..].fill(f32::NEG_INFINITY);
-                        let out = &mut weights_h[i * t..][..span];
-                        softmax_row(row, out);
-                        out[len..].fill(0.0);
-                    }
-                },
-            )
-        });
+        .for_each_init(
+            || (vec![0.0f32; d * t], vec![0.0f32; t * t]),
+            |(k_t, scores), (zh, weights_h)| {
+                let (z, h) = (zh / sh.heads, zh % sh.heads);
+                let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
+                widest(
+                    #[inline(always)]
+                    || {
+                        transpose_head(&k_z[..sh.entry()], h, sh, k_t);
+                        // The scores each block of rows reads: up to its last row's key, in
+                        // whole vectors (the rest, never read, are left uncomputed).
+                        for r0 in (0..t).step_by(SCORE_ROWS) {
+                            let rows = SCORE_ROWS.min(t - r0);
+                            let keys = causal_span(r0 + rows, t);
+                            let q_rows = Strided::rows(q_z, r0 * c + h * d, c);
+                            product(rows, keys, d, q_rows, k_t, t, &mut scores[r0 * t..], t);
+                        }
+                        for i in 0..t {
+                            // Row `i` over keys `0..=i`, run over whole vectors: the keys past
+                            // `i` score -inf, so their exp is +0, which changes neither the max
+                            // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
+                            // weights are set to 0 after, as the composition leaves them.
+                            let (len, span) = (i + 1, causal_span(i + 1, t));
+                            let row = &mut scores[i * t..][..span];
+                            row[len..].fill(f32::NEG_INFINITY);
+                            let out = &mut weights_h[i * t..][..span];
+                            softmax_row(row, out);
+                            out[len..].fill(0.0);
+                        }
+                    },
+                )
+            },
+        );
     weights
 }
 
@@ -164,7 +143,7 @@ pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
                 #[inline(always)]
                 || {
                     for h in 0..sh.heads {
-                        let w_h = rows_of(weights, (z * sh.heads + h) * t * t, t);
+                        let w_h = Strided::rows(weights, (z * sh.heads + h) * t * t, t);
                         product(t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
                     }
                 },
@@ -201,8 +180,8 @@ pub fn weighted_values_backward(
                 || {
                     for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
                         transpose_head(v_z, h, sh, &mut v_t);
-                        product(t, t, d, rows_of(dy_z, h * d, c), &v_t, t, dw_h, t);
-                        let w_t = columns_of(weights, (z * sh.heads + h) * t * t, t);
+                        product(t, t, d, Strided::rows(dy_z, h * d, c), &v_t, t, dw_h, t);
+                        let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
                         product(t, d, t, w_t, &dy_z[h * d..], c, &mut dv_z[h * d..], c);
                     }
                 },
@@ -247,9 +226,9 @@ pub fn scores_backward(
                         {
                             softmax_backward_row(w, dw, ds);
                         }
-                        let ds = rows_of(&d_scores, 0, t);
+                        let ds = Strided::rows(&d_scores, 0, t);
                         product(t, d, t, ds, &k_z[h * d..], c, &mut dq_z[h * d..], c);
-                        let ds_t = columns_of(&d_scores, 0, t);
+                        let ds_t = Strided::columns(&d_scores, 0, t);
                         product(t, d, t, ds_t, &q_z[h * d..], c, &mut dk_z[h * d..], c);
                     }
                 },

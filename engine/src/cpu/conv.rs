@@ -123,12 +123,7 @@ pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -
             || vec![0.0f32; pixels * patch],
             |cols, (n, dx_n)| {
                 // Every column is written: the buffer's earlier contents never show.
-                let dy_n = Strided {
-                    values: &dy[n * pixels * oc..][..pixels * oc],
-                    first: 0,
-                    row_stride: oc,
-                    step: 1,
-                };
+                let dy_n = Strided::rows(&dy[n * pixels * oc..][..pixels * oc], 0, oc);
                 product(pixels, patch, oc, dy_n, &weight_t, patch, cols, patch);
                 widest(
                     #[inline(always)]

@@ -23,7 +23,27 @@ pub struct Strided<'a> {
     pub step: usize,
 }
 
-impl Strided<'_> {
+impl<'a> Strided<'a> {
+    /// A row-major matrix whose row `r` starts at `first + r * row_stride`.
+    pub fn rows(values: &'a [f32], first: usize, row_stride: usize) -> Self {
+        Strided {
+            values,
+            first,
+            row_stride,
+            step: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix of `columns` columns from `first`.
+    pub fn columns(values: &'a [f32], first: usize, columns: usize) -> Self {
+        Strided {
+            values,
+            first,
+            row_stride: 1,
+            step: columns,
+        }
+    }
+
     #[inline(always)]
     fn at(&self, r: usize, s: usize) -> usize {
         self.first + r * self.row_stride + s * self.step
