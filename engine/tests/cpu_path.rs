@@ -1,7 +1,7 @@
 //! The CPU path (`engine/src/cpu`) against the CPU references it must equal bit for bit, on
 //! shapes off every tile and chunk size.
 
-use murmur_engine::cpu::gemm::{matmul, matmul_on, matmul_with, Arithmetic, Isa};
+use murmur_engine::cpu::gemm::{matmul, matmul_on, matmul_on_then, matmul_with, Arithmetic, Isa};
 use murmur_engine::kernels::binary::{
     binary_fast, binary_ref, broadcast_shape, broadcast_strides, collapse, Binary,
 };
@@ -25,7 +25,8 @@ fn products_give_the_references_bits_on_awkward_shapes() {
     // Shapes off every tile size, both transposes, shared and batched operands (a stack of
     // A's times one B is folded into one tall product), and products large enough to go
     // parallel; on every micro-kernel this CPU can run (an AVX-512 machine checks the AVX2
-    // and portable kernels too).
+    // and portable kernels too). Each also finishes its rows (a bias and a ReLU, as a layer
+    // does) and must give the bits of the same finish run over the reference's rows after.
     let isas = Isa::available();
     assert_eq!(isas[0], Isa::detect());
     let shapes = [
@@ -72,11 +73,25 @@ fn products_give_the_references_bits_on_awkward_shapes() {
                     };
                     let a = values(if a_batched { batch } else { 1 } * m * k, seed as u64);
                     let b = values(if b_batched { batch } else { 1 } * k * n, 100 + seed as u64);
-                    let want = bits(&matmul_ref(&a, &b, &d));
+                    let reference = matmul_ref(&a, &b, &d);
+                    let want = bits(&reference);
                     assert_eq!(bits(&matmul(&a, &b, &d)), want, "{d:?}");
                     for &isa in &isas[1..] {
                         let got = matmul_on(isa, &a, &b, &d, Arithmetic::Exact);
                         assert_eq!(bits(&got), want, "{isa}: {d:?}");
+                    }
+                    let bias = values(n, 200 + seed as u64);
+                    let finish = |row: &mut [f32]| {
+                        assert_eq!(row.len(), n, "a finished row is a whole row of C");
+                        for (v, b) in row.iter_mut().zip(&bias) {
+                            *v = (*v + b).max(0.0);
+                        }
+                    };
+                    let mut finished = reference.clone();
+                    finished.chunks_mut(n).for_each(finish);
+                    for &isa in &isas {
+                        let got = matmul_on_then(isa, &a, &b, &d, Arithmetic::Exact, finish);
+                        assert_eq!(bits(&got), bits(&finished), "finished, {isa}: {d:?}");
                     }
                 }
             }
@@ -97,6 +112,11 @@ fn empty_and_zero_k_products_are_zeros() {
         b_batched: true,
     };
     assert_eq!(matmul(&[], &[], &d), vec![0.0; 24]);
+    // With no terms, the finish still runs on every row: a layer's output is its bias.
+    let finished = matmul_on_then(Isa::detect(), &[], &[], &d, Arithmetic::Exact, |row| {
+        row.iter_mut().for_each(|v| *v += 1.5)
+    });
+    assert_eq!(finished, vec![1.5; 24]);
     let d = MatmulDims { m: 0, k: 5, ..d };
     assert!(matmul(&[], &values(40, 1), &d).is_empty());
 }

@@ -96,6 +96,40 @@ pub(super) fn run(
                     .filter_map(|(v, g)| g.map(|g| (v, g)))
                     .collect()
             }
+            Op::Linear {
+                x,
+                weight,
+                bias,
+                activation,
+                pre_activation,
+            } => {
+                // The rules of the composition it replaces, in its order: the activation's,
+                // the addition's (the bias sums dz over the rows), the product's.
+                let dz = match activation {
+                    None => dy.clone(),
+                    Some(f) => {
+                        unary_backward(pre_activation.as_ref().unwrap_or(&node.value), &dy, *f)?
+                    }
+                };
+                let mut out = vec![];
+                if let Some(b) = bias.filter(|b| needs(*b)) {
+                    out.push((b, sum_to_shape(&dz, value(b).shape())?));
+                }
+                let [dx, dw] = matmul_grads(
+                    value(*x),
+                    value(*weight),
+                    false,
+                    false,
+                    &dz,
+                    [needs(*x), needs(*weight)],
+                )?;
+                out.extend(
+                    [(*x, dx), (*weight, dw)]
+                        .into_iter()
+                        .filter_map(|(v, g)| g.map(|g| (v, g))),
+                );
+                out
+            }
             Op::Binary { a, b, op } => {
                 let (av, bv) = (value(*a), value(*b));
                 let mut out = vec![];
@@ -197,12 +231,17 @@ pub(super) fn run(
             Op::Conv2d {
                 x,
                 weight,
+                bias,
                 geometry,
                 cols,
             } => {
-                // As the product's rule gives them: colsᵀ dy for the weight, and for the
-                // input col2im of dy weightᵀ.
+                // As the addition's and the product's rules give them: dy summed over the
+                // rows for the bias, colsᵀ dy for the weight, and for the input col2im of dy
+                // weightᵀ.
                 let mut out = vec![];
+                if let Some(b) = bias.filter(|b| needs(*b)) {
+                    out.push((b, sum_to_shape(&dy, value(b).shape())?));
+                }
                 if needs(*weight) {
                     out.push((*weight, matmul(cols, &dy, true, false)?));
                 }

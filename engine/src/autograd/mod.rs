@@ -24,7 +24,7 @@ use crate::kernels::dropout::{self, DropoutMask};
 use crate::kernels::permute;
 use crate::kernels::pool::{self, Pool, PoolGeometry};
 use crate::kernels::unary::{unary, Unary};
-use crate::kernels::{copy, embedding, layernorm, matmul, reduce, softmax};
+use crate::kernels::{copy, embedding, layernorm, linear, matmul, reduce, softmax};
 use crate::tensor::{DType, Device, Tensor};
 
 /// A value in a [`Graph`].
@@ -41,6 +41,15 @@ pub(crate) enum Op {
         b: Var,
         trans_a: bool,
         trans_b: bool,
+    },
+    /// `f(x weight + bias)` (`kernels::linear`); keeps `x weight + bias` where `f`'s
+    /// derivative needs it.
+    Linear {
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        activation: Option<Unary>,
+        pre_activation: Option<Tensor>,
     },
     /// Add, Sub, Mul or Div with broadcasting.
     Binary {
@@ -103,11 +112,12 @@ pub(crate) enum Op {
     Reshape {
         x: Var,
     },
-    /// A convolution's product of `x`'s im2col columns and `weight`, `[n * oh * ow, oc]`;
-    /// keeps the columns for the weight's gradient.
+    /// A convolution's product of `x`'s im2col columns and `weight`, plus `bias`, `[n * oh *
+    /// ow, oc]`; keeps the columns for the weight's gradient.
     Conv2d {
         x: Var,
         weight: Var,
+        bias: Option<Var>,
         geometry: ConvGeometry,
         cols: Tensor,
     },
@@ -244,6 +254,35 @@ impl Graph {
             },
             &[a, b],
         ))
+    }
+
+    /// A layer: `activation(x weight + bias)` for `x [.., inputs]`, `weight [inputs,
+    /// outputs]`, `bias [outputs]`, as one operation. The same values and gradients as the
+    /// product, the addition and the activation in sequence; the CPU path adds the bias and
+    /// applies a ReLU or affine activation while each row of the product is in cache.
+    pub fn linear(
+        &self,
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        activation: Option<Unary>,
+    ) -> Result<Var> {
+        let bias_value = bias.map(|b| self.value(b));
+        let out = linear::forward(
+            &self.value(x),
+            &self.value(weight),
+            bias_value.as_ref(),
+            activation,
+        )?;
+        let op = Op::Linear {
+            x,
+            weight,
+            bias,
+            activation,
+            pre_activation: out.pre_activation,
+        };
+        let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
+        Ok(self.record(out.y, op, &inputs))
     }
 
     fn binary(&self, a: Var, b: Var, op: Binary) -> Result<Var> {
@@ -436,18 +475,19 @@ impl Graph {
         let [n, oh, ow, patch] = geometry.cols_shape();
         // Lowered to im2col and a product; the input's gradient is col2im of the product's
         // (`conv::input_gradient`, which the CPU path runs an image at a time).
+        // The bias is added as each row of the product completes (`kernels::linear`).
         let cols = conv::im2col(&self.value(x), &geometry)?.reshape(&[n * oh * ow, patch])?;
-        let y = matmul::matmul(&cols, &self.value(weight), false, false)?;
+        let bias_value = bias.map(|b| self.value(b));
+        let y = linear::forward(&cols, &self.value(weight), bias_value.as_ref(), None)?.y;
         let op = Op::Conv2d {
             x,
             weight,
+            bias,
             geometry,
             cols,
         };
-        let mut y = self.record(y, op, &[x, weight]);
-        if let Some(b) = bias {
-            y = self.add(y, b)?;
-        }
+        let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
+        let y = self.record(y, op, &inputs);
         self.reshape(y, &[n, oh, ow, oc])
     }
 

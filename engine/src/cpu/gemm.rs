@@ -17,6 +17,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::vector_unit::widest;
 use crate::kernels::matmul_dims::MatmulDims;
 
 /// How one term `acc + a * b` is rounded.
@@ -56,12 +57,43 @@ pub fn matmul_on(
     d: &MatmulDims,
     arithmetic: Arithmetic,
 ) -> Vec<f32> {
+    matmul_on_then(isa, a, b, d, arithmetic, |_: &mut [f32]| {})
+}
+
+/// `C = op(A) * op(B)` with the reference's bits, then `finish` on each row of C (`n`
+/// values) as soon as its sums are complete, while the row is still in cache: a layer's
+/// bias and activation (`kernels::linear`), without another pass over C in memory.
+/// `finish` runs on the widest vector unit; write it `#[inline(always)]` so that it is
+/// compiled there.
+pub fn matmul_then(
+    a: &[f32],
+    b: &[f32],
+    d: &MatmulDims,
+    finish: impl Fn(&mut [f32]) + Sync,
+) -> Vec<f32> {
+    matmul_on_then(Isa::detect(), a, b, d, Arithmetic::Exact, finish)
+}
+
+/// [`matmul_then`] on a given micro-kernel and arithmetic (see [`matmul_on`]).
+pub fn matmul_on_then(
+    isa: Isa,
+    a: &[f32],
+    b: &[f32],
+    d: &MatmulDims,
+    arithmetic: Arithmetic,
+    finish: impl Fn(&mut [f32]) + Sync,
+) -> Vec<f32> {
+    let finish = &finish;
     assert!(
         Isa::available().contains(&isa),
         "this CPU cannot run the {isa} micro-kernel"
     );
     let mut c = vec![0.0f32; d.batch * d.m * d.n];
-    if c.is_empty() || d.k == 0 {
+    if c.is_empty() {
+        return c;
+    }
+    if d.k == 0 {
+        finish_rows(&mut c, d.n, finish);
         return c;
     }
     // A stack of row-major A's times one shared B is one tall product: [batch * m, k] x
@@ -84,6 +116,9 @@ pub fn matmul_on(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && is_tall(d) {
         tall(a, b, d, &mut c, fused);
+        // A tall product's rows are complete only after its last span of k, and it is a
+        // weight's gradient, which nothing finishes: no need to finish them in cache.
+        crate::cpu::elementwise::for_rows(&mut c, d.n, |_, row| finish(row));
         return c;
     }
     // At most 16 columns (attention's per-head values, a convolution of 16 channels) fill
@@ -97,30 +132,32 @@ pub fn matmul_on(
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow && fused => {
-            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<true>, false)
+            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<true>, false, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow => {
-            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<false>, false)
+            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<false>, false, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if a_in_place && fused => {
-            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<true>, true)
+            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<true>, true, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if a_in_place => {
-            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<false>, true)
+            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<false>, true, finish)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if fused => product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>, false),
+        Isa::Avx512 if fused => {
+            product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>, false, finish)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => product::<12, 32>(a, b, d, &mut c, x86::avx512::<false>, false),
+        Isa::Avx512 => product::<12, 32>(a, b, d, &mut c, x86::avx512::<false>, false, finish),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if fused => product::<6, 16>(a, b, d, &mut c, x86::avx2::<true>, false),
+        Isa::Avx2 if fused => product::<6, 16>(a, b, d, &mut c, x86::avx2::<true>, false, finish),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => product::<6, 16>(a, b, d, &mut c, x86::avx2::<false>, false),
-        _ if fused => product::<4, 8>(a, b, d, &mut c, baseline::<true>, false),
-        _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>, false),
+        Isa::Avx2 => product::<6, 16>(a, b, d, &mut c, x86::avx2::<false>, false, finish),
+        _ if fused => product::<4, 8>(a, b, d, &mut c, baseline::<true>, false, finish),
+        _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>, false, finish),
     }
     c
 }
@@ -588,6 +625,7 @@ fn product<const MR: usize, const NR: usize>(
     c: &mut [f32],
     kernel: PanelKernel,
     a_in_place: bool,
+    finish: &(impl Fn(&mut [f32]) + Sync),
 ) {
     let (m, n, k) = (d.m, d.n, d.k);
     let panels = n.div_ceil(NR);
@@ -621,6 +659,7 @@ fn product<const MR: usize, const NR: usize>(
             let rows = c_rows.len() / n;
             // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
             unsafe { kernel(&a_z[ip * MR * k..][..rows * k], b_z, k, n, c_rows) };
+            finish_rows(c_rows, n, finish);
             return;
         }
         let mut a_scratch = take_scratch(&A_PANEL, k * MR);
@@ -629,6 +668,7 @@ fn product<const MR: usize, const NR: usize>(
         // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
         unsafe { kernel(a_panel, b_z, k, n, c_rows) };
         put_scratch(&A_PANEL, a_scratch);
+        finish_rows(c_rows, n, finish);
     };
     // Many small products (attention's, one per head) split by batch entry alone: a task per
     // row panel as well would cost more in hand-offs than a panel's work.
@@ -653,6 +693,15 @@ fn product<const MR: usize, const NR: usize>(
         }
     }
     put_scratch(&B_PACKED, b_packed);
+}
+
+/// `finish` on each `n`-long row of `c_rows`, compiled for the widest vector unit.
+#[inline(always)]
+fn finish_rows(c_rows: &mut [f32], n: usize, finish: &(impl Fn(&mut [f32]) + Sync)) {
+    widest(
+        #[inline(always)]
+        || c_rows.chunks_exact_mut(n).for_each(finish),
+    );
 }
 
 /// Rows `ip * MR ..` of op(A) as `k` groups of `MR` (row-minor), zero past the last row.

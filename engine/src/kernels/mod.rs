@@ -13,6 +13,7 @@ pub mod dropout;
 pub mod embedding;
 pub mod fill;
 pub mod layernorm;
+pub mod linear;
 pub mod math;
 pub mod matmul;
 pub mod matmul_choice;

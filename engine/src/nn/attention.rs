@@ -4,6 +4,7 @@ use super::{init, prefixed, LayerNorm, Linear, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{shape_err, Result};
 use crate::kernels::dropout::DropoutMask;
+use crate::kernels::unary::Unary;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
@@ -100,7 +101,11 @@ impl CausalSelfAttention {
             );
         };
         let d = c / self.heads;
-        let q = g.scale(self.query.forward(g, x)?, 1.0 / (d as f32).sqrt())?;
+        let scaled = Unary::Affine {
+            alpha: 1.0 / (d as f32).sqrt(),
+            beta: 0.0,
+        };
+        let q = self.query.forward_then(g, x, scaled)?;
         let k = self.key.forward(g, x)?;
         let v = self.value.forward(g, x)?;
         let mask = dropout.map(|(plan, key)| plan.mask(key));
@@ -178,7 +183,9 @@ impl Block {
     pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
         let a = self.attn.forward(g, self.ln1.forward(g, x)?, dropout)?;
         let x = g.add(x, a)?;
-        let m = g.gelu(self.fc.forward(g, self.ln2.forward(g, x)?)?)?;
+        let m = self
+            .fc
+            .forward_then(g, self.ln2.forward(g, x)?, Unary::Gelu)?;
         let mut m = self.fc_proj.forward(g, m)?;
         if let Some((plan, key)) = dropout {
             m = g.dropout(m, plan.mask(key + 2))?;

@@ -3,6 +3,7 @@
 use super::{init, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::Result;
+use crate::kernels::unary::Unary;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
@@ -35,11 +36,17 @@ impl Linear {
 
     /// `x [..., in]` to `[..., out]`.
     pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
-        let y = g.matmul(x, g.param(&self.weight))?;
-        match &self.bias {
-            Some(b) => g.add(y, g.param(b)),
-            None => Ok(y),
-        }
+        self.layer(g, x, None)
+    }
+
+    /// `f(x W + b)`: the layer and its activation as one operation of the graph.
+    pub fn forward_then(&self, g: &Graph, x: Var, f: Unary) -> Result<Var> {
+        self.layer(g, x, Some(f))
+    }
+
+    fn layer(&self, g: &Graph, x: Var, f: Option<Unary>) -> Result<Var> {
+        let bias = self.bias.as_ref().map(|b| g.param(b));
+        g.linear(x, g.param(&self.weight), bias, f)
     }
 
     /// Number of input features.

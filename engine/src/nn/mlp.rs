@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{linear_count, prefixed, Linear, Module};
 use crate::autograd::{Graph, Var};
 use crate::error::{Error, Result};
+use crate::kernels::unary::Unary;
 use crate::rng::Rng;
 use crate::tensor::{Device, Tensor};
 
@@ -65,13 +66,15 @@ impl Mlp {
     pub fn forward(&self, g: &Graph, x: Var) -> Result<Var> {
         let mut h = x;
         for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(g, h)?;
-            if i + 1 < self.layers.len() {
-                h = match self.activation {
-                    Activation::Relu => g.relu(h)?,
-                    Activation::Gelu => g.gelu(h)?,
+            h = if i + 1 < self.layers.len() {
+                let f = match self.activation {
+                    Activation::Relu => Unary::Relu,
+                    Activation::Gelu => Unary::Gelu,
                 };
-            }
+                layer.forward_then(g, h, f)?
+            } else {
+                layer.forward(g, h)?
+            };
         }
         Ok(h)
     }
