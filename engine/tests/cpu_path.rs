@@ -52,6 +52,12 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         (1, 12, 5, 300),
         // Several blocks per thread, each taking k in spans of 256 and resuming from C.
         (1, 150, 32, 700),
+        // Wider tall products take their columns in blocks of 32: whole blocks, a last
+        // block of one vector and of a few lanes, the widest (256) and one past it.
+        (1, 30, 64, 300),
+        (1, 13, 70, 257),
+        (1, 40, 256, 520),
+        (1, 5, 257, 256),
         // A of at most 256 columns, not transposed, is read in place by AVX-512's 12x32
         // tile: k at that edge and k of 1, a panel of 12 rows exactly.
         (1, 30, 33, 256),
