@@ -8,7 +8,9 @@ use crate::kernels::binary::{broadcast_to, Binary};
 use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{unary, unary_backward, Unary};
-use crate::kernels::{attention, conv, dropout, embedding, layernorm, permute, pool, softmax};
+use crate::kernels::{
+    attention, conv, dropout, embedding, image_norm, layernorm, permute, pool, softmax,
+};
 use crate::tensor::Tensor;
 
 /// What the backward pass does with a parameter's gradient once nothing more can add to it:
@@ -220,6 +222,17 @@ pub(super) fn run(
             } => {
                 let (dx, dgamma, dbeta) =
                     layernorm::layernorm_backward(value(*x), value(*gamma), stats, &dy)?;
+                vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
+            }
+            Op::ImageNorm {
+                x,
+                gamma,
+                beta,
+                normed,
+                stats,
+            } => {
+                let (dx, dgamma, dbeta) =
+                    image_norm::image_norm_backward(value(*x), value(*gamma), normed, stats, &dy)?;
                 vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
             }
             Op::Embedding { table, ids } => {

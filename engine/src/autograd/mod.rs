@@ -21,6 +21,7 @@ use crate::kernels::binary::{binary, Binary};
 use crate::kernels::conv;
 use crate::kernels::conv_geometry::ConvGeometry;
 use crate::kernels::dropout::{self, DropoutMask};
+use crate::kernels::image_norm;
 use crate::kernels::permute;
 use crate::kernels::pool::{self, Pool, PoolGeometry};
 use crate::kernels::unary::{unary, Unary};
@@ -100,6 +101,14 @@ pub(crate) enum Op {
         x: Var,
         gamma: Var,
         beta: Var,
+        stats: Tensor,
+    },
+    /// `kernels::image_norm`; keeps each image normalized and its statistics.
+    ImageNorm {
+        x: Var,
+        gamma: Var,
+        beta: Var,
+        normed: Tensor,
         stats: Tensor,
     },
     Embedding {
@@ -564,20 +573,16 @@ impl Graph {
     /// scale and shift: GroupNorm with one group (PyTorch's `GroupNorm(1, C)`), the layer norm
     /// of images.
     pub fn image_norm(&self, x: Var, gamma: Var, beta: Var, eps: f32) -> Result<Var> {
-        let shape = self.shape(x);
-        let &[n, h, w, c] = shape.as_slice() else {
-            return shape_err(
-                "image_norm",
-                format!("needs NHWC input, shape is {shape:?}"),
-            );
+        let out =
+            image_norm::image_norm(&self.value(x), &self.value(gamma), &self.value(beta), eps)?;
+        let op = Op::ImageNorm {
+            x,
+            gamma,
+            beta,
+            normed: out.normed,
+            stats: out.stats,
         };
-        let flat = self.reshape(x, &[n, h * w * c])?;
-        let ones = self.input(&Tensor::full(&self.device, &[h * w * c], 1.0)?);
-        let zeros = self.input(&Tensor::zeros(&self.device, &[h * w * c])?);
-        let normed = self.layer_norm(flat, ones, zeros, eps)?;
-        let normed = self.reshape(normed, &shape)?;
-        let scaled = self.mul(normed, gamma)?;
-        self.add(scaled, beta)
+        Ok(self.record(out.y, op, &[x, gamma, beta]))
     }
 
     /// Gradients of the one-element `loss` with respect to every parameter. Consumes the

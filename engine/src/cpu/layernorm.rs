@@ -24,13 +24,7 @@ pub fn forward(
     let task = |t: usize, y: &mut [f32], stats: &mut [f32]| {
         for (i, (out, stat)) in y.chunks_mut(cols).zip(stats.chunks_mut(2)).enumerate() {
             let row = &x[(t * rows_per_task + i) * cols..][..cols];
-            let mean = workgroup_sum_of(row, ROW_LANES) / cols as f32;
-            // The squared deviations go through `out` for their sum.
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = (v - mean) * (v - mean);
-            }
-            let var = workgroup_sum_of(out, ROW_LANES) / cols as f32;
-            let rstd = 1.0 / (var + eps).sqrt();
+            let (mean, rstd) = row_stats(row, out, eps);
             for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
                 *o = (v - mean) * rstd * g + b;
             }
@@ -50,16 +44,76 @@ pub fn forward(
     (y, stats)
 }
 
-/// `(dx, dgamma, dbeta)`. `dx` by rows in parallel; `dgamma` and `dbeta` by column blocks,
-/// each column summed over the rows in ascending order from 0, as the reference does.
-pub fn backward(
+/// A row's `(mean, rstd)` as the reference computes them; the squared deviations go through
+/// `scratch` (as long as the row) for their sum.
+#[inline(always)]
+fn row_stats(row: &[f32], scratch: &mut [f32], eps: f32) -> (f32, f32) {
+    let cols = row.len();
+    let mean = workgroup_sum_of(row, ROW_LANES) / cols as f32;
+    for (o, &v) in scratch.iter_mut().zip(row) {
+        *o = (v - mean) * (v - mean);
+    }
+    let var = workgroup_sum_of(scratch, ROW_LANES) / cols as f32;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// Image normalization (`kernels::layernorm::image_norm`): each row normalized as [`forward`]
+/// does with a gamma of ones and a beta of zeros (`normed`), then scaled and shifted per
+/// channel (the innermost `channels` of a row: NHWC pixels), as a product and a sum with
+/// broadcasting compute it. Returns `(y, normed, stats)`.
+pub fn image_forward(
     x: &[f32],
-    gamma: &[f32],
+    channel_gamma: &[f32],
+    channel_beta: &[f32],
+    cols: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (rows, channels) = (x.len() / cols, channel_gamma.len());
+    assert!(channels > 0 && cols.is_multiple_of(channels) && channel_beta.len() == channels);
+    let (mut y, mut normed) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    let mut stats = vec![0.0; 2 * rows];
+    let rows_per_task = (CHUNK / cols).max(1);
+    let task = |t: usize, y: &mut [f32], normed: &mut [f32], stats: &mut [f32]| {
+        let rows = y.chunks_mut(cols).zip(normed.chunks_mut(cols));
+        for (i, ((out, norm), stat)) in rows.zip(stats.chunks_mut(2)).enumerate() {
+            let row = &x[(t * rows_per_task + i) * cols..][..cols];
+            let (mean, rstd) = row_stats(row, norm, eps);
+            let pixels = out.chunks_mut(channels).zip(norm.chunks_mut(channels));
+            for ((out, norm), px) in pixels.zip(row.chunks(channels)) {
+                let channel = channel_gamma.iter().zip(channel_beta);
+                for (((o, n), &v), (&g, &b)) in out.iter_mut().zip(norm).zip(px).zip(channel) {
+                    // The layer norm's gamma of one and beta of zero, kept: `+ 0.0` turns a
+                    // -0 into +0, as the composition does.
+                    *n = (v - mean) * rstd * 1.0 + 0.0;
+                    *o = *n * g + b;
+                }
+            }
+            stat[0] = mean;
+            stat[1] = rstd;
+        }
+    };
+    y.par_chunks_mut(rows_per_task * cols)
+        .zip(normed.par_chunks_mut(rows_per_task * cols))
+        .zip(stats.par_chunks_mut(2 * rows_per_task))
+        .enumerate()
+        .for_each(|(t, ((y, normed), stats))| {
+            widest(
+                #[inline(always)]
+                || task(t, y, normed, stats),
+            )
+        });
+    (y, normed, stats)
+}
+
+/// The input's gradient of a normalization whose output's gradient, times gamma, is what
+/// `gamma_times(dy_row, g)` writes into `g`: by rows in parallel, the reference's arithmetic.
+fn input_gradient(
+    x: &[f32],
     stats: &[f32],
     dy: &[f32],
     cols: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let rows = x.len() / cols;
+    gamma_times: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
     let mut dx = vec![0.0; x.len()];
     let rows_per_task = (CHUNK / cols).max(1);
     dx.par_chunks_mut(rows_per_task * cols)
@@ -74,9 +128,7 @@ pub fn backward(
                         let r = t * rows_per_task + i;
                         let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
                         let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
-                        for ((g, &d), &w) in g.iter_mut().zip(dyr).zip(gamma) {
-                            *g = d * w;
-                        }
+                        gamma_times(dyr, &mut g);
                         for ((gx, &g), &v) in gx.iter_mut().zip(&g).zip(xr) {
                             *gx = g * ((v - mean) * rstd);
                         }
@@ -89,6 +141,58 @@ pub fn backward(
                 },
             );
         });
+    dx
+}
+
+/// The input's gradient of [`image_forward`]: the normalization's, given that of its output
+/// `dy * gamma` per channel (the gamma of ones multiplies it by one, which changes no bit).
+pub fn image_input_gradient(
+    x: &[f32],
+    channel_gamma: &[f32],
+    stats: &[f32],
+    dy: &[f32],
+    cols: usize,
+) -> Vec<f32> {
+    let channels = channel_gamma.len();
+    assert!(channels > 0 && cols.is_multiple_of(channels));
+    input_gradient(
+        x,
+        stats,
+        dy,
+        cols,
+        #[inline(always)]
+        |dyr, g| {
+            for (g, d) in g.chunks_mut(channels).zip(dyr.chunks(channels)) {
+                for ((g, &d), &w) in g.iter_mut().zip(d).zip(channel_gamma) {
+                    *g = d * w;
+                }
+            }
+        },
+    )
+}
+
+/// `(dx, dgamma, dbeta)`. `dx` by rows in parallel; `dgamma` and `dbeta` by column blocks,
+/// each column summed over the rows in ascending order from 0, as the reference does.
+pub fn backward(
+    x: &[f32],
+    gamma: &[f32],
+    stats: &[f32],
+    dy: &[f32],
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len() / cols;
+    let dx = input_gradient(
+        x,
+        stats,
+        dy,
+        cols,
+        #[inline(always)]
+        |dyr, g| {
+            for ((g, &d), &w) in g.iter_mut().zip(dyr).zip(gamma) {
+                *g = d * w;
+            }
+        },
+    );
     let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
     // Each block of columns walks the rows in order, its columns side by side in vector lanes
     // (xhat recomputed as the reference does, from the row's statistics).

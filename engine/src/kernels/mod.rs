@@ -12,6 +12,7 @@ pub mod copy;
 pub mod dropout;
 pub mod embedding;
 pub mod fill;
+pub mod image_norm;
 pub mod layernorm;
 pub mod linear;
 pub mod math;
