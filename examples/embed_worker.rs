@@ -109,6 +109,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 break;
             }
+            // Kinds of event a later murmur adds.
+            _ => {}
         }
     }
     // The rest of the swarm finishes the job without us.

@@ -8,6 +8,9 @@ use tokio::sync::broadcast;
 /// Something that happened in a worker. Serialised with an `event` tag, snake case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+// New kinds of event will come (the node library grows): an app that matches on them keeps
+// a wildcard arm, so that a new kind is not a breaking change.
+#[non_exhaustive]
 pub enum Event {
     /// The node is waiting for something it needs (the servers, the other workers).
     Waiting {

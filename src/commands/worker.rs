@@ -236,6 +236,8 @@ fn follow(
                 bar.println(format!("rejoined at step {step} after: {reason}"))
             }
             Event::Error { .. } | Event::Done { .. } => {}
+            // `Event` is non-exhaustive: a kind added later shows nothing until it has a line.
+            _ => {}
         }
     }
     bar.finish_and_clear();

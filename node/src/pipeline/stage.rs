@@ -63,6 +63,9 @@ pub struct StageConfig {
 /// What a stage reports. Serialised with an `event` tag, snake case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+// New kinds of event will come (the node library grows): an app that matches on them keeps
+// a wildcard arm, so that a new kind is not a breaking change.
+#[non_exhaustive]
 pub enum StageEvent {
     /// The stage listens for the next one.
     Listening {

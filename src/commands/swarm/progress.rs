@@ -228,15 +228,11 @@ impl Dashboard {
                 }
             }
             Event::Recalibrated {
-                rank,
+                rank: 0,
                 step,
                 log2s,
                 was,
-            } => {
-                if rank == 0 {
-                    self.say(recalibrated_line(step, log2s, was));
-                }
-            }
+            } => self.say(recalibrated_line(step, log2s, was)),
             Event::Paused { rank, step } => {
                 self.bars[index].set_message(format!("paused at step {step}"));
                 self.say(format!("worker {rank} paused at step {step}"));
@@ -266,6 +262,8 @@ impl Dashboard {
                 t.done = true;
                 self.bars[index].finish_with_message(format!("done in {seconds:.0} s"));
             }
+            // `Event` is non-exhaustive: a kind added later shows nothing until it has a line.
+            _ => {}
         }
     }
 
