@@ -165,9 +165,10 @@ pub fn matmul_on_then(
 /// Whether `d` is a tall product: `op(A)^T`'s few rows times B's few columns over a long
 /// `k`, both stored with `k` outermost, as a weight gradient is (a convolution's: im2col's
 /// columns transposed times the output gradient, [9, 100352] x [100352, 16] for the first
-/// layer of the CNN; a transformer's projections': [64, 2048] x [2048, 64]). Packed, its panels cost more than its arithmetic: B padded from 16
-/// to 32 columns and A to 12 rows, 17 MB written and read again for 29 MFLOP, on one
-/// thread. `tall` reads the operands where they are.
+/// layer of the CNN; a transformer's projections': [64, 2048] x [2048, 64]). Packed, its
+/// panels cost more than its arithmetic: B padded from 16 to 32 columns and A to 12 rows,
+/// 17 MB written and read again for 29 MFLOP, on one thread. `tall` reads the operands
+/// where they are.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn is_tall(d: &MatmulDims) -> bool {
     d.batch == 1 && d.trans_a && !d.trans_b && d.n <= TALL_MAX_COLUMNS && d.k >= 256

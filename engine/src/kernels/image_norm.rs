@@ -79,6 +79,7 @@ pub fn image_norm_backward(
     stats: &Tensor,
     dy: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    // The backward pass has no beta: gamma is checked in both places.
     let (n, cols, _) = dims(x, gamma, gamma)?;
     if dy.shape() != x.shape() || normed.shape() != x.shape() || stats.shape() != [n, 2] {
         return shape_err(
