@@ -23,8 +23,10 @@ fn owner_is_busy(step: u64) -> bool {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Before any thread starts: keeps Mesa's window-system layer quiet on headless machines.
+    // Before any thread starts: keeps Mesa's window-system layer quiet on headless machines,
+    // and has glibc reuse a training step's large blocks rather than map them anew each step.
     murmur::node::platform::quiet_mesa_wsi();
+    murmur::node::platform::keep_large_blocks_for_reuse();
     let dir = std::env::temp_dir().join(format!("murmur-embed-{}", std::process::id()));
     let job = Job {
         workers: 3,

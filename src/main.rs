@@ -10,10 +10,15 @@ use clap::FromArgMatches;
 
 fn main() {
     env::quiet_mesa_wsi();
-    // Every command: shards keep their memory flat, and training keeps its tensors' blocks.
-    murmur_node::platform::return_large_frees_to_the_system();
     let matches = commands::Cli::definition().get_matches();
     let cli = commands::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Before any thread starts: shards keep their memory flat, and training reuses its
+    // tensors' blocks.
+    if cli.is_parameter_server() {
+        murmur_node::platform::return_large_frees_to_the_system();
+    } else {
+        murmur_node::platform::keep_large_blocks_for_reuse();
+    }
     env::init_logging(cli.default_log_filter());
     if let Err(e) = signals::install() {
         eprintln!("murmur: warning: signals will stop murmur at once, not gracefully: {e:#}");

@@ -61,20 +61,46 @@ fn user_id() -> String {
 /// `murmur bench train --models cnn,gpt` (same machine, two rounds): GPT 9.06 and 8.78
 /// steps/s with 64 MiB, 11.39 and 11.70 with 256 MiB; the CNN 17.2 and 18.4, 19.1 and 18.3;
 /// peak resident memory 113 MB in every run. (A 32 MiB mmap threshold beside the 256 MiB
-/// gave the CNN another 3–5% and the GPT nothing; it would take model-sized snapshots back
-/// into a shard's arenas, above.) A shard also runs [`trim_free_memory_every`], which hands
+/// gave the CNN another 3–5% then, and more since: [`keep_large_blocks_for_reuse`], the
+/// choice for training processes; it would take model-sized snapshots back into a shard's
+/// arenas, above.) A shard also runs [`trim_free_memory_every`], which hands
 /// free pages back whatever the threshold.
 ///
-/// Process-wide, so it is the program's choice: `murmur` makes it for every command; a program
-/// that embeds a node may call it first thing. Elsewhere than glibc it does nothing.
+/// Process-wide, so it is the program's choice: `murmur server` makes it; a program that
+/// embeds a shard may call it first thing. Elsewhere than glibc it does nothing.
 pub fn return_large_frees_to_the_system() {
+    set_glibc_thresholds(4 << 20);
+}
+
+/// The choice for a process that trains: as [`return_large_frees_to_the_system`], but blocks
+/// up to 32 MiB (glibc's largest mmap threshold) come from the arenas and are reused. The
+/// engine allocates a fresh tensor per op, and a CPU step of the CNN frees and allocates again
+/// blocks of 6.4 MB (the first convolution's output, the first pooling's gradient) and 14 MB
+/// (the second convolution's im2col). Mapped on their own, each was unmapped when freed and
+/// faulted in again, zero-filled a page at a time, in the next step: about 1,900 faults a
+/// step, and the first pooling's gradient took 10 ms instead of 2.3 (a throwaway per-op
+/// timer). `murmur bench train --device cpu --models cnn --min-seconds 2` under `perf stat -e
+/// minor-faults`, alternating with the 4 MiB threshold (2-core Intel Xeon, four rounds): 24.8,
+/// 26.0, 23.4, 27.3 steps/s and 457,000–576,000 faults a run with 4 MiB; 30.7, 29.9, 30.2,
+/// 33.8 and 17,200 with 32 MiB. The GPT's blocks are all below 4 MiB: 15.1 and 16.0 steps/s
+/// (means of six rounds), the host's noise. docs/benchmarks.md has the rest.
+///
+/// `murmur` makes it for every command but `server`; a program that embeds a training node
+/// may call it first thing. Elsewhere than glibc it does nothing.
+pub fn keep_large_blocks_for_reuse() {
+    set_glibc_thresholds(32 << 20);
+}
+
+fn set_glibc_thresholds(mmap_threshold: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it refuses a value it cannot take.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = mmap_threshold;
 }
 
 /// Starts a thread that hands the allocator's free pages back to the system every `period`

@@ -95,6 +95,12 @@ impl Cli {
         negatives(<Cli as clap::CommandFactory>::command())
     }
 
+    /// Whether this process is a parameter-server shard, which keeps its memory flat rather
+    /// than keeping large blocks for the next step (`murmur_node::platform`).
+    pub fn is_parameter_server(&self) -> bool {
+        matches!(self.command, Command::Server(_))
+    }
+
     /// What is logged unless `RUST_LOG` says otherwise: nodes of a swarm report peers
     /// coming and going; everything else only warnings, so that reports stay readable.
     pub fn default_log_filter(&self) -> &'static str {
