@@ -256,7 +256,8 @@ pub(super) fn run(
                     out.push((b, sum_to_shape(&dy, value(b).shape())?));
                 }
                 if needs(*weight) {
-                    out.push((*weight, matmul(cols, &dy, true, false)?));
+                    let dw = conv::weight_gradient(value(*x), cols.as_ref(), &dy, geometry)?;
+                    out.push((*weight, dw));
                 }
                 if needs(*x) {
                     out.push((*x, conv::input_gradient(&dy, value(*weight), geometry)?));

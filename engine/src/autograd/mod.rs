@@ -122,13 +122,14 @@ pub(crate) enum Op {
         x: Var,
     },
     /// A convolution's product of `x`'s im2col columns and `weight`, plus `bias`, `[n * oh *
-    /// ow, oc]`; keeps the columns for the weight's gradient.
+    /// ow, oc]`; keeps the columns for the weight's gradient where
+    /// `kernels::conv::keeps_columns` says so (else the CPU path builds them again in cache).
     Conv2d {
         x: Var,
         weight: Var,
         bias: Option<Var>,
         geometry: ConvGeometry,
-        cols: Tensor,
+        cols: Option<Tensor>,
     },
     Pool {
         x: Var,
@@ -493,7 +494,7 @@ impl Graph {
             weight,
             bias,
             geometry,
-            cols,
+            cols: conv::keeps_columns(cols.device(), &geometry).then_some(cols),
         };
         let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
         let y = self.record(y, op, &inputs);

@@ -264,6 +264,81 @@ fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
     }
 }
 
+/// `C += Aᵀ B` for `A [k, m]` and `B [k, n]`, both stored with `k` outermost (a tall
+/// product's operands, see [`is_tall`]), on one thread: each element of C takes its terms in
+/// ascending `k`, continuing the sum C holds. A product taken a span of `k` at a time this
+/// way has the bits of the whole (an f32 stored and loaded is the same f32; from zeros, of
+/// [`matmul`]), so a caller can build A a span at a time in cache instead of all of it in
+/// memory (`cpu::conv::weight_gradient`). `k` is `a.len() / m`.
+pub fn tall_continue(a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
+    tall_continue_on(Isa::detect(), a, b, m, n, c)
+}
+
+/// [`tall_continue`] on a given micro-kernel (for the tests; panics on one this CPU lacks).
+/// The tall block kernel where there is AVX-512, elsewhere a plain loop with the same terms.
+pub fn tall_continue_on(isa: Isa, a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
+    assert!(
+        Isa::available().contains(&isa),
+        "this CPU cannot run the {isa} micro-kernel"
+    );
+    let k = a.len().checked_div(m).unwrap_or(0);
+    assert!(a.len() == k * m && b.len() == k * n && c.len() == m * n);
+    if k == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let d = MatmulDims {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: true,
+            trans_b: false,
+            a_batched: false,
+            b_batched: false,
+        };
+        for (block, c_block) in c.chunks_mut(TALL_ROWS * n).enumerate() {
+            let rows = block * TALL_ROWS..block * TALL_ROWS + c_block.len() / n;
+            for j0 in (0..n).step_by(TALL_COLUMNS) {
+                let columns = j0..(j0 + TALL_COLUMNS).min(n);
+                // SAFETY: Isa::available() said this CPU has AVX-512F.
+                unsafe {
+                    if columns.len() > 16 {
+                        x86::tall_block::<true, false>(
+                            a,
+                            b,
+                            &d,
+                            rows.clone(),
+                            columns,
+                            (0..k, true),
+                            c_block,
+                        )
+                    } else {
+                        x86::tall_block::<false, false>(
+                            a,
+                            b,
+                            &d,
+                            rows.clone(),
+                            columns,
+                            (0..k, true),
+                            c_block,
+                        )
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (a_row, b_row) in a.chunks_exact(m).zip(b.chunks_exact(n)) {
+        for (&a_pi, c_row) in a_row.iter().zip(c.chunks_exact_mut(n)) {
+            for (c_ij, &b_pj) in c_row.iter_mut().zip(b_row) {
+                *c_ij += a_pi * b_pj;
+            }
+        }
+    }
+}
+
 /// The vector instruction set a micro-kernel is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {

@@ -246,6 +246,66 @@ pub fn input_gradient_composed(dy: &Tensor, weight: &Tensor, g: &ConvGeometry) -
     col2im(&cols.reshape(&g.cols_shape())?, g)
 }
 
+/// Whether a convolution's forward pass keeps its im2col columns for the weight's gradient:
+/// on the GPU, and on the CPU path for windows of fewer than [`COLUMNS_BUILT_IN_CACHE_FROM`]
+/// columns. Past that the CPU path keeps none and builds them again in cache
+/// ([`weight_gradient`]).
+pub fn keeps_columns(device: &Device, g: &ConvGeometry) -> bool {
+    device.as_gpu().is_some() || g.patch() < COLUMNS_BUILT_IN_CACHE_FROM
+}
+
+/// The window size (`kh * kw * c`) from which the CPU path builds a weight gradient's columns
+/// in cache rather than keeping them. Building them costs a little per output pixel and the
+/// product's work per pixel grows with the window: the CNN's first layer (9 columns, 16
+/// channels out) took 4.6-5.1 ms that way against 1.8-1.9 ms with its 3.6 MB of columns kept;
+/// its second (144 columns, 32 out) 3.1-3.5 ms against 3.8-4.1, from a cold cache
+/// (docs/benchmarks.md). Between the two, unmeasured: 64, a 3 x 3 window over 7 channels.
+pub const COLUMNS_BUILT_IN_CACHE_FROM: usize = 64;
+
+/// The gradient of a convolution's weight `[kh*kw*c, oc]` from its input `x [n, h, w, c]`
+/// and the gradient `dy` of its output as the product gave it (`[n * oh * ow, oc]`):
+/// `im2col(x)ᵀ dy`, from the columns the forward pass kept ([`keeps_columns`]) if it did.
+/// Otherwise the CPU path builds them a span at a time in cache, with the product's bits
+/// (`cpu::conv::weight_gradient`, tested against it), and the GPU builds them again.
+pub fn weight_gradient(
+    x: &Tensor,
+    cols: Option<&Tensor>,
+    dy: &Tensor,
+    g: &ConvGeometry,
+) -> Result<Tensor> {
+    x.expect_dtype("conv weight gradient", DType::F32)?;
+    dy.expect_dtype("conv weight gradient", DType::F32)?;
+    x.same_device("conv weight gradient", dy)?;
+    let [n, oh, ow, patch] = g.cols_shape();
+    let oc = match *dy.shape() {
+        [rows, oc] if rows == n * oh * ow && x.shape() == [g.n, g.h, g.w, g.c] => oc,
+        _ => {
+            return shape_err(
+                "conv weight gradient",
+                format!(
+                    "x {:?} and dy {:?} do not match {g:?}",
+                    x.shape(),
+                    dy.shape()
+                ),
+            )
+        }
+    };
+    if let Some(cols) = cols {
+        return super::matmul::matmul(cols, dy, true, false);
+    }
+    match x.device() {
+        Device::Cpu => {
+            let (x_values, dy_values) = (x.cpu_f32().expect("cpu"), dy.cpu_f32().expect("cpu"));
+            let dw = crate::cpu::conv::weight_gradient(x_values, dy_values, oc, g);
+            Tensor::from_vec(x.device(), &[patch, oc], dw)
+        }
+        Device::Gpu(_) => {
+            let cols = im2col(x, g)?.reshape(&[n * oh * ow, patch])?;
+            super::matmul::matmul(&cols, dy, true, false)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
