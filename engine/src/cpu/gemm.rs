@@ -265,7 +265,7 @@ fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
 }
 
 /// `C += Aᵀ B` for `A [k, m]` and `B [k, n]`, both stored with `k` outermost (a tall
-/// product's operands, see [`is_tall`]), on one thread: each element of C takes its terms in
+/// product's operands: a weight gradient's), on one thread: each element of C takes its terms in
 /// ascending `k`, continuing the sum C holds. A product taken a span of `k` at a time this
 /// way has the bits of the whole (an f32 stored and loaded is the same f32; from zeros, of
 /// [`matmul`]), so a caller can build A a span at a time in cache instead of all of it in
