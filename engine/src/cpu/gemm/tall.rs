@@ -1,0 +1,278 @@
+//! Tall products, `op(A)ᵀ B` with few rows and columns over a long `k`, as weight gradients
+//! are: both operands read in place on AVX-512, each element's sum taken a span of `k` at a
+//! time and carried in C between spans ([`tall`]), or continued by a caller that builds A a
+//! span at a time ([`tall_continue`]). The bits are [`matmul`](super::matmul)'s.
+
+use rayon::prelude::*;
+
+use super::{Isa, PARALLEL_MIN_TERMS};
+use crate::kernels::matmul_dims::MatmulDims;
+
+/// Whether `d` is a tall product: `op(A)^T`'s few rows times B's few columns over a long
+/// `k`, both stored with `k` outermost, as a weight gradient is (a convolution's: im2col's
+/// columns transposed times the output gradient, [9, 100352] x [100352, 16] for the first
+/// layer of the CNN; a transformer's projections': [64, 2048] x [2048, 64]). Packed, its
+/// panels cost more than its arithmetic: B padded from 16 to 32 columns and A to 12 rows,
+/// 17 MB written and read again for 29 MFLOP, on one thread. `tall` reads the operands
+/// where they are.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) fn is_tall(d: &MatmulDims) -> bool {
+    d.batch == 1 && d.trans_a && !d.trans_b && d.n <= TALL_MAX_COLUMNS && d.k >= 256
+}
+
+/// The most columns a tall product has: the GPT's widest weight gradient, its MLP's [64,
+/// 256]. Its projections' [64, 64] ran at 59-68 GFLOPS packed and 85-99 in place, the MLP's
+/// at 66-71 and 74-90 (three alternating rounds, docs/benchmarks.md); a B row of 256 floats
+/// over a span of k is 256 KB, still in the second-level cache.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_MAX_COLUMNS: usize = 256;
+
+/// Rows of C per task of [`tall`]: one accumulator per row and 16 columns must fit in the
+/// 32 vector registers with B's row.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_ROWS: usize = 12;
+
+/// Columns of C per block of [`tall`]: two vectors of 16. Wider products take their columns
+/// in blocks of this many, each block over the same span of `k` in turn.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_COLUMNS: usize = 32;
+
+/// A block kernel of [`tall`]: `(a, b, dims, rows, columns, (steps of k, resume), the block's
+/// rows of C)`; unsafe for the CPU features it needs.
+#[cfg(target_arch = "x86_64")]
+type TallBlock = unsafe fn(
+    &[f32],
+    &[f32],
+    &MatmulDims,
+    std::ops::Range<usize>,
+    std::ops::Range<usize>,
+    (std::ops::Range<usize>, bool),
+    &mut [f32],
+);
+
+/// Steps of `k` a tall product's blocks of rows take in turn before the next: B's rows for
+/// them (at most 32 floats each, 32 KB) and A's (a convolution's columns: 256 x 144 floats)
+/// stay in the second-level cache while every block of rows reads them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_STEPS: usize = 256;
+
+/// The tall product (see [`is_tall`]) on AVX-512: blocks of at most [`TALL_ROWS`] rows and
+/// [`TALL_COLUMNS`] columns of C, reading A's and B's rows in place, one task per thread over
+/// a share of the rows. Each
+/// task takes `k` in spans of [`TALL_STEPS`], running all its blocks over a span before the
+/// next: each block's sums go to C and come back for the next span (exactly: an f32 stored
+/// and loaded is the same f32), so every element is still one sum in ascending `k`. Before,
+/// each block ran the whole of `k` alone and read all of B from memory again: twelve times for
+/// the CNN's second layer, [144, 25088] x [25088, 32], whose columns had left the caches.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
+    let (m, n, k) = (d.m, d.n, d.k);
+    let parallel = m * n * k >= PARALLEL_MIN_TERMS;
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    // At least one block per task, and at least as many tasks as threads while there are rows.
+    let tasks = threads.min(m.div_ceil(TALL_ROWS)).max(threads.min(m));
+    let rows_per_task = m.div_ceil(tasks);
+    let kernel_for = |width: usize| -> TallBlock {
+        match (width > 16, fused) {
+            (false, false) => x86::tall_block::<false, false>,
+            (false, true) => x86::tall_block::<false, true>,
+            (true, false) => x86::tall_block::<true, false>,
+            (true, true) => x86::tall_block::<true, true>,
+        }
+    };
+    let task = |(t, c_rows): (usize, &mut [f32])| {
+        let task_rows = c_rows.len() / n;
+        for k0 in (0..k).step_by(TALL_STEPS) {
+            let steps = k0..(k0 + TALL_STEPS).min(k);
+            for (block, c_block) in c_rows.chunks_mut(TALL_ROWS * n).enumerate() {
+                let i0 = t * rows_per_task + block * TALL_ROWS;
+                let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
+                for j0 in (0..n).step_by(TALL_COLUMNS) {
+                    let columns = j0..(j0 + TALL_COLUMNS).min(n);
+                    let block_kernel = kernel_for(columns.len());
+                    let span = (steps.clone(), k0 > 0);
+                    // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
+                    unsafe { block_kernel(a, b, d, i0..i0 + rows, columns, span, c_block) };
+                }
+            }
+        }
+    };
+    if parallel {
+        c.par_chunks_mut(rows_per_task * n)
+            .enumerate()
+            .for_each(task);
+    } else {
+        c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
+    }
+}
+
+/// `C += Aᵀ B` for `A [k, m]` and `B [k, n]`, both stored with `k` outermost (a tall
+/// product's operands: a weight gradient's), on one thread: each element of C takes its terms in
+/// ascending `k`, continuing the sum C holds. A product taken a span of `k` at a time this
+/// way has the bits of the whole (an f32 stored and loaded is the same f32; from zeros, of
+/// [`matmul`](super::matmul)), so a caller can build A a span at a time in cache instead of
+/// all of it in memory (`cpu::conv::weight_gradient`). `k` is `a.len() / m`.
+pub fn tall_continue(a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
+    tall_continue_on(Isa::detect(), a, b, m, n, c)
+}
+
+/// [`tall_continue`] on a given micro-kernel (for the tests; panics on one this CPU lacks).
+/// The tall block kernel where there is AVX-512, elsewhere a plain loop with the same terms.
+pub fn tall_continue_on(isa: Isa, a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
+    assert!(
+        Isa::available().contains(&isa),
+        "this CPU cannot run the {isa} micro-kernel"
+    );
+    let k = a.len().checked_div(m).unwrap_or(0);
+    assert!(a.len() == k * m && b.len() == k * n && c.len() == m * n);
+    if k == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let d = MatmulDims {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: true,
+            trans_b: false,
+            a_batched: false,
+            b_batched: false,
+        };
+        for (block, c_block) in c.chunks_mut(TALL_ROWS * n).enumerate() {
+            let rows = block * TALL_ROWS..block * TALL_ROWS + c_block.len() / n;
+            for j0 in (0..n).step_by(TALL_COLUMNS) {
+                let columns = j0..(j0 + TALL_COLUMNS).min(n);
+                // SAFETY: Isa::available() said this CPU has AVX-512F.
+                unsafe {
+                    if columns.len() > 16 {
+                        x86::tall_block::<true, false>(
+                            a,
+                            b,
+                            &d,
+                            rows.clone(),
+                            columns,
+                            (0..k, true),
+                            c_block,
+                        )
+                    } else {
+                        x86::tall_block::<false, false>(
+                            a,
+                            b,
+                            &d,
+                            rows.clone(),
+                            columns,
+                            (0..k, true),
+                            c_block,
+                        )
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (a_row, b_row) in a.chunks_exact(m).zip(b.chunks_exact(n)) {
+        for (&a_pi, c_row) in a_row.iter().zip(c.chunks_exact_mut(n)) {
+            for (c_ij, &b_pj) in c_row.iter_mut().zip(b_row) {
+                *c_ij += a_pi * b_pj;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `block_rows` (at most `TALL_ROWS`) and `columns` (at most `TALL_COLUMNS`) of a tall
+    /// product's C over the steps `span.0` of `k` in registers, starting from the sums C holds
+    /// when `span.1` (a later span) and from 0 otherwise: each step of `k` loads B's row's
+    /// columns (two vectors when `TWO`, lanes past the columns masked off) and broadcasts A's
+    /// values for the block's rows. `c_rows` starts at the block's first row. Rows
+    /// past the block repeat its last row's value and are not stored: the loop is unrolled
+    /// over `TALL_ROWS` accumulators whatever the block's size.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tall_block<const TWO: bool, const FUSED: bool>(
+        a: &[f32],
+        b: &[f32],
+        d: &super::MatmulDims,
+        block_rows: std::ops::Range<usize>,
+        columns: std::ops::Range<usize>,
+        span: (std::ops::Range<usize>, bool),
+        c_rows: &mut [f32],
+    ) {
+        use super::{TALL_COLUMNS, TALL_ROWS};
+        let (m, n, k) = (d.m, d.n, d.k);
+        let (i0, rows) = (block_rows.start, block_rows.len());
+        let (steps, resume) = span;
+        let (j0, width) = (columns.start, columns.len());
+        assert!((1..=TALL_ROWS).contains(&rows) && i0 + rows <= m);
+        assert!((1..=TALL_COLUMNS).contains(&width) && columns.end <= n);
+        assert!(steps.end <= k && a.len() >= k * m && b.len() >= k * n);
+        assert!(c_rows.len() >= rows * n);
+        let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
+        let (mask0, mask1) = (lanes(width), lanes(width.saturating_sub(16)));
+        let mut acc = [[_mm512_setzero_ps(); 2]; TALL_ROWS];
+        if resume {
+            for (i, acc_i) in acc.iter_mut().enumerate().take(rows) {
+                // SAFETY: row i of the block holds n floats, asserted above, of which the
+                // columns from j0 are width long; masked lanes are not read.
+                unsafe {
+                    let from = c_rows.as_ptr().add(i * n + j0);
+                    acc_i[0] = _mm512_maskz_loadu_ps(mask0, from);
+                    if TWO {
+                        acc_i[1] = _mm512_maskz_loadu_ps(mask1, from.add(16));
+                    }
+                }
+            }
+        }
+        for p in steps {
+            // SAFETY: row p of B holds n floats from p * n < k * n, the columns from j0
+            // width of them; lanes past them are masked off (a masked load does not touch
+            // them).
+            let (b0, b1) = unsafe {
+                let row = b.as_ptr().add(p * n + j0);
+                let b1 = if TWO {
+                    _mm512_maskz_loadu_ps(mask1, row.add(16))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                (_mm512_maskz_loadu_ps(mask0, row), b1)
+            };
+            let a_row = p * m + i0;
+            for (i, acc_i) in acc.iter_mut().enumerate() {
+                // SAFETY: a_row + rows - 1 < p * m + m <= k * m, asserted above.
+                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(a_row + i.min(rows - 1)) });
+                if FUSED {
+                    acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
+                    if TWO {
+                        acc_i[1] = _mm512_fmadd_ps(av, b1, acc_i[1]);
+                    }
+                } else {
+                    acc_i[0] = _mm512_add_ps(acc_i[0], _mm512_mul_ps(av, b0));
+                    if TWO {
+                        acc_i[1] = _mm512_add_ps(acc_i[1], _mm512_mul_ps(av, b1));
+                    }
+                }
+            }
+        }
+        for (i, acc_i) in acc.iter().enumerate().take(rows) {
+            // SAFETY: as for the loads above; masked lanes are not written.
+            unsafe {
+                let out = c_rows.as_mut_ptr().add(i * n + j0);
+                _mm512_mask_storeu_ps(out, mask0, acc_i[0]);
+                if TWO {
+                    _mm512_mask_storeu_ps(out.add(16), mask1, acc_i[1]);
+                }
+            }
+        }
+    }
+}
