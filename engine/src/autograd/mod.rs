@@ -482,19 +482,24 @@ impl Graph {
                 )
             }
         };
-        let [n, oh, ow, patch] = geometry.cols_shape();
-        // Lowered to im2col and a product; the input's gradient is col2im of the product's
-        // (`conv::input_gradient`, which the CPU path runs an image at a time).
-        // The bias is added as each row of the product completes (`kernels::linear`).
-        let cols = conv::im2col(&self.value(x), &geometry)?.reshape(&[n * oh * ow, patch])?;
+        let [n, oh, ow, _] = geometry.cols_shape();
+        // Lowered to im2col and a product (`conv::forward`); the input's gradient is col2im
+        // of the product's (`conv::input_gradient`), the weight's the columns' product with
+        // dy (`conv::weight_gradient`). The CPU path runs each an image or a span of pixels
+        // at a time, the columns in cache; the bias is added as each row completes.
         let bias_value = bias.map(|b| self.value(b));
-        let y = linear::forward(&cols, &self.value(weight), bias_value.as_ref(), None)?.y;
+        let (y, cols) = conv::forward(
+            &self.value(x),
+            &self.value(weight),
+            bias_value.as_ref(),
+            &geometry,
+        )?;
         let op = Op::Conv2d {
             x,
             weight,
             bias,
             geometry,
-            cols: conv::keeps_columns(cols.device(), &geometry).then_some(cols),
+            cols,
         };
         let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
         let y = self.record(y, op, &inputs);

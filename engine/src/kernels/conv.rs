@@ -246,6 +246,55 @@ pub fn input_gradient_composed(dy: &Tensor, weight: &Tensor, g: &ConvGeometry) -
     col2im(&cols.reshape(&g.cols_shape())?, g)
 }
 
+/// A convolution's output `[n * oh * ow, oc]`: `im2col(x) weight + bias`, and the columns
+/// when the weight's gradient will want them ([`keeps_columns`]). Where it will not, the CPU
+/// path never holds them all: it builds them an image at a time in cache
+/// (`cpu::conv::forward`, with the product's and the addition's bits, tested against them).
+pub fn forward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeometry,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let [n, oh, ow, patch] = g.cols_shape();
+    if !keeps_columns(x.device(), g) {
+        x.expect_dtype("conv2d", DType::F32)?;
+        weight.expect_dtype("conv2d", DType::F32)?;
+        x.same_device("conv2d", weight)?;
+        let oc = match *weight.shape() {
+            [rows, oc] if rows == patch && x.shape() == [g.n, g.h, g.w, g.c] => oc,
+            _ => {
+                return shape_err(
+                    "conv2d",
+                    format!(
+                        "x {:?} and weight {:?} do not match {g:?}",
+                        x.shape(),
+                        weight.shape()
+                    ),
+                )
+            }
+        };
+        if let Some(b) = bias {
+            b.expect_dtype("conv2d", DType::F32)?;
+            x.same_device("conv2d", b)?;
+            if b.shape() != [oc] {
+                return shape_err("conv2d", format!("bias {:?} must be [{oc}]", b.shape()));
+            }
+        }
+        let y = crate::cpu::conv::forward(
+            x.cpu_f32().expect("cpu"),
+            weight.cpu_f32().expect("cpu"),
+            bias.map(|b| b.cpu_f32().expect("cpu")),
+            oc,
+            g,
+        );
+        return Ok((Tensor::from_vec(x.device(), &[n * oh * ow, oc], y)?, None));
+    }
+    let cols = im2col(x, g)?.reshape(&[n * oh * ow, patch])?;
+    let y = super::linear::forward(&cols, weight, bias, None)?.y;
+    Ok((y, Some(cols)))
+}
+
 /// Whether a convolution's forward pass keeps its im2col columns for the weight's gradient:
 /// on the GPU, and on the CPU path for windows of fewer than [`COLUMNS_BUILT_IN_CACHE_FROM`]
 /// columns. Past that the CPU path keeps none and builds them again in cache
