@@ -296,26 +296,46 @@ mod tests {
         }
     }
 
+    /// Geometries over and under a span of pixels, with windows split unevenly between
+    /// threads, padding and strides, each with an input and a second operand (a weight or an
+    /// output gradient, `rows` rows of `oc`) whose sums depend on their order.
+    fn order_sensitive_cases(
+        rows: impl Fn(&ConvGeometry) -> usize,
+    ) -> Vec<(ConvGeometry, usize, Vec<f32>, Vec<f32>)> {
+        [
+            (2, 14, 14, 16, 3, 3, 1, 1, 32),
+            (3, 11, 9, 5, 3, 3, 2, 1, 7),
+            (1, 28, 28, 1, 3, 3, 1, 1, 16),
+            (2, 5, 4, 2, 3, 3, 1, 1, 3),
+            (1, 6, 7, 5, 5, 2, 3, 2, 40),
+            (1, 1, 1, 1, 1, 1, 1, 0, 1),
+            (4, 9, 8, 3, 2, 2, 2, 0, 17),
+        ]
+        .into_iter()
+        .map(|(n, h, w, c, kh, kw, stride, pad, oc)| {
+            let g = ConvGeometry::of(&[n, h, w, c], kh, kw, stride, pad).unwrap();
+            let x = (0..n * h * w * c)
+                .map(|i| ((i * 7 % 11) as f32 - 5.3) * if i % 5 == 0 { 1e6 } else { 0.71 })
+                .collect();
+            let other = (0..rows(&g) * oc)
+                .map(|i| ((i * 5 % 13) as f32 - 6.0) * if i % 3 == 0 { 1e-3 } else { 0.37 })
+                .collect();
+            (g, oc, x, other)
+        })
+        .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     #[test]
     fn the_forward_pass_gives_the_product_and_additions_bits_an_image_at_a_time() {
         use crate::cpu::gemm;
         use crate::kernels::matmul_dims::MatmulDims;
-        for (n, h, w, c, kh, kw, stride, pad, oc) in [
-            (2, 14, 14, 16, 3, 3, 1, 1, 32),
-            (3, 11, 9, 5, 3, 3, 2, 1, 7),
-            (1, 6, 7, 5, 5, 2, 3, 2, 40),
-            (1, 1, 1, 1, 1, 1, 1, 0, 1),
-            (4, 9, 8, 3, 2, 2, 2, 0, 17),
-        ] {
-            let g = ConvGeometry::of(&[n, h, w, c], kh, kw, stride, pad).unwrap();
-            let x: Vec<f32> = (0..n * h * w * c)
-                .map(|i| ((i * 7 % 11) as f32 - 5.3) * if i % 5 == 0 { 1e6 } else { 0.71 })
-                .collect();
-            let weight: Vec<f32> = (0..g.patch() * oc)
-                .map(|i| ((i * 5 % 13) as f32 - 6.0) * if i % 3 == 0 { 1e-3 } else { 0.37 })
-                .collect();
+        for (g, oc, x, weight) in order_sensitive_cases(|g| g.patch()) {
             let bias: Vec<f32> = (0..oc).map(|i| i as f32 * 0.3 - 2.0).collect();
-            let pixels = n * g.out_h() * g.out_w();
+            let pixels = g.n * g.out_h() * g.out_w();
             let dims = MatmulDims::infer(&[pixels, g.patch()], &[g.patch(), oc], false, false)
                 .unwrap()
                 .0;
@@ -324,7 +344,6 @@ mod tests {
                 .chunks(oc)
                 .flat_map(|row| row.iter().zip(&bias).map(|(v, b)| v + b))
                 .collect();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&forward(&x, &weight, None, oc, &g)),
                 bits(&product),
@@ -342,30 +361,12 @@ mod tests {
     fn the_weight_gradient_gives_the_products_bits_without_the_columns() {
         use crate::cpu::gemm;
         use crate::kernels::matmul_dims::MatmulDims;
-        // Over and under a span of pixels, patches split unevenly between threads, padding
-        // and strides; values whose sums depend on their order.
-        for (n, h, w, c, kh, kw, stride, pad, oc) in [
-            (2, 14, 14, 16, 3, 3, 1, 1, 32),
-            (3, 11, 9, 5, 3, 3, 2, 1, 7),
-            (1, 28, 28, 1, 3, 3, 1, 1, 16),
-            (2, 5, 4, 2, 3, 3, 1, 1, 3),
-            (1, 6, 7, 5, 5, 2, 3, 2, 40),
-            (1, 1, 1, 1, 1, 1, 1, 0, 1),
-            (4, 9, 8, 3, 2, 2, 2, 0, 17),
-        ] {
-            let g = ConvGeometry::of(&[n, h, w, c], kh, kw, stride, pad).unwrap();
-            let x: Vec<f32> = (0..n * h * w * c)
-                .map(|i| ((i * 7 % 11) as f32 - 5.3) * if i % 5 == 0 { 1e6 } else { 0.71 })
-                .collect();
-            let pixels = n * g.out_h() * g.out_w();
-            let dy: Vec<f32> = (0..pixels * oc)
-                .map(|i| ((i * 5 % 13) as f32 - 6.0) * if i % 3 == 0 { 1e-3 } else { 0.37 })
-                .collect();
+        for (g, oc, x, dy) in order_sensitive_cases(|g| g.n * g.out_h() * g.out_w()) {
+            let pixels = g.n * g.out_h() * g.out_w();
             let dims = MatmulDims::infer(&[pixels, g.patch()], &[pixels, oc], true, false)
                 .unwrap()
                 .0;
             let want = gemm::matmul(&im2col(&x, &g), &dy, &dims);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&weight_gradient(&x, &dy, oc, &g)),
                 bits(&want),
