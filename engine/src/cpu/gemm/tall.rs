@@ -76,29 +76,11 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: b
     // At least one block per task, and at least as many tasks as threads while there are rows.
     let tasks = threads.min(m.div_ceil(TALL_ROWS)).max(threads.min(m));
     let rows_per_task = m.div_ceil(tasks);
-    let kernel_for = |width: usize| -> TallBlock {
-        match (width > 16, fused) {
-            (false, false) => x86::tall_block::<false, false>,
-            (false, true) => x86::tall_block::<false, true>,
-            (true, false) => x86::tall_block::<true, false>,
-            (true, true) => x86::tall_block::<true, true>,
-        }
-    };
     let task = |(t, c_rows): (usize, &mut [f32])| {
-        let task_rows = c_rows.len() / n;
         for k0 in (0..k).step_by(TALL_STEPS) {
             let steps = k0..(k0 + TALL_STEPS).min(k);
-            for (block, c_block) in c_rows.chunks_mut(TALL_ROWS * n).enumerate() {
-                let i0 = t * rows_per_task + block * TALL_ROWS;
-                let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
-                for j0 in (0..n).step_by(TALL_COLUMNS) {
-                    let columns = j0..(j0 + TALL_COLUMNS).min(n);
-                    let block_kernel = kernel_for(columns.len());
-                    let span = (steps.clone(), k0 > 0);
-                    // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
-                    unsafe { block_kernel(a, b, d, i0..i0 + rows, columns, span, c_block) };
-                }
-            }
+            // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
+            unsafe { blocks_over_span(a, b, d, t * rows_per_task, c_rows, (steps, k0 > 0), fused) };
         }
     };
     if parallel {
@@ -107,6 +89,42 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: b
             .for_each(task);
     } else {
         c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
+    }
+}
+
+/// Every block of [`TALL_ROWS`] rows and [`TALL_COLUMNS`] columns of `c_rows` (rows
+/// `first_row..` of the product `d`'s C) over the steps `span.0` of `k`, from the sums C holds
+/// when `span.1` and from 0 otherwise: what [`tall`]'s tasks run for each span, and
+/// [`tall_continue`] for all of its `k`.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+unsafe fn blocks_over_span(
+    a: &[f32],
+    b: &[f32],
+    d: &MatmulDims,
+    first_row: usize,
+    c_rows: &mut [f32],
+    span: (std::ops::Range<usize>, bool),
+    fused: bool,
+) {
+    let n = d.n;
+    let task_rows = c_rows.len() / n;
+    for (block, c_block) in c_rows.chunks_mut(TALL_ROWS * n).enumerate() {
+        let i0 = first_row + block * TALL_ROWS;
+        let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
+        for j0 in (0..n).step_by(TALL_COLUMNS) {
+            let columns = j0..(j0 + TALL_COLUMNS).min(n);
+            let block_kernel: TallBlock = match (columns.len() > 16, fused) {
+                (false, false) => x86::tall_block::<false, false>,
+                (false, true) => x86::tall_block::<false, true>,
+                (true, false) => x86::tall_block::<true, false>,
+                (true, true) => x86::tall_block::<true, true>,
+            };
+            // SAFETY: the caller guarantees AVX-512F.
+            unsafe { block_kernel(a, b, d, i0..i0 + rows, columns, span.clone(), c_block) };
+        }
     }
 }
 
@@ -134,46 +152,10 @@ pub fn tall_continue_on(isa: Isa, a: &[f32], b: &[f32], m: usize, n: usize, c: &
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        let d = MatmulDims {
-            batch: 1,
-            m,
-            n,
-            k,
-            trans_a: true,
-            trans_b: false,
-            a_batched: false,
-            b_batched: false,
-        };
-        for (block, c_block) in c.chunks_mut(TALL_ROWS * n).enumerate() {
-            let rows = block * TALL_ROWS..block * TALL_ROWS + c_block.len() / n;
-            for j0 in (0..n).step_by(TALL_COLUMNS) {
-                let columns = j0..(j0 + TALL_COLUMNS).min(n);
-                // SAFETY: Isa::available() said this CPU has AVX-512F.
-                unsafe {
-                    if columns.len() > 16 {
-                        x86::tall_block::<true, false>(
-                            a,
-                            b,
-                            &d,
-                            rows.clone(),
-                            columns,
-                            (0..k, true),
-                            c_block,
-                        )
-                    } else {
-                        x86::tall_block::<false, false>(
-                            a,
-                            b,
-                            &d,
-                            rows.clone(),
-                            columns,
-                            (0..k, true),
-                            c_block,
-                        )
-                    }
-                }
-            }
-        }
+        let (d, _) = MatmulDims::infer(&[k, m], &[k, n], true, false)
+            .expect("a tall product's operands, [k, m] and [k, n]");
+        // SAFETY: Isa::available() said this CPU has AVX-512F.
+        unsafe { blocks_over_span(a, b, &d, 0, c, (0..k, true), false) };
         return;
     }
     for (a_row, b_row) in a.chunks_exact(m).zip(b.chunks_exact(n)) {
