@@ -8,6 +8,8 @@ use bytemuck::{Pod, Zeroable};
 
 use rayon::prelude::*;
 
+use crate::cpu::vector_unit::widest;
+
 use super::{grid_1d, grid_groups, span_starts, LOOP_SPAN, REDUCE};
 use crate::error::{shape_err, Result};
 use crate::gpu::{Gpu, GpuBuf};
@@ -169,6 +171,13 @@ fn lanes_then_tree(
         let (o, b) = (t / blocks, t % blocks);
         let first = b * COLUMNS_PER_TASK;
         let width = COLUMNS_PER_TASK.min(inner - first);
+        if width == COLUMNS_PER_TASK {
+            let x = &x[o * len * inner + first..];
+            return widest(
+                #[inline(always)]
+                || full_block(x, len, inner, scale, identity, &combine),
+            );
+        }
         // lanes[l * width + c]: lane l of output column first + c.
         let mut lanes = vec![identity; LANES * width];
         for j in 0..len {
@@ -196,6 +205,39 @@ fn lanes_then_tree(
         out.extend_from_slice(&c);
     }
     out
+}
+
+/// One task of [`lanes_then_tree`] over a whole block of [`COLUMNS_PER_TASK`] columns, the
+/// first of which is `x[0]`: the same lanes and tree, in arrays whose sizes the compiler
+/// knows, so that each row's run is one vector operation on the widest vector unit (the
+/// caller runs it in `widest`). Every bias gradient of a layer wider than 16 is such blocks:
+/// through the generic loop, the sums of a [2048, 256] gradient took 0.51–0.55 ms on one
+/// thread, in these blocks 0.19–0.27 (a throwaway probe on the 2-core Xeon, 2026-11-29).
+#[inline(always)]
+fn full_block(
+    x: &[f32],
+    len: usize,
+    inner: usize,
+    scale: f32,
+    identity: f32,
+    combine: impl Fn(f32, f32) -> f32,
+) -> Vec<f32> {
+    const W: usize = COLUMNS_PER_TASK;
+    let mut lanes = [[identity; W]; LANES];
+    for j in 0..len {
+        let row: &[f32; W] = x[j * inner..][..W].try_into().expect("a whole block");
+        let lane = &mut lanes[j % LANES];
+        *lane = std::array::from_fn(|c| combine(lane[c], row[c]));
+    }
+    let mut half = LANES / 2;
+    while half > 0 {
+        let (low, high) = lanes.split_at_mut(half);
+        for (acc, v) in low.iter_mut().zip(&high[..half]) {
+            *acc = std::array::from_fn(|c| combine(acc[c], v[c]));
+        }
+        half /= 2;
+    }
+    lanes[0].iter().map(|v| v * scale).collect()
 }
 
 /// CPU reference of argmax over the last axis of `[rows, len]` (first maximum wins).
