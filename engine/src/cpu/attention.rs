@@ -16,6 +16,7 @@
 
 use rayon::prelude::*;
 
+use super::output::{zeroed, zeroed_par_chunks, Unwritten};
 use super::rows::{softmax_backward_row, softmax_row};
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
@@ -85,16 +86,18 @@ fn causal_span(len: usize, time: usize) -> usize {
 /// `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
 pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
     let (t, d, c) = (sh.time, sh.width, sh.features());
-    let mut weights = vec![0.0f32; sh.weights_numel()];
-    if weights.is_empty() {
-        return weights;
+    if sh.weights_numel() == 0 {
+        return vec![];
     }
+    let mut weights = Unwritten::new(sh.weights_numel());
     weights
+        .slots()
         .par_chunks_mut(sh.square())
         .enumerate()
         .for_each_init(
             || (vec![0.0f32; d * t], vec![0.0f32; t * t]),
             |(k_t, scores), (zh, weights_h)| {
+                let weights_h = zeroed(weights_h);
                 let (z, h) = (zh / sh.heads, zh % sh.heads);
                 let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
                 widest(
@@ -125,31 +128,25 @@ pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
                 )
             },
         );
-    weights
+    // SAFETY: the heads' chunks cover the weights, and each was zero-filled.
+    unsafe { weights.assume_init() }
 }
 
 /// The output `[batch, time, heads * width]`: each head's weights times its values.
 pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
     let (t, d, c) = (sh.time, sh.width, sh.features());
-    let mut y = vec![0.0f32; sh.numel()];
-    if y.is_empty() {
-        return y;
-    }
-    y.par_chunks_mut(sh.entry())
-        .enumerate()
-        .for_each(|(z, y_z)| {
-            let v_z = &v[z * sh.entry()..][..sh.entry()];
-            widest(
-                #[inline(always)]
-                || {
-                    for h in 0..sh.heads {
-                        let w_h = Strided::rows(weights, (z * sh.heads + h) * t * t, t);
-                        product(t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
-                    }
-                },
-            )
-        });
-    y
+    zeroed_par_chunks(sh.numel(), sh.entry(), |z, y_z| {
+        let v_z = &v[z * sh.entry()..][..sh.entry()];
+        widest(
+            #[inline(always)]
+            || {
+                for h in 0..sh.heads {
+                    let w_h = Strided::rows(weights, (z * sh.heads + h) * t * t, t);
+                    product(t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
+                }
+            },
+        )
+    })
 }
 
 /// The first half of the backward pass, through the weights-times-values product: the
@@ -162,16 +159,21 @@ pub fn weighted_values_backward(
     sh: HeadShape,
 ) -> (Vec<f32>, Vec<f32>) {
     let (t, d, c) = (sh.time, sh.width, sh.features());
-    let mut d_weights = vec![0.0f32; sh.weights_numel()];
-    let mut dv = vec![0.0f32; sh.numel()];
-    if dv.is_empty() {
-        return (d_weights, dv);
+    if sh.numel() == 0 {
+        return (vec![0.0f32; sh.weights_numel()], vec![]);
     }
+    let (mut d_weights, mut dv) = (
+        Unwritten::new(sh.weights_numel()),
+        Unwritten::new(sh.numel()),
+    );
+    // Both split into `batch` chunks, so the zip pairs every chunk of each.
     d_weights
+        .slots()
         .par_chunks_mut(sh.heads * sh.square())
-        .zip(dv.par_chunks_mut(sh.entry()))
+        .zip(dv.slots().par_chunks_mut(sh.entry()))
         .enumerate()
         .for_each(|(z, (d_weights_z, dv_z))| {
+            let (d_weights_z, dv_z) = (zeroed(d_weights_z), zeroed(dv_z));
             let (v_z, dy_z) = (&v[z * sh.entry()..][..sh.entry()], &dy[z * sh.entry()..]);
             let dy_z = &dy_z[..sh.entry()];
             let mut v_t = vec![0.0f32; d * t];
@@ -187,7 +189,8 @@ pub fn weighted_values_backward(
                 },
             )
         });
-    (d_weights, dv)
+    // SAFETY: every chunk of both was zero-filled (above).
+    unsafe { (d_weights.assume_init(), dv.assume_init()) }
 }
 
 /// The second half of the backward pass, from the gradient of the weights `d_weights`: the
@@ -201,15 +204,16 @@ pub fn scores_backward(
     sh: HeadShape,
 ) -> (Vec<f32>, Vec<f32>) {
     let (t, d, c) = (sh.time, sh.width, sh.features());
-    let mut dq = vec![0.0f32; sh.numel()];
-    let mut dk = vec![0.0f32; sh.numel()];
-    if dq.is_empty() {
-        return (dq, dk);
+    if sh.numel() == 0 {
+        return (vec![], vec![]);
     }
-    dq.par_chunks_mut(sh.entry())
-        .zip(dk.par_chunks_mut(sh.entry()))
+    let (mut dq, mut dk) = (Unwritten::new(sh.numel()), Unwritten::new(sh.numel()));
+    dq.slots()
+        .par_chunks_mut(sh.entry())
+        .zip(dk.slots().par_chunks_mut(sh.entry()))
         .enumerate()
         .for_each(|(z, (dq_z, dk_z))| {
+            let (dq_z, dk_z) = (zeroed(dq_z), zeroed(dk_z));
             let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
             let k_z = &k_z[..sh.entry()];
             let mut d_scores = vec![0.0f32; t * t];
@@ -234,5 +238,6 @@ pub fn scores_backward(
                 },
             )
         });
-    (dq, dk)
+    // SAFETY: every chunk of both was zero-filled (above).
+    unsafe { (dq.assume_init(), dk.assume_init()) }
 }

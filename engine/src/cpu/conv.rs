@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::for_rows;
+use super::output::{zeroed, zeroed_rows, Unwritten};
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
 use crate::kernels::conv_geometry::{window_reading, ConvGeometry};
@@ -26,12 +26,8 @@ fn inside(o: usize, g: &ConvGeometry, len: usize, size: usize) -> std::ops::Rang
 /// `[n, oh, ow, kh*kw*c]`, as `im2col_ref`: padding reads as 0.
 pub fn im2col(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
     let (out_h, out_w, c, patch) = (g.out_h(), g.out_w(), g.c, g.patch());
-    let mut cols = vec![0.0f32; g.n * out_h * out_w * patch];
-    if cols.is_empty() {
-        return cols;
-    }
-    // By output rows (an image's row of output pixels).
-    for_rows(&mut cols, out_w * patch, |r, row| {
+    // By output rows (an image's row of output pixels), each zero-filled first: padding.
+    zeroed_rows(g.n * out_h * out_w * patch, out_w * patch, |r, row| {
         let (n, oh) = (r / out_h, r % out_h);
         let rows_inside = inside(oh, g, g.kh, g.h);
         for (ow, window) in row.chunks_exact_mut(patch).enumerate() {
@@ -48,29 +44,23 @@ pub fn im2col(x: &[f32], g: &ConvGeometry) -> Vec<f32> {
                 window[to..][..run].copy_from_slice(&x[from..][..run]);
             }
         }
-    });
-    cols
+    })
 }
 
 /// `[n, h, w, c]`, as `col2im_ref`: each input element sums, from 0 and in (kh, kw) order,
 /// the columns that read it.
 pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
-    let mut dx = vec![0.0f32; g.n * g.h * g.w * g.c];
-    if dx.is_empty() {
-        return dx;
-    }
     let image_cols = g.out_h() * g.out_w() * g.patch();
     // By input rows; the accumulators are the output pixel itself.
-    for_rows(
-        &mut dx,
+    zeroed_rows(
+        g.n * g.h * g.w * g.c,
         g.w * g.c,
         #[inline(always)]
         |r, row| {
             let (n, ih) = (r / g.h, r % g.h);
             col2im_row(&cols[n * image_cols..][..image_cols], g, ih, row)
         },
-    );
-    dx
+    )
 }
 
 /// Row `ih` of one image's [`col2im`] from that image's columns `[oh, ow, kh*kw*c]`, into
@@ -106,10 +96,11 @@ fn col2im_row(cols: &[f32], g: &ConvGeometry, ih: usize, row: &mut [f32]) {
 pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -> Vec<f32> {
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(dy.len() == g.n * pixels * oc && weight.len() == patch * oc);
-    let mut dx = vec![0.0f32; g.n * g.h * g.w * g.c];
-    if dx.is_empty() {
-        return dx;
+    let len = g.n * g.h * g.w * g.c;
+    if len == 0 {
+        return vec![];
     }
+    let mut dx = Unwritten::new(len);
     // weightᵀ, [oc, patch]: the product's right operand, rows of `patch` columns.
     let mut weight_t = vec![0.0f32; oc * patch];
     for (col, w_row) in weight.chunks_exact(oc).enumerate() {
@@ -117,11 +108,13 @@ pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -
             weight_t[co * patch + col] = w;
         }
     }
-    dx.par_chunks_mut(g.h * g.w * g.c)
+    dx.slots()
+        .par_chunks_mut(g.h * g.w * g.c)
         .enumerate()
         .for_each_init(
             || vec![0.0f32; pixels * patch],
             |cols, (n, dx_n)| {
+                let dx_n = zeroed(dx_n);
                 // Every column is written: the buffer's earlier contents never show.
                 let dy_n = Strided::rows(&dy[n * pixels * oc..][..pixels * oc], 0, oc);
                 product(pixels, patch, oc, dy_n, &weight_t, patch, cols, patch);
@@ -135,7 +128,8 @@ pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -
                 )
             },
         );
-    dx
+    // SAFETY: the images' chunks cover `dx`, and each was zero-filled.
+    unsafe { dx.assume_init() }
 }
 
 /// A convolution's output `[n * oh * ow, oc]` from `x [n, h, w, c]`, `weight [kh*kw*c, oc]`
@@ -152,37 +146,42 @@ pub fn forward(
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(x.len() == g.n * g.h * g.w * g.c && weight.len() == patch * oc);
     assert!(bias.is_none_or(|b| b.len() == oc));
-    let mut y = vec![0.0f32; g.n * pixels * oc];
-    if y.is_empty() {
-        return y;
+    if g.n * pixels * oc == 0 {
+        return vec![];
     }
-    y.par_chunks_mut(pixels * oc).enumerate().for_each_init(
-        || vec![0.0f32; pixels * patch],
-        |cols, (n, y_n)| {
-            im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
-            product(
-                pixels,
-                oc,
-                patch,
-                Strided::rows(cols, 0, patch),
-                weight,
-                oc,
-                y_n,
-                oc,
-            );
-            if let Some(bias) = bias {
-                widest(
-                    #[inline(always)]
-                    || {
-                        for row in y_n.chunks_exact_mut(oc) {
-                            row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
-                        }
-                    },
-                )
-            }
-        },
-    );
-    y
+    let mut y = Unwritten::new(g.n * pixels * oc);
+    y.slots()
+        .par_chunks_mut(pixels * oc)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; pixels * patch],
+            |cols, (n, y_n)| {
+                let y_n = zeroed(y_n);
+                im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
+                product(
+                    pixels,
+                    oc,
+                    patch,
+                    Strided::rows(cols, 0, patch),
+                    weight,
+                    oc,
+                    y_n,
+                    oc,
+                );
+                if let Some(bias) = bias {
+                    widest(
+                        #[inline(always)]
+                        || {
+                            for row in y_n.chunks_exact_mut(oc) {
+                                row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
+                            }
+                        },
+                    )
+                }
+            },
+        );
+    // SAFETY: the images' chunks cover `y`, and each was zero-filled.
+    unsafe { y.assume_init() }
 }
 
 /// Output pixels [`weight_gradient`] builds the columns of at a time: 256 pixels of the CNN's

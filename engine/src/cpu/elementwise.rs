@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use super::output::Unwritten;
 use super::vector_unit::widest;
 
 /// Elements per rayon task: below this, handing work to another thread costs more than it
@@ -33,7 +34,7 @@ pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
 
 /// Runs `f(row index, row)` over the `cols`-long rows of `out`, in parallel tasks of about
 /// [`CHUNK`] elements when there is more than one, each on the widest vector unit.
-pub fn for_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub fn for_rows<T: Send>(out: &mut [T], cols: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let rows_per_task = (CHUNK / cols).max(1);
     if out.len() <= CHUNK {
         widest(
@@ -72,33 +73,37 @@ pub fn collect_indexed<T: Send + Clone + Default>(
 
 /// `f(x)` for every element, in parallel when large.
 pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0.0f32; x.len()];
+    let mut out = Unwritten::new(x.len());
     for_chunks(
-        &mut out,
+        out.slots(),
         #[inline(always)]
         |start, chunk| {
             for (o, &v) in chunk.iter_mut().zip(&x[start..]) {
-                *o = f(v);
+                o.write(f(v));
             }
         },
     );
-    out
+    // SAFETY: `for_chunks` hands every slot to the closure, which writes each one (`x` is
+    // as long as the output).
+    unsafe { out.assume_init() }
 }
 
 /// `f(x, y)` for every pair of elements of two equally long slices, in parallel when large.
 pub fn zip_map(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     assert_eq!(x.len(), y.len(), "zip_map operands differ in length");
-    let mut out = vec![0.0f32; x.len()];
+    let mut out = Unwritten::new(x.len());
     for_chunks(
-        &mut out,
+        out.slots(),
         #[inline(always)]
         |start, chunk| {
             for ((o, &a), &b) in chunk.iter_mut().zip(&x[start..]).zip(&y[start..]) {
-                *o = f(a, b);
+                o.write(f(a, b));
             }
         },
     );
-    out
+    // SAFETY: `for_chunks` hands every slot to the closure, which writes each one (`x` and
+    // `y` are as long as the output).
+    unsafe { out.assume_init() }
 }
 
 /// `f(a, b)` with broadcasting, element for element as
@@ -118,10 +123,10 @@ pub fn broadcast(
     };
     let (ia, ib) = (sa[outer.len()], sb[outer.len()]);
     let n: usize = dims.iter().product();
-    let mut out = vec![0.0f32; n];
     if n == 0 {
-        return out;
+        return vec![];
     }
+    let mut out = Unwritten::new(n);
     // Where row `r` (one run of the innermost axis) starts in each operand.
     let starts = |mut r: usize| {
         let (mut oa, mut ob) = (0, 0);
@@ -134,7 +139,7 @@ pub fn broadcast(
         (oa, ob)
     };
     for_rows(
-        &mut out,
+        out.slots(),
         inner,
         #[inline(always)]
         |r, o| {
@@ -143,30 +148,32 @@ pub fn broadcast(
                 (1, 1) => {
                     for ((o, &x), &y) in o.iter_mut().zip(&a[oa..][..inner]).zip(&b[ob..][..inner])
                     {
-                        *o = f(x, y);
+                        o.write(f(x, y));
                     }
                 }
                 (1, 0) => {
                     let y = b[ob];
                     for (o, &x) in o.iter_mut().zip(&a[oa..][..inner]) {
-                        *o = f(x, y);
+                        o.write(f(x, y));
                     }
                 }
                 (0, 1) => {
                     let x = a[oa];
                     for (o, &y) in o.iter_mut().zip(&b[ob..][..inner]) {
-                        *o = f(x, y);
+                        o.write(f(x, y));
                     }
                 }
                 _ => {
                     for (j, o) in o.iter_mut().enumerate() {
-                        *o = f(a[oa + j * ia], b[ob + j * ib]);
+                        o.write(f(a[oa + j * ia], b[ob + j * ib]));
                     }
                 }
             }
         },
     );
-    out
+    // SAFETY: `for_rows` hands every `inner`-long row of slots to the closure, and each arm
+    // writes all `inner` of them (the operands hold every row they are indexed at).
+    unsafe { out.assume_init() }
 }
 
 #[cfg(test)]

@@ -14,9 +14,11 @@
 //! multiply-adds, which gives other bits than the GPU kernels and the other peers.
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::output::{assume_written, write_slice, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::matmul_dims::MatmulDims;
 
@@ -94,11 +96,12 @@ pub fn matmul_on_then(
         Isa::available().contains(&isa),
         "this CPU cannot run the {isa} micro-kernel"
     );
-    let mut c = vec![0.0f32; d.batch * d.m * d.n];
-    if c.is_empty() {
-        return c;
+    let len = d.batch * d.m * d.n;
+    if len == 0 {
+        return vec![];
     }
     if d.k == 0 {
+        let mut c = vec![0.0f32; len];
         finish_rows(&mut c, d.n, finish);
         return c;
     }
@@ -119,9 +122,15 @@ pub fn matmul_on_then(
         d
     };
     let fused = arithmetic == Arithmetic::Fused;
+    // C's values are written by the tasks that compute them (`cpu::output`): a tall
+    // product's zero-fill their rows first, the others' tiles store every value.
+    let mut unwritten = Unwritten::new(len);
+    let c = unwritten.slots();
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && is_tall(d) {
-        tall(a, b, d, &mut c, fused);
+        tall(a, b, d, c, fused);
+        // SAFETY: `tall`'s tasks zero-fill every row of C before they sum into it.
+        let mut c = unsafe { unwritten.assume_init() };
         // A tall product's rows are complete only after its last span of k, and it is a
         // weight's gradient, which nothing finishes: no need to finish them in cache.
         crate::cpu::elementwise::for_rows(&mut c, d.n, |_, row| finish(row));
@@ -138,34 +147,33 @@ pub fn matmul_on_then(
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow && fused => {
-            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<true>, false, finish)
+            product::<24, 16>(a, b, d, c, x86::avx512_narrow::<true>, false, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow => {
-            product::<24, 16>(a, b, d, &mut c, x86::avx512_narrow::<false>, false, finish)
+            product::<24, 16>(a, b, d, c, x86::avx512_narrow::<false>, false, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if a_in_place && fused => {
-            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<true>, true, finish)
+            product::<12, 32>(a, b, d, c, x86::avx512_in_place::<true>, true, finish)
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if a_in_place => {
-            product::<12, 32>(a, b, d, &mut c, x86::avx512_in_place::<false>, true, finish)
+            product::<12, 32>(a, b, d, c, x86::avx512_in_place::<false>, true, finish)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if fused => {
-            product::<12, 32>(a, b, d, &mut c, x86::avx512::<true>, false, finish)
-        }
+        Isa::Avx512 if fused => product::<12, 32>(a, b, d, c, x86::avx512::<true>, false, finish),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => product::<12, 32>(a, b, d, &mut c, x86::avx512::<false>, false, finish),
+        Isa::Avx512 => product::<12, 32>(a, b, d, c, x86::avx512::<false>, false, finish),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if fused => product::<6, 16>(a, b, d, &mut c, x86::avx2::<true>, false, finish),
+        Isa::Avx2 if fused => product::<6, 16>(a, b, d, c, x86::avx2::<true>, false, finish),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => product::<6, 16>(a, b, d, &mut c, x86::avx2::<false>, false, finish),
-        _ if fused => product::<4, 8>(a, b, d, &mut c, baseline::<true>, false, finish),
-        _ => product::<4, 8>(a, b, d, &mut c, baseline::<false>, false, finish),
+        Isa::Avx2 => product::<6, 16>(a, b, d, c, x86::avx2::<false>, false, finish),
+        _ if fused => product::<4, 8>(a, b, d, c, baseline::<true>, false, finish),
+        _ => product::<4, 8>(a, b, d, c, baseline::<false>, false, finish),
     }
-    c
+    // SAFETY: `product`'s row panels cover C, and its panel kernels write every value.
+    unsafe { unwritten.assume_init() }
 }
 
 /// The vector instruction set a micro-kernel is compiled for.
@@ -232,15 +240,22 @@ impl std::fmt::Display for Isa {
 }
 
 /// Computes every tile of one row panel: the packed panel of A (`k` groups of `MR`), the
-/// packed B (`k` rows of `NR` per column panel), `k`, `n`, and the panel's rows of C.
+/// packed B (`k` rows of `NR` per column panel), `k`, `n`, and the panel's rows of C, each
+/// of which it writes (never reads: C needs no zeros first, `cpu::output`).
 /// Unsafe because the x86 variants need the CPU features `Isa::available` checks for.
-type PanelKernel = unsafe fn(&[f32], &[f32], usize, usize, &mut [f32]);
+type PanelKernel = unsafe fn(&[f32], &[f32], usize, usize, &mut [MaybeUninit<f32>]);
 
 /// The panel kernel for the target's baseline instruction set.
 ///
 /// # Safety
 /// None needed: it is unsafe only to share the type of the x86 variants.
-unsafe fn baseline<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, n: usize, c: &mut [f32]) {
+unsafe fn baseline<const FUSED: bool>(
+    a: &[f32],
+    b: &[f32],
+    k: usize,
+    n: usize,
+    c: &mut [MaybeUninit<f32>],
+) {
     panel_tiles::<4, 8>(a, b, k, n, c, micro_kernel::<4, 8, FUSED>)
 }
 
@@ -252,6 +267,8 @@ unsafe fn baseline<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, n: usize, 
 mod x86 {
     use std::arch::x86_64::*;
 
+    use std::mem::MaybeUninit;
+
     use super::panel_tiles;
 
     /// # Safety
@@ -262,7 +279,7 @@ mod x86 {
         b: &[f32],
         k: usize,
         n: usize,
-        c: &mut [f32],
+        c: &mut [MaybeUninit<f32>],
     ) {
         // SAFETY: the caller guarantees AVX-512F.
         let packed: [usize; 12] = std::array::from_fn(|i| i);
@@ -282,7 +299,7 @@ mod x86 {
         b: &[f32],
         k: usize,
         n: usize,
-        c: &mut [f32],
+        c: &mut [MaybeUninit<f32>],
     ) {
         let rows = c.len() / n;
         // Rows past the panel's repeat its last one; their results are not stored.
@@ -301,7 +318,7 @@ mod x86 {
         b: &[f32],
         k: usize,
         n: usize,
-        c: &mut [f32],
+        c: &mut [MaybeUninit<f32>],
     ) {
         // SAFETY: the caller guarantees AVX-512F.
         panel_tiles::<24, 16>(a, b, k, n, c, |a, b| unsafe {
@@ -317,7 +334,7 @@ mod x86 {
         b: &[f32],
         k: usize,
         n: usize,
-        c: &mut [f32],
+        c: &mut [MaybeUninit<f32>],
     ) {
         // SAFETY: the caller guarantees AVX2 and FMA.
         panel_tiles::<6, 16>(a, b, k, n, c, |a, b| unsafe { tile_avx2::<FUSED>(a, b, k) })
@@ -467,7 +484,7 @@ fn product<const MR: usize, const NR: usize>(
     a: &[f32],
     b: &[f32],
     d: &MatmulDims,
-    c: &mut [f32],
+    c: &mut [MaybeUninit<f32>],
     kernel: PanelKernel,
     a_in_place: bool,
     finish: &(impl Fn(&mut [f32]) + Sync),
@@ -496,7 +513,7 @@ fn product<const MR: usize, const NR: usize>(
             .for_each(pack);
     }
     let a_stride = m * k;
-    let row_panel = |z: usize, ip: usize, c_rows: &mut [f32]| {
+    let row_panel = |z: usize, ip: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let a_z = &a[if d.a_batched { z * a_stride } else { 0 }..][..a_stride];
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
         if a_in_place {
@@ -504,7 +521,8 @@ fn product<const MR: usize, const NR: usize>(
             let rows = c_rows.len() / n;
             // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
             unsafe { kernel(&a_z[ip * MR * k..][..rows * k], b_z, k, n, c_rows) };
-            finish_rows(c_rows, n, finish);
+            // SAFETY: the panel kernel wrote every value of the panel's rows.
+            finish_rows(unsafe { assume_written(c_rows) }, n, finish);
             return;
         }
         let mut a_scratch = take_scratch(&A_PANEL, k * MR);
@@ -513,7 +531,8 @@ fn product<const MR: usize, const NR: usize>(
         // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
         unsafe { kernel(a_panel, b_z, k, n, c_rows) };
         put_scratch(&A_PANEL, a_scratch);
-        finish_rows(c_rows, n, finish);
+        // SAFETY: the panel kernel wrote every value of the panel's rows.
+        finish_rows(unsafe { assume_written(c_rows) }, n, finish);
     };
     // Many small products (attention's, one per head) split by batch entry alone: a task per
     // row panel as well would cost more in hand-offs than a panel's work.
@@ -613,19 +632,21 @@ fn panel_tiles<const MR: usize, const NR: usize>(
     b_packed: &[f32],
     k: usize,
     n: usize,
-    c_rows: &mut [f32],
+    c_rows: &mut [MaybeUninit<f32>],
     tile_of: impl Fn(&[f32], &[f32]) -> [[f32; NR]; MR],
 ) {
     let rows = c_rows.len() / n;
+    // The column panels cover `n` (B is packed whole) and a tile's rows cover the panel's
+    // `rows`: every value of `c_rows` is written.
     for (jp, b_panel) in b_packed.chunks_exact(k * NR).enumerate() {
         let tile = tile_of(a_panel, b_panel);
         let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
         for (i, tile_row) in tile.iter().enumerate().take(rows) {
             // A whole tile row's length is known at compile time (see `pack_a_panel`).
             if cols == NR {
-                c_rows[i * n + j0..][..NR].copy_from_slice(tile_row);
+                write_slice(&mut c_rows[i * n + j0..][..NR], tile_row);
             } else {
-                c_rows[i * n + j0..][..cols].copy_from_slice(&tile_row[..cols]);
+                write_slice(&mut c_rows[i * n + j0..][..cols], &tile_row[..cols]);
             }
         }
     }

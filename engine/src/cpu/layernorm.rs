@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::CHUNK;
+use super::output::{zeroed, zeroed_par_chunks, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::math::{workgroup_sum_of, ROW_LANES};
 
@@ -18,13 +19,16 @@ pub fn forward(
     eps: f32,
 ) -> (Vec<f32>, Vec<f32>) {
     let rows = x.len() / cols;
-    let mut y = vec![0.0; x.len()];
+    let mut y = Unwritten::new(x.len());
     let mut stats = vec![0.0; 2 * rows];
     let rows_per_task = (CHUNK / cols).max(1);
-    y.par_chunks_mut(rows_per_task * cols)
+    // As many chunks of `y` as of `stats`: the zip pairs every one.
+    y.slots()
+        .par_chunks_mut(rows_per_task * cols)
         .zip(stats.par_chunks_mut(2 * rows_per_task))
         .enumerate()
         .for_each(|(t, (y, stats))| {
+            let y = zeroed(y);
             // The rows' loop is written inside the closure that `widest` inlines: kept in a
             // closure of its own, the compiler made that a function compiled for the
             // baseline's SSE2 and called it from `widest`, so every row ran on 4-lane vectors
@@ -45,7 +49,8 @@ pub fn forward(
                 },
             )
         });
-    (y, stats)
+    // SAFETY: every chunk of `y` was zero-filled (above).
+    (unsafe { y.assume_init() }, stats)
 }
 
 /// A row's `(mean, rstd)` as the reference computes them; the squared deviations go through
@@ -74,14 +79,17 @@ pub fn image_forward(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (rows, channels) = (x.len() / cols, channel_gamma.len());
     assert!(channels > 0 && cols.is_multiple_of(channels) && channel_beta.len() == channels);
-    let (mut y, mut normed) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    let (mut y, mut normed) = (Unwritten::new(x.len()), Unwritten::new(x.len()));
     let mut stats = vec![0.0; 2 * rows];
     let rows_per_task = (CHUNK / cols).max(1);
-    y.par_chunks_mut(rows_per_task * cols)
-        .zip(normed.par_chunks_mut(rows_per_task * cols))
+    // As many chunks of each: the zips pair every one.
+    y.slots()
+        .par_chunks_mut(rows_per_task * cols)
+        .zip(normed.slots().par_chunks_mut(rows_per_task * cols))
         .zip(stats.par_chunks_mut(2 * rows_per_task))
         .enumerate()
         .for_each(|(t, ((y, normed), stats))| {
+            let (y, normed) = (zeroed(y), zeroed(normed));
             widest(
                 #[inline(always)]
                 || {
@@ -107,7 +115,8 @@ pub fn image_forward(
                 },
             )
         });
-    (y, normed, stats)
+    // SAFETY: every chunk of `y` and `normed` was zero-filled (above).
+    unsafe { (y.assume_init(), normed.assume_init(), stats) }
 }
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what
@@ -119,34 +128,30 @@ fn input_gradient(
     cols: usize,
     gamma_times: impl Fn(&[f32], &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    let mut dx = vec![0.0; x.len()];
     let rows_per_task = (CHUNK / cols).max(1);
-    dx.par_chunks_mut(rows_per_task * cols)
-        .enumerate()
-        .for_each(|(t, dx)| {
-            // g = dy * gamma, then g * xhat, for the row's two sums.
-            let (mut g, mut gx) = (vec![0.0; cols], vec![0.0; cols]);
-            widest(
-                #[inline(always)]
-                || {
-                    for (i, out) in dx.chunks_mut(cols).enumerate() {
-                        let r = t * rows_per_task + i;
-                        let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
-                        let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
-                        gamma_times(dyr, &mut g);
-                        for ((gx, &g), &v) in gx.iter_mut().zip(&g).zip(xr) {
-                            *gx = g * ((v - mean) * rstd);
-                        }
-                        let mean_g = workgroup_sum_of(&g, ROW_LANES) / cols as f32;
-                        let mean_gx = workgroup_sum_of(&gx, ROW_LANES) / cols as f32;
-                        for ((o, &g), &v) in out.iter_mut().zip(&g).zip(xr) {
-                            *o = rstd * (g - mean_g - (v - mean) * rstd * mean_gx);
-                        }
+    zeroed_par_chunks(x.len(), rows_per_task * cols, |t, dx| {
+        // g = dy * gamma, then g * xhat, for the row's two sums.
+        let (mut g, mut gx) = (vec![0.0; cols], vec![0.0; cols]);
+        widest(
+            #[inline(always)]
+            || {
+                for (i, out) in dx.chunks_mut(cols).enumerate() {
+                    let r = t * rows_per_task + i;
+                    let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
+                    let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+                    gamma_times(dyr, &mut g);
+                    for ((gx, &g), &v) in gx.iter_mut().zip(&g).zip(xr) {
+                        *gx = g * ((v - mean) * rstd);
                     }
-                },
-            );
-        });
-    dx
+                    let mean_g = workgroup_sum_of(&g, ROW_LANES) / cols as f32;
+                    let mean_gx = workgroup_sum_of(&gx, ROW_LANES) / cols as f32;
+                    for ((o, &g), &v) in out.iter_mut().zip(&g).zip(xr) {
+                        *o = rstd * (g - mean_g - (v - mean) * rstd * mean_gx);
+                    }
+                }
+            },
+        );
+    })
 }
 
 /// The input's gradient of [`image_forward`]: the normalization's, given that of its output

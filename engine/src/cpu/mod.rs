@@ -7,6 +7,7 @@ pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;
+pub mod output;
 pub mod rows;
 pub mod strided_product;
 pub mod vector_unit;

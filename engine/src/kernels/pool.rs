@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use super::conv_geometry::window_reading;
 use super::{grid_1d, POOL};
-use crate::cpu::elementwise::{collect_indexed, for_rows};
+use crate::cpu::elementwise::collect_indexed;
+use crate::cpu::output::{zeroed, zeroed_rows, Unwritten};
 use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -183,15 +184,18 @@ pub fn pool_backward_ref(dy: &[f32], argmax: &[u32], g: &PoolGeometry, kind: Poo
 pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
     let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
     let outs = g.n * out_h * out_w * c;
-    let (mut y, mut at) = (vec![0.0f32; outs], vec![0u32; outs]);
     if outs == 0 {
-        return (y, at);
+        return (vec![], vec![]);
     }
+    let (mut y, mut at) = (Unwritten::new(outs), Unwritten::new(outs));
     let row = out_w * c;
-    y.par_chunks_mut(row)
-        .zip(at.par_chunks_mut(row))
+    // As many rows of `y` as of `at`: the zip pairs every one.
+    y.slots()
+        .par_chunks_mut(row)
+        .zip(at.slots().par_chunks_mut(row))
         .enumerate()
         .for_each(|(r, (y, at))| {
+            let (y, at) = (zeroed(y), zeroed(at));
             widest(
                 #[inline(always)]
                 || {
@@ -223,7 +227,8 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
                 },
             )
         });
-    (y, at)
+    // SAFETY: every row of both was zero-filled (above).
+    unsafe { (y.assume_init(), at.assume_init()) }
 }
 
 /// The CPU path's max-pooling backward, with [`pool_backward_ref`]'s bits: each input sums,
@@ -231,14 +236,10 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
 /// rows run in parallel.
 pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> Vec<f32> {
     let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
-    let mut dx = vec![0.0f32; g.n * g.h * g.w * c];
-    if dx.is_empty() {
-        return dx;
-    }
     // The window that reads input coordinate `x` at offset `k`, if one does (no padding).
     let out_of = |x: usize, k: usize, len: usize| window_reading(x, k, g.stride, len);
-    for_rows(
-        &mut dx,
+    zeroed_rows(
+        g.n * g.h * g.w * c,
         g.w * c,
         #[inline(always)]
         |r, dx| {
@@ -266,8 +267,7 @@ pub fn max_pool_backward_fast(dy: &[f32], argmax: &[u32], g: &PoolGeometry) -> V
                 }
             }
         },
-    );
-    dx
+    )
 }
 
 /// Pools `x [n, h, w, c]`; returns the output and, for max pooling, the argmax indices (u32,

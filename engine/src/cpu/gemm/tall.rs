@@ -3,9 +3,12 @@
 //! time and carried in C between spans ([`tall`]), or continued by a caller that builds A a
 //! span at a time ([`tall_continue`]). The bits are [`matmul`](super::matmul)'s.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{Isa, PARALLEL_MIN_TERMS};
+use crate::cpu::output::zeroed;
 use crate::kernels::matmul_dims::MatmulDims;
 
 /// Whether `d` is a tall product: `op(A)^T`'s few rows times B's few columns over a long
@@ -65,7 +68,7 @@ const TALL_STEPS: usize = 256;
 /// each block ran the whole of `k` alone and read all of B from memory again: twelve times for
 /// the CNN's second layer, [144, 25088] x [25088, 32], whose columns had left the caches.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: bool) {
+pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f32>], fused: bool) {
     let (m, n, k) = (d.m, d.n, d.k);
     let parallel = m * n * k >= PARALLEL_MIN_TERMS;
     let threads = if parallel {
@@ -76,7 +79,8 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [f32], fused: b
     // At least one block per task, and at least as many tasks as threads while there are rows.
     let tasks = threads.min(m.div_ceil(TALL_ROWS)).max(threads.min(m));
     let rows_per_task = m.div_ceil(tasks);
-    let task = |(t, c_rows): (usize, &mut [f32])| {
+    let task = |(t, c_rows): (usize, &mut [MaybeUninit<f32>])| {
+        let c_rows = zeroed(c_rows);
         for k0 in (0..k).step_by(TALL_STEPS) {
             let steps = k0..(k0 + TALL_STEPS).min(k);
             // SAFETY: `matmul_on` checked that this CPU has AVX-512F.

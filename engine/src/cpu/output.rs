@@ -1,0 +1,157 @@
+//! Output vectors that the kernels' own tasks initialise, instead of `vec![0.0; n]`.
+//!
+//! A large `vec![0.0; n]` is a `calloc` whose memory comes back from glibc's heap (the
+//! trainer keeps its large blocks, docs/benchmarks.md), so glibc zero-fills it with one
+//! `memset` on the calling thread while the other threads wait, and the kernel then writes
+//! every element again, after the zeros have left the caches. In the CPU path's GPT step
+//! that `memset` was 6% of all samples (`perf record`, 2026-11-29). Here each rayon task
+//! zero-fills (or simply writes) its own part just before computing it: in parallel, and
+//! in cache when the results land.
+
+use std::mem::MaybeUninit;
+
+use bytemuck::Zeroable;
+
+use super::elementwise::for_rows;
+
+/// `len` values not yet initialised: the kernel hands [`Unwritten::slots`] to its tasks,
+/// which write every slot (directly, or through [`zeroed`]), then takes the vector with
+/// [`Unwritten::assume_init`].
+pub struct Unwritten<T = f32> {
+    v: Vec<T>,
+    len: usize,
+}
+
+impl<T> Unwritten<T> {
+    /// Room for `len` values, none written.
+    pub fn new(len: usize) -> Unwritten<T> {
+        Unwritten {
+            v: Vec::with_capacity(len),
+            len,
+        }
+    }
+
+    /// The `len` slots to write.
+    pub fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        &mut self.v.spare_capacity_mut()[..self.len]
+    }
+
+    /// The vector of the written values.
+    ///
+    /// # Safety
+    /// Every one of the [`Unwritten::slots`] must have been written.
+    pub unsafe fn assume_init(mut self) -> Vec<T> {
+        // SAFETY: the capacity is at least `len` (`with_capacity`), and the caller wrote
+        // every slot below it.
+        unsafe { self.v.set_len(self.len) };
+        self.v
+    }
+}
+
+/// Zero-fills `slots` and gives them back as the initialised values they now are: for the
+/// kernels that write only part of their output (a causal row's weights past its span) or
+/// add into it (a product's tiles).
+#[inline(always)]
+pub fn zeroed<T: Zeroable + Copy>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
+    slots.fill(MaybeUninit::new(T::zeroed()));
+    // SAFETY: every slot was just written.
+    unsafe { assume_written(slots) }
+}
+
+/// The values of `slots`, all of which the caller has written.
+///
+/// # Safety
+/// Every slot must have been written.
+#[inline(always)]
+pub unsafe fn assume_written<T>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
+    // SAFETY: the caller wrote every slot, and `MaybeUninit<T>` has `T`'s layout.
+    unsafe { &mut *(slots as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
+/// Copies `src` into the equally long `dst` (`copy_from_slice` for slots).
+#[inline(always)]
+pub fn write_slice<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "write_slice lengths differ");
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(s);
+    }
+}
+
+/// `len` values, each chunk of `chunk` (the last one shorter) zero-filled by the rayon
+/// task that then runs `write(chunk index, chunk)` on it.
+pub fn zeroed_par_chunks(
+    len: usize,
+    chunk: usize,
+    write: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out = Unwritten::new(len);
+    if len > 0 {
+        out.slots()
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, slots)| write(i, zeroed(slots)));
+    }
+    // SAFETY: the chunks cover every slot, and `zeroed` wrote each one.
+    unsafe { out.assume_init() }
+}
+
+/// `len` values in rows of `cols`: [`for_rows`] over them, each row zero-filled by its task
+/// just before `write(row index, row)` runs on it.
+pub fn zeroed_rows(len: usize, cols: usize, write: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    if len == 0 {
+        return vec![];
+    }
+    let mut out = Unwritten::new(len);
+    for_rows(
+        out.slots(),
+        cols,
+        #[inline(always)]
+        |r, row| write(r, zeroed(row)),
+    );
+    // SAFETY: `for_rows` hands every row to the closure, and `zeroed` wrote each one.
+    unsafe { out.assume_init() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_chunk_is_zeroed_before_it_is_written() {
+        // Chunks of 7 over 45 values, the last one short: each task writes one value of
+        // its chunk and must find the rest zero, whatever the allocator handed back (a
+        // block just freed holds old values; `black_box` keeps the compiler from leaving
+        // out the block it is never read: without the fill, the rows' check below fails).
+        let len = 45;
+        drop(std::hint::black_box(vec![f32::NAN; len]));
+        let got = zeroed_par_chunks(len, 7, |i, chunk| {
+            assert!(
+                chunk.iter().all(|&v| v.to_bits() == 0),
+                "chunk {i} not zeroed"
+            );
+            chunk[0] = i as f32 + 1.0;
+        });
+        assert_eq!(got.len(), len);
+        for (j, v) in got.iter().enumerate() {
+            let want = if j % 7 == 0 {
+                (j / 7) as f32 + 1.0
+            } else {
+                0.0
+            };
+            assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
+        }
+        assert!(zeroed_par_chunks(0, 7, |_, _| unreachable!()).is_empty());
+        // The same through `for_rows`, in rows of 5 over more than one task's worth.
+        let len = 5 * (crate::cpu::elementwise::CHUNK / 5 + 3);
+        drop(std::hint::black_box(vec![f32::NAN; len]));
+        let got = zeroed_rows(len, 5, |r, row| {
+            assert!(row.iter().all(|&v| v.to_bits() == 0), "row {r} not zeroed");
+            row[r % 5] = 1.0;
+        });
+        for (j, v) in got.iter().enumerate() {
+            let want = if j % 5 == j / 5 % 5 { 1.0f32 } else { 0.0 };
+            assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
+        }
+    }
+}
