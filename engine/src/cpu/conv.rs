@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::output::{zeroed, zeroed_rows, Unwritten};
+use super::elementwise::zeroed_rows;
+use super::output::{zeroed, Unwritten};
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
 use crate::kernels::conv_geometry::{window_reading, ConvGeometry};

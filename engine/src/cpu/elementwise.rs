@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::output::Unwritten;
+use super::output::{zeroed, Unwritten};
 use super::vector_unit::widest;
 
 /// Elements per rayon task: below this, handing work to another thread costs more than it
@@ -55,6 +55,23 @@ pub fn for_rows<T: Send>(out: &mut [T], cols: usize, f: impl Fn(usize, &mut [T])
                 )
             });
     }
+}
+
+/// `len` values in rows of `cols`: [`for_rows`] over them, each row zero-filled by its task
+/// just before `write(row index, row)` runs on it.
+pub fn zeroed_rows(len: usize, cols: usize, write: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    if len == 0 {
+        return vec![];
+    }
+    let mut out = Unwritten::new(len);
+    for_rows(
+        out.slots(),
+        cols,
+        #[inline(always)]
+        |r, row| write(r, zeroed(row)),
+    );
+    // SAFETY: `for_rows` hands every row to the closure, and `zeroed` wrote each one.
+    unsafe { out.assume_init() }
 }
 
 /// `[f(0), f(1), .., f(n - 1)]`, in parallel chunks when large.
@@ -193,5 +210,23 @@ mod tests {
             .all(|(s, (a, b))| *s == a + b));
         let squares = collect_indexed(3 * CHUNK + 5, |i| i * i);
         assert!(squares.iter().enumerate().all(|(i, s)| *s == i * i));
+    }
+
+    #[test]
+    fn zeroed_rows_hands_each_row_zeroed() {
+        // Rows of 5 over more than one task's worth: each row writes one value and must
+        // find the rest zero, whatever the allocator handed back (a block just freed holds
+        // old values; `black_box` keeps the compiler from leaving out the block it is never
+        // read: without the fill, this fails).
+        let len = 5 * (CHUNK / 5 + 3);
+        drop(std::hint::black_box(vec![f32::NAN; len]));
+        let got = zeroed_rows(len, 5, |r, row| {
+            assert!(row.iter().all(|&v| v.to_bits() == 0), "row {r} not zeroed");
+            row[r % 5] = 1.0;
+        });
+        for (j, v) in got.iter().enumerate() {
+            let want = if j % 5 == j / 5 % 5 { 1.0f32 } else { 0.0 };
+            assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
+        }
     }
 }

@@ -12,8 +12,6 @@ use std::mem::MaybeUninit;
 
 use bytemuck::Zeroable;
 
-use super::elementwise::for_rows;
-
 /// `len` values not yet initialised: the kernel hands [`Unwritten::slots`] to its tasks,
 /// which write every slot (directly, or through [`zeroed`]), then takes the vector with
 /// [`Unwritten::assume_init`].
@@ -96,23 +94,6 @@ pub fn zeroed_par_chunks(
     unsafe { out.assume_init() }
 }
 
-/// `len` values in rows of `cols`: [`for_rows`] over them, each row zero-filled by its task
-/// just before `write(row index, row)` runs on it.
-pub fn zeroed_rows(len: usize, cols: usize, write: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
-    if len == 0 {
-        return vec![];
-    }
-    let mut out = Unwritten::new(len);
-    for_rows(
-        out.slots(),
-        cols,
-        #[inline(always)]
-        |r, row| write(r, zeroed(row)),
-    );
-    // SAFETY: `for_rows` hands every row to the closure, and `zeroed` wrote each one.
-    unsafe { out.assume_init() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +103,7 @@ mod tests {
         // Chunks of 7 over 45 values, the last one short: each task writes one value of
         // its chunk and must find the rest zero, whatever the allocator handed back (a
         // block just freed holds old values; `black_box` keeps the compiler from leaving
-        // out the block it is never read: without the fill, the rows' check below fails).
+        // out the block it is never read).
         let len = 45;
         drop(std::hint::black_box(vec![f32::NAN; len]));
         let got = zeroed_par_chunks(len, 7, |i, chunk| {
@@ -142,16 +123,5 @@ mod tests {
             assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
         }
         assert!(zeroed_par_chunks(0, 7, |_, _| unreachable!()).is_empty());
-        // The same through `for_rows`, in rows of 5 over more than one task's worth.
-        let len = 5 * (crate::cpu::elementwise::CHUNK / 5 + 3);
-        drop(std::hint::black_box(vec![f32::NAN; len]));
-        let got = zeroed_rows(len, 5, |r, row| {
-            assert!(row.iter().all(|&v| v.to_bits() == 0), "row {r} not zeroed");
-            row[r % 5] = 1.0;
-        });
-        for (j, v) in got.iter().enumerate() {
-            let want = if j % 5 == j / 5 % 5 { 1.0f32 } else { 0.0 };
-            assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
-        }
     }
 }
