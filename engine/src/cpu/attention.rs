@@ -14,9 +14,7 @@
 //! `cpu::rows`' own. The probabilities are kept between the passes (the composition keeps
 //! them too), so dropout on them is the ordinary dropout kernel in between.
 
-use rayon::prelude::*;
-
-use super::output::{zeroed, zeroed_par_chunks, Unwritten};
+use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, zeroed_par_chunks_with};
 use super::rows::{softmax_backward_row, softmax_row};
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
@@ -86,50 +84,41 @@ fn causal_span(len: usize, time: usize) -> usize {
 /// `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
 pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
     let (t, d, c) = (sh.time, sh.width, sh.features());
-    if sh.weights_numel() == 0 {
-        return vec![];
-    }
-    let mut weights = Unwritten::new(sh.weights_numel());
-    weights
-        .slots()
-        .par_chunks_mut(sh.square())
-        .enumerate()
-        .for_each_init(
-            || (vec![0.0f32; d * t], vec![0.0f32; t * t]),
-            |(k_t, scores), (zh, weights_h)| {
-                let weights_h = zeroed(weights_h);
-                let (z, h) = (zh / sh.heads, zh % sh.heads);
-                let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
-                widest(
-                    #[inline(always)]
-                    || {
-                        transpose_head(&k_z[..sh.entry()], h, sh, k_t);
-                        // The scores each block of rows reads: up to its last row's key, in
-                        // whole vectors (the rest, never read, are left uncomputed).
-                        for r0 in (0..t).step_by(SCORE_ROWS) {
-                            let rows = SCORE_ROWS.min(t - r0);
-                            let keys = causal_span(r0 + rows, t);
-                            let q_rows = Strided::rows(q_z, r0 * c + h * d, c);
-                            product(rows, keys, d, q_rows, k_t, t, &mut scores[r0 * t..], t);
-                        }
-                        for i in 0..t {
-                            // Row `i` over keys `0..=i`, run over whole vectors: the keys past
-                            // `i` score -inf, so their exp is +0, which changes neither the max
-                            // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
-                            // weights are set to 0 after, as the composition leaves them.
-                            let (len, span) = (i + 1, causal_span(i + 1, t));
-                            let row = &mut scores[i * t..][..span];
-                            row[len..].fill(f32::NEG_INFINITY);
-                            let out = &mut weights_h[i * t..][..span];
-                            softmax_row(row, out);
-                            out[len..].fill(0.0);
-                        }
-                    },
-                )
-            },
-        );
-    // SAFETY: the heads' chunks cover the weights, and each was zero-filled.
-    unsafe { weights.assume_init() }
+    zeroed_par_chunks_with(
+        sh.weights_numel(),
+        sh.square(),
+        || (vec![0.0f32; d * t], vec![0.0f32; t * t]),
+        |(k_t, scores), zh, weights_h| {
+            let (z, h) = (zh / sh.heads, zh % sh.heads);
+            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
+            widest(
+                #[inline(always)]
+                || {
+                    transpose_head(&k_z[..sh.entry()], h, sh, k_t);
+                    // The scores each block of rows reads: up to its last row's key, in
+                    // whole vectors (the rest, never read, are left uncomputed).
+                    for r0 in (0..t).step_by(SCORE_ROWS) {
+                        let rows = SCORE_ROWS.min(t - r0);
+                        let keys = causal_span(r0 + rows, t);
+                        let q_rows = Strided::rows(q_z, r0 * c + h * d, c);
+                        product(rows, keys, d, q_rows, k_t, t, &mut scores[r0 * t..], t);
+                    }
+                    for i in 0..t {
+                        // Row `i` over keys `0..=i`, run over whole vectors: the keys past
+                        // `i` score -inf, so their exp is +0, which changes neither the max
+                        // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
+                        // weights are set to 0 after, as the composition leaves them.
+                        let (len, span) = (i + 1, causal_span(i + 1, t));
+                        let row = &mut scores[i * t..][..span];
+                        row[len..].fill(f32::NEG_INFINITY);
+                        let out = &mut weights_h[i * t..][..span];
+                        softmax_row(row, out);
+                        out[len..].fill(0.0);
+                    }
+                },
+            )
+        },
+    )
 }
 
 /// The output `[batch, time, heads * width]`: each head's weights times its values.
@@ -162,35 +151,27 @@ pub fn weighted_values_backward(
     if sh.numel() == 0 {
         return (vec![0.0f32; sh.weights_numel()], vec![]);
     }
-    let (mut d_weights, mut dv) = (
-        Unwritten::new(sh.weights_numel()),
-        Unwritten::new(sh.numel()),
-    );
-    // Both split into `batch` chunks, so the zip pairs every chunk of each.
-    d_weights
-        .slots()
-        .par_chunks_mut(sh.heads * sh.square())
-        .zip(dv.slots().par_chunks_mut(sh.entry()))
-        .enumerate()
-        .for_each(|(z, (d_weights_z, dv_z))| {
-            let (d_weights_z, dv_z) = (zeroed(d_weights_z), zeroed(dv_z));
+    // A batch entry's chunk of each per task; a head's values transposed in the scratch.
+    zeroed_par_chunk_pairs(
+        (sh.weights_numel(), sh.heads * sh.square()),
+        (sh.numel(), sh.entry()),
+        || vec![0.0f32; d * t],
+        |v_t, z, d_weights_z, dv_z| {
             let (v_z, dy_z) = (&v[z * sh.entry()..][..sh.entry()], &dy[z * sh.entry()..]);
             let dy_z = &dy_z[..sh.entry()];
-            let mut v_t = vec![0.0f32; d * t];
             widest(
                 #[inline(always)]
                 || {
                     for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
-                        transpose_head(v_z, h, sh, &mut v_t);
-                        product(t, t, d, Strided::rows(dy_z, h * d, c), &v_t, t, dw_h, t);
+                        transpose_head(v_z, h, sh, v_t);
+                        product(t, t, d, Strided::rows(dy_z, h * d, c), v_t, t, dw_h, t);
                         let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
                         product(t, d, t, w_t, &dy_z[h * d..], c, &mut dv_z[h * d..], c);
                     }
                 },
             )
-        });
-    // SAFETY: every chunk of both was zero-filled (above).
-    unsafe { (d_weights.assume_init(), dv.assume_init()) }
+        },
+    )
 }
 
 /// The second half of the backward pass, from the gradient of the weights `d_weights`: the
@@ -207,16 +188,14 @@ pub fn scores_backward(
     if sh.numel() == 0 {
         return (vec![], vec![]);
     }
-    let (mut dq, mut dk) = (Unwritten::new(sh.numel()), Unwritten::new(sh.numel()));
-    dq.slots()
-        .par_chunks_mut(sh.entry())
-        .zip(dk.slots().par_chunks_mut(sh.entry()))
-        .enumerate()
-        .for_each(|(z, (dq_z, dk_z))| {
-            let (dq_z, dk_z) = (zeroed(dq_z), zeroed(dk_z));
+    // A batch entry's chunk of each per task; a head's score gradients in the scratch.
+    zeroed_par_chunk_pairs(
+        (sh.numel(), sh.entry()),
+        (sh.numel(), sh.entry()),
+        || vec![0.0f32; t * t],
+        |d_scores, z, dq_z, dk_z| {
             let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
             let k_z = &k_z[..sh.entry()];
-            let mut d_scores = vec![0.0f32; t * t];
             widest(
                 #[inline(always)]
                 || {
@@ -230,14 +209,13 @@ pub fn scores_backward(
                         {
                             softmax_backward_row(w, dw, ds);
                         }
-                        let ds = Strided::rows(&d_scores, 0, t);
+                        let ds = Strided::rows(d_scores, 0, t);
                         product(t, d, t, ds, &k_z[h * d..], c, &mut dq_z[h * d..], c);
-                        let ds_t = Strided::columns(&d_scores, 0, t);
+                        let ds_t = Strided::columns(d_scores, 0, t);
                         product(t, d, t, ds_t, &q_z[h * d..], c, &mut dk_z[h * d..], c);
                     }
                 },
             )
-        });
-    // SAFETY: every chunk of both was zero-filled (above).
-    unsafe { (dq.assume_init(), dk.assume_init()) }
+        },
+    )
 }

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::zeroed_rows;
-use super::output::{zeroed, Unwritten};
+use super::output::zeroed_par_chunks_with;
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
 use crate::kernels::conv_geometry::{window_reading, ConvGeometry};
@@ -97,11 +97,6 @@ fn col2im_row(cols: &[f32], g: &ConvGeometry, ih: usize, row: &mut [f32]) {
 pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -> Vec<f32> {
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(dy.len() == g.n * pixels * oc && weight.len() == patch * oc);
-    let len = g.n * g.h * g.w * g.c;
-    if len == 0 {
-        return vec![];
-    }
-    let mut dx = Unwritten::new(len);
     // weightᵀ, [oc, patch]: the product's right operand, rows of `patch` columns.
     let mut weight_t = vec![0.0f32; oc * patch];
     for (col, w_row) in weight.chunks_exact(oc).enumerate() {
@@ -109,28 +104,25 @@ pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -
             weight_t[co * patch + col] = w;
         }
     }
-    dx.slots()
-        .par_chunks_mut(g.h * g.w * g.c)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; pixels * patch],
-            |cols, (n, dx_n)| {
-                let dx_n = zeroed(dx_n);
-                // Every column is written: the buffer's earlier contents never show.
-                let dy_n = Strided::rows(&dy[n * pixels * oc..][..pixels * oc], 0, oc);
-                product(pixels, patch, oc, dy_n, &weight_t, patch, cols, patch);
-                widest(
-                    #[inline(always)]
-                    || {
-                        for (ih, row) in dx_n.chunks_exact_mut(g.w * g.c).enumerate() {
-                            col2im_row(cols, g, ih, row);
-                        }
-                    },
-                )
-            },
-        );
-    // SAFETY: the images' chunks cover `dx`, and each was zero-filled.
-    unsafe { dx.assume_init() }
+    // An image's input gradient per task, zero-filled for col2im's sums.
+    zeroed_par_chunks_with(
+        g.n * g.h * g.w * g.c,
+        g.h * g.w * g.c,
+        || vec![0.0f32; pixels * patch],
+        |cols, n, dx_n| {
+            // Every column is written: the buffer's earlier contents never show.
+            let dy_n = Strided::rows(&dy[n * pixels * oc..][..pixels * oc], 0, oc);
+            product(pixels, patch, oc, dy_n, &weight_t, patch, cols, patch);
+            widest(
+                #[inline(always)]
+                || {
+                    for (ih, row) in dx_n.chunks_exact_mut(g.w * g.c).enumerate() {
+                        col2im_row(cols, g, ih, row);
+                    }
+                },
+            )
+        },
+    )
 }
 
 /// A convolution's output `[n * oh * ow, oc]` from `x [n, h, w, c]`, `weight [kh*kw*c, oc]`
@@ -147,42 +139,27 @@ pub fn forward(
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(x.len() == g.n * g.h * g.w * g.c && weight.len() == patch * oc);
     assert!(bias.is_none_or(|b| b.len() == oc));
-    if g.n * pixels * oc == 0 {
-        return vec![];
-    }
-    let mut y = Unwritten::new(g.n * pixels * oc);
-    y.slots()
-        .par_chunks_mut(pixels * oc)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; pixels * patch],
-            |cols, (n, y_n)| {
-                let y_n = zeroed(y_n);
-                im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
-                product(
-                    pixels,
-                    oc,
-                    patch,
-                    Strided::rows(cols, 0, patch),
-                    weight,
-                    oc,
-                    y_n,
-                    oc,
-                );
-                if let Some(bias) = bias {
-                    widest(
-                        #[inline(always)]
-                        || {
-                            for row in y_n.chunks_exact_mut(oc) {
-                                row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
-                            }
-                        },
-                    )
-                }
-            },
-        );
-    // SAFETY: the images' chunks cover `y`, and each was zero-filled.
-    unsafe { y.assume_init() }
+    // An image's output per task, its columns built in the task's scratch.
+    zeroed_par_chunks_with(
+        g.n * pixels * oc,
+        pixels * oc,
+        || vec![0.0f32; pixels * patch],
+        |cols, n, y_n| {
+            im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
+            let cols = Strided::rows(cols, 0, patch);
+            product(pixels, oc, patch, cols, weight, oc, y_n, oc);
+            if let Some(bias) = bias {
+                widest(
+                    #[inline(always)]
+                    || {
+                        for row in y_n.chunks_exact_mut(oc) {
+                            row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
+                        }
+                    },
+                )
+            }
+        },
+    )
 }
 
 /// Output pixels [`weight_gradient`] builds the columns of at a time: 256 pixels of the CNN's

@@ -266,7 +266,6 @@ unsafe fn baseline<const FUSED: bool>(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
     use std::mem::MaybeUninit;
 
     use super::panel_tiles;

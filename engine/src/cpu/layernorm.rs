@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::CHUNK;
-use super::output::{zeroed, zeroed_par_chunks, Unwritten};
+use super::output::{zeroed, zeroed_par_chunk_pairs, zeroed_par_chunks, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::math::{workgroup_sum_of, ROW_LANES};
 
@@ -19,16 +19,12 @@ pub fn forward(
     eps: f32,
 ) -> (Vec<f32>, Vec<f32>) {
     let rows = x.len() / cols;
-    let mut y = Unwritten::new(x.len());
-    let mut stats = vec![0.0; 2 * rows];
     let rows_per_task = (CHUNK / cols).max(1);
-    // As many chunks of `y` as of `stats`: the zip pairs every one.
-    y.slots()
-        .par_chunks_mut(rows_per_task * cols)
-        .zip(stats.par_chunks_mut(2 * rows_per_task))
-        .enumerate()
-        .for_each(|(t, (y, stats))| {
-            let y = zeroed(y);
+    zeroed_par_chunk_pairs(
+        (x.len(), rows_per_task * cols),
+        (2 * rows, 2 * rows_per_task),
+        || (),
+        |_, t, y, stats| {
             // The rows' loop is written inside the closure that `widest` inlines: kept in a
             // closure of its own, the compiler made that a function compiled for the
             // baseline's SSE2 and called it from `widest`, so every row ran on 4-lane vectors
@@ -48,9 +44,8 @@ pub fn forward(
                     }
                 },
             )
-        });
-    // SAFETY: every chunk of `y` was zero-filled (above).
-    (unsafe { y.assume_init() }, stats)
+        },
+    )
 }
 
 /// A row's `(mean, rstd)` as the reference computes them; the squared deviations go through

@@ -82,16 +82,61 @@ pub fn zeroed_par_chunks(
     chunk: usize,
     write: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
+    zeroed_par_chunks_with(len, chunk, || (), |_, i, chunk| write(i, chunk))
+}
+
+/// [`zeroed_par_chunks`] with a scratch value that `init` makes once per rayon split and
+/// `write(scratch, chunk index, chunk)` reuses across the chunks it runs (an image's
+/// columns, a head's scores), as rayon's `for_each_init`.
+pub fn zeroed_par_chunks_with<S>(
+    len: usize,
+    chunk: usize,
+    init: impl Fn() -> S + Sync + Send,
+    write: impl Fn(&mut S, usize, &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
     use rayon::prelude::*;
     let mut out = Unwritten::new(len);
     if len > 0 {
         out.slots()
             .par_chunks_mut(chunk)
             .enumerate()
-            .for_each(|(i, slots)| write(i, zeroed(slots)));
+            .for_each_init(init, |scratch, (i, slots)| write(scratch, i, zeroed(slots)));
     }
     // SAFETY: the chunks cover every slot, and `zeroed` wrote each one.
     unsafe { out.assume_init() }
+}
+
+/// Two outputs split into as many chunks each, chunk `i` of both zero-filled by one rayon
+/// task that then runs `write(scratch, i, chunk of a, chunk of b)`, with a scratch value
+/// made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's gradients of
+/// two operands, a row of pooled values and their argmax. Panics when the counts differ.
+pub fn zeroed_par_chunk_pairs<A, B, S>(
+    (len_a, chunk_a): (usize, usize),
+    (len_b, chunk_b): (usize, usize),
+    init: impl Fn() -> S + Sync + Send,
+    write: impl Fn(&mut S, usize, &mut [A], &mut [B]) + Sync + Send,
+) -> (Vec<A>, Vec<B>)
+where
+    A: Zeroable + Copy + Send,
+    B: Zeroable + Copy + Send,
+{
+    use rayon::prelude::*;
+    assert!(chunk_a > 0 && chunk_b > 0, "chunks of no values");
+    assert_eq!(
+        len_a.div_ceil(chunk_a),
+        len_b.div_ceil(chunk_b),
+        "the two outputs split into different numbers of chunks"
+    );
+    let (mut a, mut b) = (Unwritten::new(len_a), Unwritten::new(len_b));
+    a.slots()
+        .par_chunks_mut(chunk_a)
+        .zip(b.slots().par_chunks_mut(chunk_b))
+        .enumerate()
+        .for_each_init(init, |scratch, (i, (a, b))| {
+            write(scratch, i, zeroed(a), zeroed(b))
+        });
+    // SAFETY: as many chunks of each (asserted), so the zip zero-fills every one of both.
+    unsafe { (a.assume_init(), b.assume_init()) }
 }
 
 #[cfg(test)]
@@ -123,5 +168,24 @@ mod tests {
             assert_eq!(v.to_bits(), want.to_bits(), "value {j}");
         }
         assert!(zeroed_par_chunks(0, 7, |_, _| unreachable!()).is_empty());
+        // Pairs: 45 values in chunks of 7 beside 14 in chunks of 2, both zeroed.
+        drop(std::hint::black_box(vec![u32::MAX; 14]));
+        let (a, b) = zeroed_par_chunk_pairs(
+            (len, 7),
+            (14, 2),
+            || (),
+            |_, i, a: &mut [f32], b: &mut [u32]| {
+                assert!(a.iter().all(|&v| v.to_bits() == 0) && b.iter().all(|&v| v == 0));
+                a[0] = i as f32 + 1.0;
+                b[0] = i as u32 + 1;
+            },
+        );
+        assert_eq!(a, got);
+        assert_eq!(
+            b,
+            (0..14)
+                .map(|j| if j % 2 == 0 { j / 2 + 1 } else { 0 })
+                .collect::<Vec<u32>>()
+        );
     }
 }

@@ -1,13 +1,11 @@
 //! Max and average pooling over square windows, NHWC, no padding (pool.wgsl).
 
 use bytemuck::{Pod, Zeroable};
-use rayon::prelude::*;
 
 use super::conv_geometry::window_reading;
 use super::{grid_1d, POOL};
-use crate::cpu::elementwise::collect_indexed;
-use crate::cpu::elementwise::zeroed_rows;
-use crate::cpu::output::{zeroed, Unwritten};
+use crate::cpu::elementwise::{collect_indexed, zeroed_rows};
+use crate::cpu::output::zeroed_par_chunk_pairs;
 use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -188,15 +186,13 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
     if outs == 0 {
         return (vec![], vec![]);
     }
-    let (mut y, mut at) = (Unwritten::new(outs), Unwritten::new(outs));
     let row = out_w * c;
-    // As many rows of `y` as of `at`: the zip pairs every one.
-    y.slots()
-        .par_chunks_mut(row)
-        .zip(at.slots().par_chunks_mut(row))
-        .enumerate()
-        .for_each(|(r, (y, at))| {
-            let (y, at) = (zeroed(y), zeroed(at));
+    // A row of pooled values and their argmax per task.
+    zeroed_par_chunk_pairs(
+        (outs, row),
+        (outs, row),
+        || (),
+        |_, r, y: &mut [f32], at: &mut [u32]| {
             widest(
                 #[inline(always)]
                 || {
@@ -227,9 +223,8 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
                     }
                 },
             )
-        });
-    // SAFETY: every row of both was zero-filled (above).
-    unsafe { (y.assume_init(), at.assume_init()) }
+        },
+    )
 }
 
 /// The CPU path's max-pooling backward, with [`pool_backward_ref`]'s bits: each input sums,

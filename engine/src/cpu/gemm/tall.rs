@@ -3,11 +3,13 @@
 //! time and carried in C between spans ([`tall`]), or continued by a caller that builds A a
 //! span at a time ([`tall_continue`]). The bits are [`matmul`](super::matmul)'s.
 
+#[cfg(target_arch = "x86_64")]
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
 use super::{Isa, PARALLEL_MIN_TERMS};
+#[cfg(target_arch = "x86_64")]
 use crate::cpu::output::zeroed;
 use crate::kernels::matmul_dims::MatmulDims;
 
