@@ -350,8 +350,16 @@ fn gradients_of_convolution_pooling_and_image_norm() {
         let x = cpu_tensor(&[n, h, w, c], 40, 1.0);
         let weight = cpu_tensor(&[k * k * c, 3], 41, 0.5);
         let bias = cpu_tensor(&[3], 42, 0.1);
-        check_grad("conv2d", &[x, weight, bias], |g, v| {
-            g.conv2d(v[0], v[1], Some(v[2]), (k, k), stride, pad)
+        check_grad(
+            "conv2d",
+            &[x.clone(), weight.clone(), bias.clone()],
+            |g, v| g.conv2d(v[0], v[1], Some(v[2]), (k, k), stride, pad),
+        );
+        // The input's gradient too, so the operation's composed backward pass; the CPU
+        // path's sums from the winners are checked against it bit for bit in
+        // `kernels::conv_pool`.
+        check_grad("conv2d and max pool", &[x, weight, bias], |g, v| {
+            g.conv2d_max_pool2d(v[0], v[1], Some(v[2]), (k, k), stride, pad, 2)
         });
     }
     // Distinct values keep max pooling away from ties, where it is not differentiable.

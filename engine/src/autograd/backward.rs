@@ -9,7 +9,7 @@ use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{unary, unary_backward, Unary};
 use crate::kernels::{
-    attention, conv, dropout, embedding, image_norm, layernorm, permute, pool, softmax,
+    attention, conv, conv_pool, dropout, embedding, image_norm, layernorm, permute, pool, softmax,
 };
 use crate::tensor::Tensor;
 
@@ -263,6 +263,25 @@ pub(super) fn run(
                     out.push((*x, conv::input_gradient(&dy, value(*weight), geometry)?));
                 }
                 out
+            }
+            Op::ConvMaxPool {
+                x,
+                weight,
+                bias,
+                geometry,
+                saved,
+            } => {
+                let wanted = conv_pool::Wanted {
+                    x: needs(*x),
+                    weight: needs(*weight),
+                    bias: bias.is_some_and(needs),
+                };
+                let (dx, dw, db) =
+                    conv_pool::backward(value(*x), value(*weight), saved, &dy, geometry, wanted)?;
+                [(Some(*x), dx), (Some(*weight), dw), (*bias, db)]
+                    .into_iter()
+                    .filter_map(|(v, g)| Some((v?, g?)))
+                    .collect()
             }
             Op::Pool {
                 x,

@@ -20,6 +20,7 @@ use crate::kernels::attention;
 use crate::kernels::binary::{binary, Binary};
 use crate::kernels::conv;
 use crate::kernels::conv_geometry::ConvGeometry;
+use crate::kernels::conv_pool;
 use crate::kernels::dropout::{self, DropoutMask};
 use crate::kernels::image_norm;
 use crate::kernels::permute;
@@ -130,6 +131,15 @@ pub(crate) enum Op {
         bias: Option<Var>,
         geometry: ConvGeometry,
         cols: Option<Tensor>,
+    },
+    /// A convolution, then max pooling over its output in windows that do not overlap
+    /// (`kernels::conv_pool`), `[n, ph, pw, oc]`.
+    ConvMaxPool {
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        geometry: ConvGeometry,
+        saved: conv_pool::Saved,
     },
     Pool {
         x: Var,
@@ -504,6 +514,40 @@ impl Graph {
         let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
         let y = self.record(y, op, &inputs);
         self.reshape(y, &[n, oh, ow, oc])
+    }
+
+    /// `max_pool2d(conv2d(x, weight, bias, kernel, stride, pad), pool, pool)` as one operation:
+    /// the same values and gradients, bit for bit, with the convolution's output never in
+    /// memory on the CPU path (`kernels::conv_pool`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv2d_max_pool2d(
+        &self,
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        kernel: (usize, usize),
+        stride: usize,
+        pad: usize,
+        pool: usize,
+    ) -> Result<Var> {
+        let geometry = ConvGeometry::of(&self.shape(x), kernel.0, kernel.1, stride, pad)?;
+        let bias_value = bias.map(|b| self.value(b));
+        let conv_pool::ConvPooled { y, saved } = conv_pool::forward(
+            &self.value(x),
+            &self.value(weight),
+            bias_value.as_ref(),
+            &geometry,
+            pool,
+        )?;
+        let op = Op::ConvMaxPool {
+            x,
+            weight,
+            bias,
+            geometry,
+            saved,
+        };
+        let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
+        Ok(self.record(y, op, &inputs))
     }
 
     fn pool(&self, x: Var, k: usize, stride: usize, kind: Pool) -> Result<Var> {

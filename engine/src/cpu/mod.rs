@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod conv_pool;
 pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;

@@ -258,29 +258,7 @@ pub fn forward(
 ) -> Result<(Tensor, Option<Tensor>)> {
     let [n, oh, ow, patch] = g.cols_shape();
     if !keeps_columns(x.device(), g) {
-        x.expect_dtype("conv2d", DType::F32)?;
-        weight.expect_dtype("conv2d", DType::F32)?;
-        x.same_device("conv2d", weight)?;
-        let oc = match *weight.shape() {
-            [rows, oc] if rows == patch && x.shape() == [g.n, g.h, g.w, g.c] => oc,
-            _ => {
-                return shape_err(
-                    "conv2d",
-                    format!(
-                        "x {:?} and weight {:?} do not match {g:?}",
-                        x.shape(),
-                        weight.shape()
-                    ),
-                )
-            }
-        };
-        if let Some(b) = bias {
-            b.expect_dtype("conv2d", DType::F32)?;
-            x.same_device("conv2d", b)?;
-            if b.shape() != [oc] {
-                return shape_err("conv2d", format!("bias {:?} must be [{oc}]", b.shape()));
-            }
-        }
+        let oc = out_channels("conv2d", x, weight, bias, g)?;
         let y = crate::cpu::conv::forward(
             x.cpu_f32().expect("cpu"),
             weight.cpu_f32().expect("cpu"),
@@ -293,6 +271,41 @@ pub fn forward(
     let cols = im2col(x, g)?.reshape(&[n * oh * ow, patch])?;
     let y = super::linear::forward(&cols, weight, bias, None)?.y;
     Ok((y, Some(cols)))
+}
+
+/// The output channels of `op`'s convolution, checked: `x [n, h, w, c]` as `g` says,
+/// `weight [kh*kw*c, oc]` and `bias [oc]`, f32 on one device.
+pub(super) fn out_channels(
+    op: &'static str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &ConvGeometry,
+) -> Result<usize> {
+    x.expect_dtype(op, DType::F32)?;
+    weight.expect_dtype(op, DType::F32)?;
+    x.same_device(op, weight)?;
+    let oc = match *weight.shape() {
+        [rows, oc] if rows == g.patch() && x.shape() == [g.n, g.h, g.w, g.c] => oc,
+        _ => {
+            return shape_err(
+                op,
+                format!(
+                    "x {:?} and weight {:?} do not match {g:?}",
+                    x.shape(),
+                    weight.shape()
+                ),
+            )
+        }
+    };
+    if let Some(b) = bias {
+        b.expect_dtype(op, DType::F32)?;
+        x.same_device(op, b)?;
+        if b.shape() != [oc] {
+            return shape_err(op, format!("bias {:?} must be [{oc}]", b.shape()));
+        }
+    }
+    Ok(oc)
 }
 
 /// Whether a convolution's forward pass keeps its im2col columns for the weight's gradient:

@@ -6,8 +6,10 @@
 
 pub mod attention;
 pub mod binary;
+pub(crate) mod column_sums;
 pub mod conv;
 pub mod conv_geometry;
+pub mod conv_pool;
 pub mod copy;
 pub mod dropout;
 pub mod embedding;

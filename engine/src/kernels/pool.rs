@@ -195,36 +195,73 @@ pub fn max_pool_fast(x: &[f32], g: &PoolGeometry) -> (Vec<f32>, Vec<u32>) {
         |_, r, y: &mut [f32], at: &mut [u32]| {
             widest(
                 #[inline(always)]
-                || {
-                    let (n, oh) = (r / out_h, r % out_h);
-                    for (ow, (y, at)) in y.chunks_mut(c).zip(at.chunks_mut(c)).enumerate() {
-                        for kh in 0..g.k {
-                            for kw in 0..g.k {
-                                let base =
-                                    ((n * g.h + oh * g.stride + kh) * g.w + ow * g.stride + kw) * c;
-                                let pixel = &x[base..][..c];
-                                if kh == 0 && kw == 0 {
-                                    y.copy_from_slice(pixel);
-                                    for (j, a) in at.iter_mut().enumerate() {
-                                        *a = (base + j) as u32;
-                                    }
-                                    continue;
-                                }
-                                // Chosen without a branch, so that the channels vectorise.
-                                for (j, ((y, a), &v)) in
-                                    y.iter_mut().zip(at.iter_mut()).zip(pixel).enumerate()
-                                {
-                                    let larger = v > *y;
-                                    *y = if larger { v } else { *y };
-                                    *a = if larger { (base + j) as u32 } else { *a };
-                                }
-                            }
-                        }
-                    }
-                },
+                || max_pool_row(x, g, r, 0, y, at),
             )
         },
     )
+}
+
+/// Row `r` (image `r / out_h`, output row `r % out_h`) of [`max_pool_fast`] into `y` and `at`
+/// (`out_w * c` each), each winner's index counted from `first_index` as the index of `x[0]`.
+/// Always inlined, to run on the caller's vector unit.
+///
+/// The window's pixels are the outer loop and the row's outputs the inner one: a pixel's
+/// comparison updates an output with a masked store, and when the next pixel of the same
+/// window came straight after, its load of that output could not be forwarded from the
+/// masked store and waited for it (`perf annotate` of a throwaway probe: the pooling took
+/// longer than the convolution before it, 2026-11-29). A row later, the store is done.
+#[inline(always)]
+pub(crate) fn max_pool_row(
+    x: &[f32],
+    g: &PoolGeometry,
+    r: usize,
+    first_index: usize,
+    y: &mut [f32],
+    at: &mut [u32],
+) {
+    let c = g.c;
+    let (n, oh) = (r / g.out_h(), r % g.out_h());
+    let corner = |ow: usize| ((n * g.h + oh * g.stride) * g.w + ow * g.stride) * c;
+    for kh in 0..g.k {
+        for kw in 0..g.k {
+            let offset = (kh * g.w + kw) * c;
+            for (ow, (y, at)) in y.chunks_mut(c).zip(at.chunks_mut(c)).enumerate() {
+                let base = corner(ow) + offset;
+                let pixel = &x[base..][..c];
+                let index = first_index + base;
+                if kh == 0 && kw == 0 {
+                    copy_in_blocks(y, pixel);
+                    for (j, a) in at.iter_mut().enumerate() {
+                        *a = (index + j) as u32;
+                    }
+                    continue;
+                }
+                // Chosen without a branch, so that the channels vectorise.
+                for (j, ((y, a), &v)) in y.iter_mut().zip(at.iter_mut()).zip(pixel).enumerate() {
+                    let larger = v > *y;
+                    *y = if larger { v } else { *y };
+                    *a = if larger { (index + j) as u32 } else { *a };
+                }
+            }
+        }
+    }
+}
+
+/// `dst.copy_from_slice(src)` in blocks of 16 floats, which the compiler emits as vector
+/// moves: `copy_from_slice` of a length known only at run time is a call to `memmove`, which
+/// costs more than the copy for one pixel's channels.
+#[inline(always)]
+fn copy_in_blocks(dst: &mut [f32], src: &[f32]) {
+    const BLOCK: usize = 16;
+    let done = dst.len() / BLOCK * BLOCK;
+    let mut blocks = dst.chunks_exact_mut(BLOCK);
+    for (d, s) in (&mut blocks).zip(src.chunks_exact(BLOCK)) {
+        let d: &mut [f32; BLOCK] = d.try_into().expect("a block");
+        *d = s.try_into().expect("a block");
+    }
+    for (d, &s) in blocks.into_remainder().iter_mut().zip(&src[done..]) {
+        *d = s;
+    }
 }
 
 /// The CPU path's max-pooling backward, with [`pool_backward_ref`]'s bits: each input sums,

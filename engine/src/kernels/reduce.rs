@@ -51,7 +51,7 @@ impl Reduce {
 /// How a reduction of `[outer, len, inner]` is split across invocations; it fixes the
 /// summation order, which the CPU reference follows too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
+pub(super) enum Plan {
     /// One invocation per output walks the axis in order (many outputs or a short axis).
     PerThread,
     /// 256 invocations per output, combined as a tree.
@@ -61,10 +61,10 @@ enum Plan {
 }
 
 /// Axis length one workgroup reduces in a pass: 256 invocations x 256 elements each.
-const CHUNK: usize = 65536;
-const LANES: usize = 256;
+pub(super) const CHUNK: usize = 65536;
+pub(super) const LANES: usize = 256;
 
-fn plan(outputs: usize, len: usize) -> Plan {
+pub(super) fn plan(outputs: usize, len: usize) -> Plan {
     // One invocation per output walks the whole axis, so only up to LOOP_SPAN elements: past
     // 65535 loop iterations llvmpipe stops an invocation's loops (see LOOP_SPAN).
     if len <= 256 || (outputs >= 4096 && len <= LOOP_SPAN) {
@@ -187,14 +187,7 @@ fn lanes_then_tree(
                 *acc = combine(*acc, v);
             }
         }
-        let mut half = LANES / 2;
-        while half > 0 {
-            let (low, high) = lanes.split_at_mut(half * width);
-            for (acc, &v) in low.iter_mut().zip(&high[..half * width]) {
-                *acc = combine(*acc, v);
-            }
-            half /= 2;
-        }
+        combine_lanes_as_tree(&mut lanes, width, &combine);
         lanes.truncate(width);
         lanes.iter_mut().for_each(|v| *v *= scale);
         lanes
@@ -205,6 +198,25 @@ fn lanes_then_tree(
         out.extend_from_slice(&c);
     }
     out
+}
+
+/// The tree of the per-workgroup plan over `lanes` (`[LANES, width]`: lane `l`'s running
+/// value of each of `width` outputs): lane `l` takes in lane `l + half` for halves of 128, 64,
+/// ... 1, leaving each output's result in lane 0 (the first `width` values).
+pub(super) fn combine_lanes_as_tree(
+    lanes: &mut [f32],
+    width: usize,
+    combine: impl Fn(f32, f32) -> f32,
+) {
+    debug_assert_eq!(lanes.len(), LANES * width);
+    let mut half = LANES / 2;
+    while half > 0 {
+        let (low, high) = lanes.split_at_mut(half * width);
+        for (acc, &v) in low.iter_mut().zip(&high[..half * width]) {
+            *acc = combine(*acc, v);
+        }
+        half /= 2;
+    }
 }
 
 /// One task of [`lanes_then_tree`] over a whole block of [`COLUMNS_PER_TASK`] columns, the

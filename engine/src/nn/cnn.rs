@@ -117,8 +117,7 @@ impl Cnn {
         // input gives its largest output and has the same winner; where none is positive,
         // both give 0 and a zero gradient, whose sign the sums that follow absorb). Test:
         // `relu_and_max_pooling_commute_bit_for_bit`; the CNN's runs keep their bits.
-        let h = self.conv1.forward(g, h)?;
-        let h = g.relu(g.max_pool2d(h, 2, 2)?)?;
+        let h = g.relu(self.conv1.forward_max_pooled(g, h, 2)?)?;
         let h = self.conv2.forward(g, h)?;
         let h = self.norm.forward_image(g, h)?;
         let h = g.relu(g.max_pool2d(h, 2, 2)?)?;

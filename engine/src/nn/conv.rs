@@ -55,6 +55,21 @@ impl Conv2d {
         )
     }
 
+    /// `x [n, h, w, in_channels]` to the output max-pooled over `pool x pool` windows every
+    /// `pool` pixels, `[n, oh / pool, ow / pool, out_channels]`: [`forward`](Self::forward)
+    /// then `max_pool2d` as one operation, the same bits.
+    pub fn forward_max_pooled(&self, g: &Graph, x: Var, pool: usize) -> Result<Var> {
+        g.conv2d_max_pool2d(
+            x,
+            g.param(&self.weight),
+            Some(g.param(&self.bias)),
+            (self.kernel, self.kernel),
+            self.stride,
+            self.pad,
+            pool,
+        )
+    }
+
     /// Number of output channels (filters).
     pub fn out_channels(&self) -> usize {
         self.weight.shape()[1]

@@ -1,0 +1,393 @@
+//! A convolution followed by max pooling over windows that do not overlap, as one operation
+//! on the CPU path: the bits of the two in sequence (`cpu::conv::forward`, then
+//! `kernels::pool::max_pool_fast`, and their backward passes), without the convolution's
+//! output in memory.
+//!
+//! The CNN's first layer writes 128 × 784 × 16 floats (6.4 MB) that the pooling reads once
+//! and keeps a quarter of; its backward pass writes as many gradients, three quarters of
+//! them zeros, and the bias and weight gradients read them again. Here each image's
+//! convolution is computed and pooled while it is in cache, and the gradients of the weight
+//! and bias are summed from the pooled gradient and its winners directly.
+
+use rayon::prelude::*;
+
+use super::output::zeroed_par_chunk_pairs;
+use super::vector_unit::widest;
+use crate::kernels::column_sums::ColumnSums;
+use crate::kernels::conv_geometry::ConvGeometry;
+use crate::kernels::pool::{max_pool_row, PoolGeometry};
+
+/// Channels a block of the convolution works on at once: one AVX-512 vector, in fixed-size
+/// arrays that the compiler keeps in vector registers. A last block of fewer channels is
+/// padded with zero weights and its extra lanes are dropped.
+const LANES: usize = 16;
+
+/// One image with its zero padding around it, and where each im2col column reads it: column
+/// `i` of output pixel `(oh, ow)` is `values[(oh * stride * wide + ow * stride) * c +
+/// offsets[i]]`. im2col's values, without a bounds decision per column.
+struct PaddedImage {
+    values: Vec<f32>,
+    wide: usize,
+    offsets: Vec<usize>,
+}
+
+impl PaddedImage {
+    fn new(g: &ConvGeometry) -> Self {
+        let wide = g.w + 2 * g.pad;
+        let offsets = (0..g.patch())
+            .map(|i| {
+                let (kh, kw, ci) = (i / (g.kw * g.c), i / g.c % g.kw, i % g.c);
+                (kh * wide + kw) * g.c + ci
+            })
+            .collect();
+        PaddedImage {
+            values: vec![0.0; (g.h + 2 * g.pad) * wide * g.c],
+            wide,
+            offsets,
+        }
+    }
+
+    /// Holds image `n` of `x`; the padding stays 0.
+    fn load(&mut self, x: &[f32], g: &ConvGeometry, n: usize) {
+        let row = g.w * g.c;
+        for ih in 0..g.h {
+            let at = ((ih + g.pad) * self.wide + g.pad) * g.c;
+            self.values[at..][..row].copy_from_slice(&x[(n * g.h + ih) * row..][..row]);
+        }
+    }
+
+    /// Where output pixel `(oh, ow)`'s window starts.
+    #[inline(always)]
+    fn window(&self, g: &ConvGeometry, oh: usize, ow: usize) -> usize {
+        (oh * g.stride * self.wide + ow * g.stride) * g.c
+    }
+}
+
+/// The weight `[patch, oc]` as blocks of [`LANES`] channels, `[blocks, patch]` arrays, the
+/// last block padded with zeros; and the bias likewise.
+fn weight_blocks(
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    oc: usize,
+) -> (Vec<[f32; LANES]>, Vec<[f32; LANES]>) {
+    let patch = weight.len() / oc.max(1);
+    let blocks = oc.div_ceil(LANES);
+    let lanes = |values: &[f32], b: usize| -> [f32; LANES] {
+        std::array::from_fn(|l| values.get(b * LANES + l).copied().unwrap_or(0.0))
+    };
+    let packed = (0..blocks)
+        .flat_map(|b| (0..patch).map(move |i| (b, i)))
+        .map(|(b, i)| lanes(&weight[i * oc..][..oc], b))
+        .collect();
+    let bias = bias.map_or(vec![], |bias| (0..blocks).map(|b| lanes(bias, b)).collect());
+    (packed, bias)
+}
+
+/// The pooled output `[n, ph, pw, oc]` and each value's winner, as the flat index of the
+/// convolution's output element `[n, oh, ow, oc]` it came from: `max_pool_fast` of
+/// `cpu::conv::forward(x, weight, bias)`, an image at a time. Each output pixel's channels
+/// are summed in vector lanes from the padded image directly, from 0 and a separately
+/// rounded multiply and add per column in ascending order (the product's arithmetic), then
+/// the bias added; no im2col columns.
+pub fn forward(
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    g: &ConvGeometry,
+    pool: &PoolGeometry,
+) -> (Vec<f32>, Vec<u32>) {
+    let (pixels, patch, oc) = (g.out_h() * g.out_w(), g.patch(), pool.c);
+    assert!(x.len() == g.n * g.h * g.w * g.c && weight.len() == patch * oc);
+    assert!(bias.is_none_or(|b| b.len() == oc));
+    assert_eq!((pool.n, pool.h, pool.w), (g.n, g.out_h(), g.out_w()));
+    let image = PoolGeometry { n: 1, ..*pool };
+    let pooled = pool.out_h() * pool.out_w() * oc;
+    if pooled * g.n == 0 {
+        return (vec![], vec![]);
+    }
+    let (weight, bias) = weight_blocks(weight, bias, oc);
+    // An image per task: its padded input and its convolution in the task's scratch.
+    zeroed_par_chunk_pairs(
+        (g.n * pooled, pooled),
+        (g.n * pooled, pooled),
+        || (PaddedImage::new(g), vec![0.0f32; pixels * oc]),
+        |(image_in, conv), n, y, at| {
+            image_in.load(x, g, n);
+            widest(
+                #[inline(always)]
+                || {
+                    convolve_image(image_in, &weight, &bias, g, oc, conv);
+                    let rows = y.chunks_mut(pool.out_w() * oc);
+                    for (r, (y, at)) in rows.zip(at.chunks_mut(pool.out_w() * oc)).enumerate() {
+                        max_pool_row(conv, &image, r, n * pixels * oc, y, at);
+                    }
+                },
+            )
+        },
+    )
+}
+
+/// One image's convolution `[oh * ow, oc]` into `out`. Always inlined, to run on the caller's
+/// vector unit.
+#[inline(always)]
+fn convolve_image(
+    image: &PaddedImage,
+    weight: &[[f32; LANES]],
+    bias: &[[f32; LANES]],
+    g: &ConvGeometry,
+    oc: usize,
+    out: &mut [f32],
+) {
+    let (patch, out_w) = (g.patch(), g.out_w());
+    for (b, block) in weight.chunks_exact(patch).enumerate() {
+        for (oh, row) in out.chunks_exact_mut(out_w * oc).enumerate() {
+            // Four pixels at a time, whose sums are independent chains of additions.
+            let mut ow = 0;
+            for group in row.chunks_exact_mut(PIXELS * oc) {
+                convolve_pixels::<PIXELS>(image, block, bias.get(b), g, (oh, ow), b, oc, group);
+                ow += PIXELS;
+            }
+            for y in row[ow * oc..].chunks_exact_mut(oc) {
+                convolve_pixels::<1>(image, block, bias.get(b), g, (oh, ow), b, oc, y);
+                ow += 1;
+            }
+        }
+    }
+}
+
+/// Output pixels whose sums [`convolve_image`] takes side by side.
+const PIXELS: usize = 4;
+
+/// Block `b`'s channels of `P` neighbouring output pixels from `(oh, ow)` on, into `out`
+/// (`P * oc` floats).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn convolve_pixels<const P: usize>(
+    image: &PaddedImage,
+    block: &[[f32; LANES]],
+    bias: Option<&[f32; LANES]>,
+    g: &ConvGeometry,
+    (oh, ow): (usize, usize),
+    b: usize,
+    oc: usize,
+    out: &mut [f32],
+) {
+    let at: [usize; P] = std::array::from_fn(|q| image.window(g, oh, ow + q));
+    let mut acc = [[0.0f32; LANES]; P];
+    for (w, &offset) in block.iter().zip(&image.offsets) {
+        for (acc, &at) in acc.iter_mut().zip(&at) {
+            let v = image.values[at + offset];
+            *acc = std::array::from_fn(|l| acc[l] + v * w[l]);
+        }
+    }
+    let width = LANES.min(oc - b * LANES);
+    // Indexed rather than `chunks_exact_mut(oc)`, whose length is a division per call.
+    for (q, acc) in acc.iter_mut().enumerate() {
+        if let Some(bias) = bias {
+            *acc = std::array::from_fn(|l| acc[l] + bias[l]);
+        }
+        let y = &mut out[q * oc + b * LANES..];
+        if width == LANES {
+            let y: &mut [f32; LANES] = (&mut y[..LANES]).try_into().expect("a block");
+            *y = *acc;
+        } else {
+            y[..width].copy_from_slice(&acc[..width]);
+        }
+    }
+}
+
+/// `values` (at most [`LANES`]) in a block's lanes, the rest `T::default()`.
+#[inline(always)]
+fn in_lanes<T: Copy + Default>(values: &[T]) -> [T; LANES] {
+    match <&[T; LANES]>::try_from(values) {
+        Ok(&whole) => whole,
+        Err(_) => {
+            let mut lanes = [T::default(); LANES];
+            lanes[..values.len()].copy_from_slice(values);
+            lanes
+        }
+    }
+}
+
+/// Whether [`parameter_gradients`] can sum for `pool`: windows that do not overlap, so that
+/// each output pixel of the convolution has at most one pooled gradient.
+pub fn sums_from_winners(pool: &PoolGeometry) -> bool {
+    pool.stride >= pool.k
+}
+
+/// The gradients of the weight `[kh*kw*c, oc]` and, with `bias`, of the bias `[oc]`, from the
+/// pooled output's gradient `dy` and [`forward`]'s winners `argmax`: the bits of
+/// `im2col(x)ᵀ dh` and of `sum_to_shape(dh, [oc])` for `dh` the pooling's backward pass of
+/// `dy` (`[n * oh * ow, oc]`), summed over the convolution's output pixels in ascending order
+/// without `dh` in memory.
+///
+/// `dh` is zero where a pixel did not win its window's channel, and a product of a finite
+/// column by zero adds ±0 to a sum from +0, which changes none of its bits; so this adds, per
+/// pixel, each column times the winning channels' gradients and zeros for the others. The
+/// caller sums from `dh` instead when `x` holds an infinity or a NaN (times zero, a NaN
+/// there). Each task takes a share of the weight's rows (the last one also the bias), so
+/// every sum keeps its one order.
+pub fn parameter_gradients(
+    x: &[f32],
+    argmax: &[u32],
+    dy: &[f32],
+    g: &ConvGeometry,
+    pool: &PoolGeometry,
+    bias: bool,
+) -> (Vec<f32>, Option<Vec<f32>>) {
+    let (patch, oc) = (g.patch(), pool.c);
+    let (out_h, out_w) = (g.out_h(), g.out_w());
+    assert!(sums_from_winners(pool));
+    assert_eq!((pool.n, pool.h, pool.w), (g.n, out_h, out_w));
+    assert!(x.len() == g.n * g.h * g.w * g.c);
+    assert!(argmax.len() == pool.out_shape().iter().product::<usize>() && dy.len() == argmax.len());
+    let tasks = rayon::current_num_threads().clamp(1, patch.max(1));
+    let rows_per_task = patch.div_ceil(tasks).max(1);
+    let shares: Vec<(Vec<f32>, Option<Vec<f32>>)> = (0..patch.div_ceil(rows_per_task).max(1))
+        .into_par_iter()
+        .map(|t| {
+            let rows = t * rows_per_task..((t + 1) * rows_per_task).min(patch);
+            let with_bias = bias && (t + 1) * rows_per_task >= patch;
+            widest(
+                #[inline(always)]
+                || share(x, argmax, dy, g, pool, rows, with_bias),
+            )
+        })
+        .collect();
+    let mut dw = Vec::with_capacity(patch * oc);
+    let mut db = None;
+    for (rows, sums) in shares {
+        dw.extend_from_slice(&rows);
+        db = db.or(sums);
+    }
+    (dw, db)
+}
+
+/// Rows `rows` of the weight's gradient, and the bias's with `with_bias`: for each block of
+/// channels and group of at most [`ROWS`] rows, one pass over the convolution's output pixels
+/// in ascending order, the group's sums in registers. Always inlined, to run on the caller's
+/// vector unit.
+#[inline(always)]
+fn share(
+    x: &[f32],
+    argmax: &[u32],
+    dy: &[f32],
+    g: &ConvGeometry,
+    pool: &PoolGeometry,
+    rows: std::ops::Range<usize>,
+    with_bias: bool,
+) -> (Vec<f32>, Option<Vec<f32>>) {
+    let oc = pool.c;
+    let blocks = oc.div_ceil(LANES);
+    let mut image = PaddedImage::new(g);
+    let offsets = image.offsets[rows.clone()].to_vec();
+    // acc[b * rows + r]: row rows.start + r's sums of block b's channels.
+    let mut acc = vec![[0.0f32; LANES]; blocks * rows.len()];
+    let mut sums = with_bias.then(|| ColumnSums::new(g.n * g.out_h() * g.out_w(), oc));
+    for n in 0..g.n {
+        image.load(x, g, n);
+        for b in 0..blocks {
+            let acc = &mut acc[b * rows.len()..][..rows.len()];
+            let mut pass = Pass {
+                image: &image,
+                g,
+                pool,
+                argmax,
+                dy,
+                n,
+                block: b,
+                sums: sums.as_mut(),
+            };
+            for (group, offsets) in acc.chunks_mut(ROWS).zip(offsets.chunks(ROWS)) {
+                // The group's size as a constant, so that its sums stay in registers.
+                macro_rules! rows {
+                    ($($r:literal)*) => {
+                        match group.len() {
+                            $($r => pass.accumulate::<$r>(
+                                group.try_into().expect("the group's rows"),
+                                offsets.try_into().expect("the group's offsets"),
+                            ),)*
+                            _ => unreachable!("groups of 1 to ROWS rows"),
+                        }
+                    };
+                }
+                rows!(1 2 3 4 5 6 7 8);
+                // The bias's sums take one pass.
+                pass.sums = None;
+            }
+        }
+    }
+    let mut dw = vec![0.0f32; rows.len() * oc];
+    for (b, block) in acc.chunks_exact(rows.len()).enumerate() {
+        for (row, sums) in dw.chunks_exact_mut(oc).zip(block) {
+            let width = LANES.min(oc - b * LANES);
+            row[b * LANES..][..width].copy_from_slice(&sums[..width]);
+        }
+    }
+    (dw, sums.map(ColumnSums::finish))
+}
+
+/// Weight rows whose sums [`share`] keeps in registers at once (with AVX-512's 32 vector
+/// registers, 8 sums leave room for the pixel's values).
+const ROWS: usize = 8;
+
+/// One pass of [`share`] over image `n`'s pixels for channel block `block`.
+struct Pass<'a> {
+    image: &'a PaddedImage,
+    g: &'a ConvGeometry,
+    pool: &'a PoolGeometry,
+    argmax: &'a [u32],
+    dy: &'a [f32],
+    n: usize,
+    block: usize,
+    /// The bias's sums, to add each pixel's dh to.
+    sums: Option<&'a mut ColumnSums>,
+}
+
+impl Pass<'_> {
+    /// `acc[r] += column value * dh` over the image's pixels inside windows in ascending
+    /// order, for the `R` rows whose columns read the padded image at `offsets` from each
+    /// pixel's window; dh is the window's gradient where the pixel won, 0 elsewhere (and in a
+    /// block's padded lanes, whose gradients are 0). A window's rows and columns ascend, and
+    /// with a stride of at least the window's side, windows further on start further on.
+    #[inline(always)]
+    fn accumulate<const R: usize>(&mut self, acc: &mut [[f32; LANES]; R], offsets: &[usize; R]) {
+        let (g, pool, oc) = (self.g, self.pool, self.pool.c);
+        let (out_h, out_w) = (g.out_h(), g.out_w());
+        let width = LANES.min(oc - self.block * LANES);
+        let mut sums = *acc;
+        for ph in 0..pool.out_h() {
+            for sub_h in 0..pool.k {
+                let oh = ph * pool.stride + sub_h;
+                for pw in 0..pool.out_w() {
+                    let window = ((self.n * pool.out_h() + ph) * pool.out_w() + pw) * oc;
+                    let channels = window + self.block * LANES;
+                    let winners = in_lanes(&self.argmax[channels..][..width]);
+                    let grads = in_lanes(&self.dy[channels..][..width]);
+                    for ow in pw * pool.stride..pw * pool.stride + pool.k {
+                        let p = (self.n * out_h + oh) * out_w + ow;
+                        let first = (p * oc + self.block * LANES) as u32;
+                        let mut dh = [0.0f32; LANES];
+                        for (l, ((d, &w), &grad)) in
+                            dh.iter_mut().zip(&winners).zip(&grads).enumerate()
+                        {
+                            *d = if w == first + l as u32 { grad } else { 0.0 };
+                        }
+                        let at = self.image.window(g, oh, ow);
+                        for (sum, &offset) in sums.iter_mut().zip(offsets) {
+                            let v = self.image.values[at + offset];
+                            *sum = std::array::from_fn(|l| sum[l] + v * dh[l]);
+                        }
+                        if let Some(bias) = self.sums.as_mut() {
+                            let lane = &mut bias.lane_of(p)[self.block * LANES..];
+                            for (s, &d) in lane.iter_mut().zip(&dh[..width]) {
+                                *s += d;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        *acc = sums;
+    }
+}
