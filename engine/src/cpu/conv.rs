@@ -144,36 +144,22 @@ pub fn forward(
         g.n * pixels * oc,
         pixels * oc,
         || vec![0.0f32; pixels * patch],
-        |cols, n, y_n| forward_image(x, weight, bias, g, n, cols, y_n),
+        |cols, n, y_n| {
+            im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
+            let cols = Strided::rows(cols, 0, patch);
+            product(pixels, oc, patch, cols, weight, oc, y_n, oc);
+            if let Some(bias) = bias {
+                widest(
+                    #[inline(always)]
+                    || {
+                        for row in y_n.chunks_exact_mut(oc) {
+                            row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
+                        }
+                    },
+                )
+            }
+        },
     )
-}
-
-/// Image `n`'s share of [`forward`] into `y_n` (`[oh * ow, oc]`), its columns built in `cols`
-/// (`oh * ow * kh*kw*c` floats of scratch).
-fn forward_image(
-    x: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    g: &ConvGeometry,
-    n: usize,
-    cols: &mut [f32],
-    y_n: &mut [f32],
-) {
-    let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
-    let oc = y_n.len() / pixels.max(1);
-    im2col_part(x, g, n * pixels..(n + 1) * pixels, 0..patch, cols);
-    let cols = Strided::rows(cols, 0, patch);
-    product(pixels, oc, patch, cols, weight, oc, y_n, oc);
-    if let Some(bias) = bias {
-        widest(
-            #[inline(always)]
-            || {
-                for row in y_n.chunks_exact_mut(oc) {
-                    row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
-                }
-            },
-        )
-    }
 }
 
 /// Output pixels [`weight_gradient`] builds the columns of at a time: 256 pixels of the CNN's

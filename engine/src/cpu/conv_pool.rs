@@ -72,9 +72,8 @@ fn weight_blocks(
 ) -> (Vec<[f32; LANES]>, Vec<[f32; LANES]>) {
     let patch = weight.len() / oc.max(1);
     let blocks = oc.div_ceil(LANES);
-    let lanes = |values: &[f32], b: usize| -> [f32; LANES] {
-        std::array::from_fn(|l| values.get(b * LANES + l).copied().unwrap_or(0.0))
-    };
+    let lanes =
+        |values: &[f32], b: usize| in_lanes(&values[b * LANES..(b * LANES + LANES).min(oc)]);
     let packed = (0..blocks)
         .flat_map(|b| (0..patch).map(move |i| (b, i)))
         .map(|(b, i)| lanes(&weight[i * oc..][..oc], b))

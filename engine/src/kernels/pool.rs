@@ -230,7 +230,7 @@ pub(crate) fn max_pool_row(
                 let pixel = &x[base..][..c];
                 let index = first_index + base;
                 if kh == 0 && kw == 0 {
-                    copy_in_blocks(y, pixel);
+                    y.copy_from_slice(pixel);
                     for (j, a) in at.iter_mut().enumerate() {
                         *a = (index + j) as u32;
                     }
@@ -244,23 +244,6 @@ pub(crate) fn max_pool_row(
                 }
             }
         }
-    }
-}
-
-/// `dst.copy_from_slice(src)` in blocks of 16 floats, which the compiler emits as vector
-/// moves: `copy_from_slice` of a length known only at run time is a call to `memmove`, which
-/// costs more than the copy for one pixel's channels.
-#[inline(always)]
-fn copy_in_blocks(dst: &mut [f32], src: &[f32]) {
-    const BLOCK: usize = 16;
-    let done = dst.len() / BLOCK * BLOCK;
-    let mut blocks = dst.chunks_exact_mut(BLOCK);
-    for (d, s) in (&mut blocks).zip(src.chunks_exact(BLOCK)) {
-        let d: &mut [f32; BLOCK] = d.try_into().expect("a block");
-        *d = s.try_into().expect("a block");
-    }
-    for (d, &s) in blocks.into_remainder().iter_mut().zip(&src[done..]) {
-        *d = s;
     }
 }
 
