@@ -228,11 +228,11 @@ pub(super) fn run(
                 x,
                 gamma,
                 beta,
-                normed,
                 stats,
+                eps,
             } => {
                 let (dx, dgamma, dbeta) =
-                    image_norm::image_norm_backward(value(*x), value(*gamma), normed, stats, &dy)?;
+                    image_norm::image_norm_backward(value(*x), value(*gamma), stats, &dy, *eps)?;
                 vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
             }
             Op::Embedding { table, ids } => {

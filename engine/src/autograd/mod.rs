@@ -104,13 +104,14 @@ pub(crate) enum Op {
         beta: Var,
         stats: Tensor,
     },
-    /// `kernels::image_norm`; keeps each image normalized and its statistics.
+    /// `kernels::image_norm`; keeps each image's statistics (the backward pass recomputes
+    /// the normalized images from them).
     ImageNorm {
         x: Var,
         gamma: Var,
         beta: Var,
-        normed: Tensor,
         stats: Tensor,
+        eps: f32,
     },
     Embedding {
         table: Var,
@@ -629,8 +630,8 @@ impl Graph {
             x,
             gamma,
             beta,
-            normed: out.normed,
             stats: out.stats,
+            eps,
         };
         Ok(self.record(out.y, op, &[x, gamma, beta]))
     }

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::CHUNK;
-use super::output::{zeroed, zeroed_par_chunk_pairs, zeroed_par_chunks, Unwritten};
+use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::math::{workgroup_sum_of, ROW_LANES};
 
@@ -61,47 +61,54 @@ fn row_stats(row: &[f32], scratch: &mut [f32], eps: f32) -> (f32, f32) {
     (mean, 1.0 / (var + eps).sqrt())
 }
 
-/// Image normalization (`kernels::layernorm::image_norm`): each row normalized as [`forward`]
-/// does with a gamma of ones and a beta of zeros (`normed`), then scaled and shifted per
-/// channel (the innermost `channels` of a row: NHWC pixels), as a product and a sum with
-/// broadcasting compute it. Returns `(y, normed, stats)`.
+/// Element `v` of a row of mean `mean` and 1/std `rstd`, normalized as the image norm's
+/// layer norm does it with a gamma of ones and a beta of zeros: the forward pass and the
+/// channels' sums of the backward pass both compute it here, so that they agree bit for bit.
+#[inline(always)]
+pub fn normalized(v: f32, mean: f32, rstd: f32) -> f32 {
+    // The gamma of one and beta of zero, kept: `+ 0.0` turns a -0 into +0, as the
+    // composition does.
+    (v - mean) * rstd * 1.0 + 0.0
+}
+
+/// Image normalization (`kernels::image_norm`): each row normalized as [`forward`] does with a
+/// gamma of ones and a beta of zeros ([`normalized`]), then scaled and shifted per channel
+/// (the innermost `channels` of a row: NHWC pixels), as a product and a sum with
+/// broadcasting compute it. Returns `(y, stats)`; the backward pass recomputes the
+/// normalized values from `x` and `stats` rather than keeping them, which saves writing (and
+/// reading back) a tensor as large as `x`.
 pub fn image_forward(
     x: &[f32],
     channel_gamma: &[f32],
     channel_beta: &[f32],
     cols: usize,
     eps: f32,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>) {
     let (rows, channels) = (x.len() / cols, channel_gamma.len());
     assert!(channels > 0 && cols.is_multiple_of(channels) && channel_beta.len() == channels);
-    let (mut y, mut normed) = (Unwritten::new(x.len()), Unwritten::new(x.len()));
+    assert!(x.len().is_multiple_of(cols), "a partial row");
+    let mut y = Unwritten::new(x.len());
     let mut stats = vec![0.0; 2 * rows];
     let rows_per_task = (CHUNK / cols).max(1);
-    // As many chunks of each: the zips pair every one.
+    // As many chunks of each: the zip pairs every one.
     y.slots()
         .par_chunks_mut(rows_per_task * cols)
-        .zip(normed.slots().par_chunks_mut(rows_per_task * cols))
         .zip(stats.par_chunks_mut(2 * rows_per_task))
         .enumerate()
-        .for_each(|(t, ((y, normed), stats))| {
-            let (y, normed) = (zeroed(y), zeroed(normed));
+        .for_each(|(t, (y, stats))| {
+            // The squared deviations' room, in cache for the row's second sum.
+            let mut scratch = vec![0.0; cols];
             widest(
                 #[inline(always)]
                 || {
-                    let rows = y.chunks_mut(cols).zip(normed.chunks_mut(cols));
-                    for (i, ((out, norm), stat)) in rows.zip(stats.chunks_mut(2)).enumerate() {
+                    for (i, (out, stat)) in y.chunks_mut(cols).zip(stats.chunks_mut(2)).enumerate()
+                    {
                         let row = &x[(t * rows_per_task + i) * cols..][..cols];
-                        let (mean, rstd) = row_stats(row, norm, eps);
-                        let pixels = out.chunks_mut(channels).zip(norm.chunks_mut(channels));
-                        for ((out, norm), px) in pixels.zip(row.chunks(channels)) {
+                        let (mean, rstd) = row_stats(row, &mut scratch, eps);
+                        for (out, px) in out.chunks_mut(channels).zip(row.chunks(channels)) {
                             let channel = channel_gamma.iter().zip(channel_beta);
-                            for (((o, n), &v), (&g, &b)) in
-                                out.iter_mut().zip(norm).zip(px).zip(channel)
-                            {
-                                // The layer norm's gamma of one and beta of zero, kept:
-                                // `+ 0.0` turns a -0 into +0, as the composition does.
-                                *n = (v - mean) * rstd * 1.0 + 0.0;
-                                *o = *n * g + b;
+                            for ((o, &v), (&g, &b)) in out.iter_mut().zip(px).zip(channel) {
+                                o.write(normalized(v, mean, rstd) * g + b);
                             }
                         }
                         stat[0] = mean;
@@ -110,8 +117,9 @@ pub fn image_forward(
                 },
             )
         });
-    // SAFETY: every chunk of `y` and `normed` was zero-filled (above).
-    unsafe { (y.assume_init(), normed.assume_init(), stats) }
+    // SAFETY: the chunks of `y` cover it, and each of their rows was written in full (`x` has
+    // as many rows, `cols` long, pixels of `channels`).
+    (unsafe { y.assume_init() }, stats)
 }
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what

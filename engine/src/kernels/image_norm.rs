@@ -12,16 +12,15 @@ use super::binary::{binary, Binary};
 use super::column_sums::ColumnSums;
 use super::layernorm::{layernorm, layernorm_backward};
 use super::reduce::sum_to_shape;
+use crate::cpu::layernorm::normalized;
 use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
-/// What [`image_norm`] gives: the output, and what its gradient needs.
+/// What [`image_norm`] gives: the output, and what its gradient needs besides the input.
 pub struct ImageNorm {
-    /// `normed * gamma + beta`, `[n, h, w, c]`.
+    /// Each image normalized, times its channels' gamma, plus their beta: `[n, h, w, c]`.
     pub y: Tensor,
-    /// Each image normalized, before the channels' gamma and beta, `[n, h, w, c]`.
-    pub normed: Tensor,
     /// Each image's mean and 1/std, `[n, 2]`.
     pub stats: Tensor,
 }
@@ -54,7 +53,7 @@ pub fn image_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
     let (n, cols, _) = dims(x, gamma, beta)?;
     match x.device() {
         Device::Cpu => {
-            let (y, normed, stats) = crate::cpu::layernorm::image_forward(
+            let (y, stats) = crate::cpu::layernorm::image_forward(
                 x.cpu_f32().expect("cpu"),
                 gamma.cpu_f32().expect("cpu"),
                 beta.cpu_f32().expect("cpu"),
@@ -64,7 +63,6 @@ pub fn image_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
             let d = x.device();
             Ok(ImageNorm {
                 y: Tensor::from_vec(d, x.shape(), y)?,
-                normed: Tensor::from_vec(d, x.shape(), normed)?,
                 stats: Tensor::from_vec(d, &[n, 2], stats)?,
             })
         }
@@ -72,25 +70,27 @@ pub fn image_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
     }
 }
 
-/// Gradients `(dx, dgamma, dbeta)` of [`image_norm`] from its input, gamma, the `normed`
-/// and `stats` it gave, and `dy`: the rules of the composition, in its order.
+/// Gradients `(dx, dgamma, dbeta)` of [`image_norm`] from its input, gamma, the `stats` it
+/// gave, `dy`, and the forward pass's `eps`: the rules of the composition, in its order. The
+/// normalized images that dgamma's sums need are recomputed with the forward pass's bits: on
+/// the CPU from `x` and `stats` as the sums read them, on a GPU by the layer norm kernel
+/// again (hence `eps`).
 pub fn image_norm_backward(
     x: &Tensor,
     gamma: &Tensor,
-    normed: &Tensor,
     stats: &Tensor,
     dy: &Tensor,
+    eps: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     // The backward pass has no beta: gamma is checked in both places.
     let (n, cols, _) = dims(x, gamma, gamma)?;
-    if dy.shape() != x.shape() || normed.shape() != x.shape() || stats.shape() != [n, 2] {
+    if dy.shape() != x.shape() || stats.shape() != [n, 2] {
         return shape_err(
             "image_norm_backward",
             format!(
-                "x {:?}, dy {:?}, normed {:?}, stats {:?}",
+                "x {:?}, dy {:?}, stats {:?}",
                 x.shape(),
                 dy.shape(),
-                normed.shape(),
                 stats.shape()
             ),
         );
@@ -99,13 +99,15 @@ pub fn image_norm_backward(
         Device::Cpu => {
             let (dgamma, dbeta) = channel_sums(
                 dy.cpu_f32().expect("cpu"),
-                normed.cpu_f32().expect("cpu"),
+                x.cpu_f32().expect("cpu"),
+                stats.cpu_f32().expect("cpu"),
                 gamma.numel(),
+                cols,
             );
             let on = |v| Tensor::from_vec(x.device(), gamma.shape(), v);
             (on(dgamma)?, on(dbeta)?)
         }
-        Device::Gpu(_) => composed::channel_sums(dy, normed, gamma)?,
+        Device::Gpu(_) => composed::channel_sums(dy, &composed::normed(x, eps)?, gamma)?,
     };
     let dx = match x.device() {
         Device::Cpu => Tensor::from_vec(
@@ -125,9 +127,16 @@ pub fn image_norm_backward(
 }
 
 /// `(dgamma, dbeta)`: the channels' sums of `dy * normed` and of `dy` over every pixel, with
-/// the composition's bits, in one pass over the two gradients' rows and without the
-/// product's tensor. Each of the two sums is a task of its own.
-fn channel_sums(dy: &[f32], normed: &[f32], channels: usize) -> (Vec<f32>, Vec<f32>) {
+/// the composition's bits, in one pass over the gradient's rows, `normed` recomputed from
+/// `x` (images of `cols` values) and its `stats` as it is read. Each of the two sums is a
+/// task of its own.
+fn channel_sums(
+    dy: &[f32],
+    x: &[f32],
+    stats: &[f32],
+    channels: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let pixels = dy.len() / channels;
     rayon::join(
         || {
@@ -135,11 +144,17 @@ fn channel_sums(dy: &[f32], normed: &[f32], channels: usize) -> (Vec<f32>, Vec<f
                 #[inline(always)]
                 || {
                     let mut sums = ColumnSums::new(pixels, channels);
-                    let rows = dy.chunks_exact(channels).zip(normed.chunks_exact(channels));
-                    for (j, (d, n)) in rows.enumerate() {
-                        let lane = sums.lane_of(j);
-                        for ((s, &d), &n) in lane.iter_mut().zip(d).zip(n) {
-                            *s += d * n;
+                    let images = dy.chunks_exact(cols).zip(x.chunks_exact(cols));
+                    let mut j = 0;
+                    for ((dy, x), stat) in images.zip(stats.chunks_exact(2)) {
+                        let (mean, rstd) = (stat[0], stat[1]);
+                        let rows = dy.chunks_exact(channels).zip(x.chunks_exact(channels));
+                        for (d, x) in rows {
+                            let lane = sums.lane_of(j);
+                            for ((s, &d), &v) in lane.iter_mut().zip(d).zip(x) {
+                                *s += d * normalized(v, mean, rstd);
+                            }
+                            j += 1;
                         }
                     }
                     sums.finish()
@@ -197,7 +212,14 @@ mod composed {
         let (normed, stats) = layernorm(&flat, &ones, &zeros, eps)?;
         let normed = normed.reshape(x.shape())?;
         let y = binary(&binary(&normed, gamma, Binary::Mul)?, beta, Binary::Add)?;
-        Ok(ImageNorm { y, normed, stats })
+        Ok(ImageNorm { y, stats })
+    }
+
+    /// The layer norm's output in [`forward`] again, by the same kernel on the same input:
+    /// the same bits.
+    pub(super) fn normed(x: &Tensor, eps: f32) -> Result<Tensor> {
+        let (flat, ones, zeros) = rows(x)?;
+        layernorm(&flat, &ones, &zeros, eps)?.0.reshape(x.shape())
     }
 
     pub(super) fn input_gradient(
@@ -252,14 +274,14 @@ mod tests {
             let got = image_norm(&x, &gamma, &beta, 1e-5).unwrap();
             let want = composed::forward(&x, &gamma, &beta, 1e-5).unwrap();
             assert_eq!(bits(&got.y), bits(&want.y), "{shape:?} y");
-            assert_eq!(bits(&got.normed), bits(&want.normed), "{shape:?} normed");
             assert_eq!(bits(&got.stats), bits(&want.stats), "{shape:?} stats");
             let (dx, dgamma, dbeta) =
-                image_norm_backward(&x, &gamma, &got.normed, &got.stats, &dy).unwrap();
+                image_norm_backward(&x, &gamma, &got.stats, &dy, 1e-5).unwrap();
             let want_dx = composed::input_gradient(&x, &gamma, &want.stats, &dy).unwrap();
             assert_eq!(bits(&dx), bits(&want_dx), "{shape:?} dx");
+            let want_normed = composed::normed(&x, 1e-5).unwrap();
             let (want_dgamma, want_dbeta) =
-                composed::channel_sums(&dy, &want.normed, &gamma).unwrap();
+                composed::channel_sums(&dy, &want_normed, &gamma).unwrap();
             assert_eq!(bits(&dgamma), bits(&want_dgamma), "{shape:?} dgamma");
             assert_eq!(bits(&dbeta), bits(&want_dbeta), "{shape:?} dbeta");
         }
@@ -273,7 +295,7 @@ mod tests {
         assert!(image_norm(&tensor(&[2, 36], 4, 1.0, 0.0), &c, &c, 1e-5).is_err());
         let out = image_norm(&x, &c, &c, 1e-5).unwrap();
         let short = tensor(&[2, 3, 3, 3], 5, 1.0, 0.0);
-        assert!(image_norm_backward(&x, &c, &out.normed, &out.stats, &short).is_err());
-        assert!(image_norm_backward(&x, &c, &out.normed, &out.normed, &x).is_err());
+        assert!(image_norm_backward(&x, &c, &out.stats, &short, 1e-5).is_err());
+        assert!(image_norm_backward(&x, &c, &x, &x, 1e-5).is_err());
     }
 }
