@@ -214,15 +214,19 @@ fn im2col_part(
 ) {
     let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
     for (row, p) in out.chunks_exact_mut(columns.len()).zip(pixels) {
-        row.fill(0.0);
         let (n, oh, ow) = (p / (out_h * out_w), p / out_w % out_h, p % out_w);
-        let cols_inside = inside(ow, g, g.kw, g.w);
+        let (rows_inside, cols_inside) = (inside(oh, g, g.kh, g.h), inside(ow, g, g.kw, g.w));
+        // A window wholly inside the image copies every column; one that reads padding
+        // leaves zeros.
+        if rows_inside.len() < g.kh || cols_inside.len() < g.kw {
+            row.fill(0.0);
+        }
         let run = cols_inside.len() * c;
         if run == 0 {
             continue;
         }
         let iw = ow * g.stride + cols_inside.start - g.pad;
-        for kh in inside(oh, g, g.kh, g.h) {
+        for kh in rows_inside {
             let ih = oh * g.stride + kh - g.pad;
             let from = ((n * g.h + ih) * g.w + iw) * c;
             // The window row's run is columns to..to + run of the full row.
