@@ -13,7 +13,10 @@ pub const CHUNK: usize = 1 << 14;
 
 /// Runs `f(start, chunk)` over `out` in chunks of [`CHUNK`] (`start` is the chunk's first
 /// index), in parallel when there is more than one: the one way the element-wise kernels
-/// below split their work.
+/// below split their work. `f` runs on the widest vector unit only if it is inlined there:
+/// write it `#[inline(always)]`. A closure the compiler chose not to inline is compiled for
+/// the baseline's SSE2 and called from there (dropout's mask of [128, 128]: 264 µs that way,
+/// 94–98 µs inlined; docs/benchmarks.md, session 12).
 pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     if out.len() <= CHUNK {
         widest(
@@ -33,7 +36,8 @@ pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
 }
 
 /// Runs `f(row index, row)` over the `cols`-long rows of `out`, in parallel tasks of about
-/// [`CHUNK`] elements when there is more than one, each on the widest vector unit.
+/// [`CHUNK`] elements when there is more than one, each on the widest vector unit (write `f`
+/// `#[inline(always)]`, as for [`for_chunks`]).
 pub fn for_rows<T: Send>(out: &mut [T], cols: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let rows_per_task = (CHUNK / cols).max(1);
     if out.len() <= CHUNK {
@@ -80,11 +84,15 @@ pub fn collect_indexed<T: Send + Clone + Default>(
     f: impl Fn(usize) -> T + Sync,
 ) -> Vec<T> {
     let mut out = vec![T::default(); n];
-    for_chunks(&mut out, |start, chunk| {
-        for (j, o) in chunk.iter_mut().enumerate() {
-            *o = f(start + j);
-        }
-    });
+    for_chunks(
+        &mut out,
+        #[inline(always)]
+        |start, chunk| {
+            for (j, o) in chunk.iter_mut().enumerate() {
+                *o = f(start + j);
+            }
+        },
+    );
     out
 }
 

@@ -3,14 +3,7 @@
 //! produces a gradient's rows in cache and never holds the whole matrix (the fused
 //! convolution and pooling's bias gradient, the image norm's dgamma and dbeta).
 
-use rayon::prelude::*;
-
 use super::reduce::{combine_lanes_as_tree, plan, reduce_ref, Plan, Reduce, CHUNK, LANES};
-use crate::cpu::vector_unit::widest;
-
-/// Lanes that one task of [`ColumnSums::par_add`] owns: a chunk's 256 lanes make eight tasks,
-/// and each task reads runs of 32 neighbouring rows.
-const TASK_LANES: usize = 32;
 
 /// Running sums of the columns; rows must come in ascending order, and every row of `0..len`
 /// that is not given counts as a row of zeros (adding +0 changes none of the sums: each starts
@@ -27,15 +20,7 @@ pub(crate) struct ColumnSums {
 impl ColumnSums {
     /// Sums for `len` rows of `inner` columns.
     pub(crate) fn new(len: usize, inner: usize) -> Self {
-        Self::side_by_side(len, inner, 1)
-    }
-
-    /// Sums for `copies` matrices of `len` rows of `inner` columns at once, their rows side
-    /// by side (`copies * inner` columns): each matrix's columns sum as [`ColumnSums::new`]
-    /// sums them, in one pass over rows that yield all of them.
-    pub(crate) fn side_by_side(len: usize, inner: usize, copies: usize) -> Self {
         let plan = plan(inner, len);
-        let inner = inner * copies;
         let lane_rows = match plan {
             Plan::PerThread => 1,
             Plan::PerWorkgroup => LANES,
@@ -63,46 +48,12 @@ impl ColumnSums {
         &mut self.lanes[lane * self.inner..][..self.inner]
     }
 
-    /// Every row of `0..len` at once, in parallel: `add(j, sums)` adds row `j` to the running
-    /// sums it is given (as [`ColumnSums::lane_of`] gives them). Rows reach each lane in
-    /// ascending order, and the lanes are shared out among rayon's threads, each reading its
-    /// own rows; with one lane (the short plan) the rows run in order on this thread.
-    /// `add` runs on the widest vector unit; write it `#[inline(always)]`.
-    pub(crate) fn par_add(&mut self, add: impl Fn(usize, &mut [f32]) + Sync) {
-        let (len, inner) = (self.len, self.inner);
-        if inner == 0 {
-            return;
+    /// Adds row `j`.
+    #[inline(always)]
+    pub(crate) fn add(&mut self, j: usize, row: &[f32]) {
+        for (s, &v) in self.lane_of(j).iter_mut().zip(row) {
+            *s += v;
         }
-        if self.plan == Plan::PerThread {
-            let sums = &mut self.lanes[..inner];
-            return widest(
-                #[inline(always)]
-                || (0..len).for_each(|j| add(j, sums)),
-            );
-        }
-        // Task `t` owns lanes `t * TASK_LANES ..` of chunk `t / tasks_per_chunk`: its rows are
-        // that chunk's rows whose lane (`j % LANES`, as CHUNK is a whole number of LANES) is
-        // one of them.
-        let tasks_per_chunk = LANES / TASK_LANES;
-        self.lanes
-            .par_chunks_mut(TASK_LANES * inner)
-            .enumerate()
-            .for_each(|(t, lanes)| {
-                let chunk = t / tasks_per_chunk;
-                let first_lane = t % tasks_per_chunk * TASK_LANES;
-                let end = len.min((chunk + 1) * CHUNK);
-                widest(
-                    #[inline(always)]
-                    || {
-                        for round in (chunk * CHUNK..end).step_by(LANES) {
-                            let rows = round + first_lane..end.min(round + first_lane + TASK_LANES);
-                            for (j, sums) in rows.zip(lanes.chunks_exact_mut(inner)) {
-                                add(j, sums);
-                            }
-                        }
-                    },
-                )
-            });
     }
 
     /// The `inner` sums.
@@ -160,34 +111,12 @@ mod tests {
             let mut sums = ColumnSums::new(len, inner);
             for (j, row) in x.chunks(inner).enumerate() {
                 if j % 5 != 2 {
-                    sums.lane_of(j)
-                        .iter_mut()
-                        .zip(row)
-                        .for_each(|(s, &v)| *s += v);
+                    sums.add(j, row);
                 }
             }
             let got = sums.finish();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "[{len}, {inner}]");
-            // The same rows in parallel, next to their negations and doubles: three matrices
-            // side by side, each with its own sums' bits.
-            let mut sums = ColumnSums::side_by_side(len, inner, 3);
-            sums.par_add(|j, s| {
-                if j % 5 == 2 {
-                    return;
-                }
-                let row = &x[j * inner..][..inner];
-                let (first, rest) = s.split_at_mut(inner);
-                let (second, third) = rest.split_at_mut(inner);
-                for (((a, b), c), &v) in first.iter_mut().zip(second).zip(third).zip(row) {
-                    (*a, *b, *c) = (*a + v, *b + -v, *c + 2.0 * v);
-                }
-            });
-            let got = sums.finish();
-            let (negated, doubled): (Vec<f32>, Vec<f32>) =
-                want.iter().map(|&v| (-v, 2.0 * v)).unzip();
-            let want: Vec<f32> = [want, negated, doubled].concat();
-            assert_eq!(bits(&got), bits(&want), "[{len}, {inner}] in parallel");
         }
     }
 }

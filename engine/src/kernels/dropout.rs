@@ -101,11 +101,8 @@ pub fn dropout_ref(x: &[f32], mask: &DropoutMask) -> Result<Vec<f32>> {
 /// (`rng::element_words`), where the reference draws a block of four words per element and
 /// keeps one. The same words, so the same bits (test).
 fn dropout_fast(x: &[f32], mask: &DropoutMask, offset: u32) -> Vec<f32> {
-    let (rate, scale) = (mask.rate, mask.scale());
+    let scale = mask.scale();
     let mut out = vec![0.0; x.len()];
-    // Written `#[inline(always)]`, with the rate in a local: otherwise the loop is compiled
-    // apart from `for_chunks`'s vector unit, one element at a time (seen in `perf annotate`:
-    // the select ran scalar, with the rate reloaded for every element).
     crate::cpu::elementwise::for_chunks(
         &mut out,
         #[inline(always)]
@@ -122,8 +119,9 @@ fn dropout_fast(x: &[f32], mask: &DropoutMask, offset: u32) -> Vec<f32> {
                 first - skip as u32,
                 &mut words,
             );
-            // Copies the closure owns: read through its captures, they were reloaded.
-            let (rate, scale) = (rate, scale);
+            // Copies the loop owns: read through the closure's captures, the rate was reloaded
+            // for every element and the select ran one element at a time (`perf annotate`).
+            let (rate, scale) = (mask.rate, scale);
             let x = &x[start..][..chunk.len()];
             for ((o, &v), &w) in chunk.iter_mut().zip(x).zip(&words[skip..]) {
                 *o = if unit_f32(w) >= rate { v * scale } else { 0.0 };

@@ -13,6 +13,7 @@ use super::column_sums::ColumnSums;
 use super::layernorm::{layernorm, layernorm_backward};
 use super::reduce::sum_to_shape;
 use crate::cpu::layernorm::normalized;
+use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -126,8 +127,9 @@ pub fn image_norm_backward(
 }
 
 /// `(dgamma, dbeta)`: the channels' sums of `dy * normed` and of `dy` over every pixel, with
-/// the composition's bits, in one parallel pass over the gradient's rows, `normed`
-/// recomputed from `x` (images of `cols` values) and its `stats` as it is read.
+/// the composition's bits, in one pass over the gradient's rows, `normed` recomputed from
+/// `x` (images of `cols` values) and its `stats` as it is read. Each of the two sums is a
+/// task of its own.
 fn channel_sums(
     dy: &[f32],
     x: &[f32],
@@ -135,30 +137,43 @@ fn channel_sums(
     channels: usize,
     cols: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (pixels, image_pixels) = (dy.len() / channels, cols / channels);
-    // dgamma's sums next to dbeta's: the same rows feed both.
-    let mut sums = ColumnSums::side_by_side(pixels, channels, 2);
-    sums.par_add(
-        #[inline(always)]
-        |j, sums| {
-            let r = j / image_pixels;
-            let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
-            let (d, x) = (
-                &dy[j * channels..][..channels],
-                &x[j * channels..][..channels],
-            );
-            let (dgamma, dbeta) = sums.split_at_mut(channels);
-            for ((s, &d), &v) in dgamma.iter_mut().zip(d).zip(x) {
-                *s += d * normalized(v, mean, rstd);
-            }
-            for (s, &d) in dbeta.iter_mut().zip(d) {
-                *s += d;
-            }
+    let pixels = dy.len() / channels;
+    rayon::join(
+        || {
+            widest(
+                #[inline(always)]
+                || {
+                    let mut sums = ColumnSums::new(pixels, channels);
+                    let images = dy.chunks_exact(cols).zip(x.chunks_exact(cols));
+                    let mut j = 0;
+                    for ((dy, x), stat) in images.zip(stats.chunks_exact(2)) {
+                        let (mean, rstd) = (stat[0], stat[1]);
+                        let rows = dy.chunks_exact(channels).zip(x.chunks_exact(channels));
+                        for (d, x) in rows {
+                            let lane = sums.lane_of(j);
+                            for ((s, &d), &v) in lane.iter_mut().zip(d).zip(x) {
+                                *s += d * normalized(v, mean, rstd);
+                            }
+                            j += 1;
+                        }
+                    }
+                    sums.finish()
+                },
+            )
         },
-    );
-    let mut dgamma = sums.finish();
-    let dbeta = dgamma.split_off(channels);
-    (dgamma, dbeta)
+        || {
+            widest(
+                #[inline(always)]
+                || {
+                    let mut sums = ColumnSums::new(pixels, channels);
+                    for (j, d) in dy.chunks_exact(channels).enumerate() {
+                        sums.add(j, d);
+                    }
+                    sums.finish()
+                },
+            )
+        },
+    )
 }
 
 /// The definition: the composition of kernels the GPU runs.

@@ -71,19 +71,24 @@ fn permute_cpu(x: &[f32], p: &Params) -> Vec<f32> {
     let [s0, s1, s2, s3] = p.strides.map(|s| s as usize);
     let mut out = vec![0.0; p.dims.iter().map(|&d| d as usize).product()];
     let row_len = (d2 * d3).max(1);
-    crate::cpu::elementwise::for_rows(&mut out, row_len, |r, row| {
-        let base = (r / d1) * s0 + (r % d1) * s1;
-        for (i2, run) in row.chunks_exact_mut(d3).enumerate() {
-            let start = base + i2 * s2;
-            if s3 == 1 {
-                run.copy_from_slice(&x[start..][..d3]);
-            } else {
-                for (i3, o) in run.iter_mut().enumerate() {
-                    *o = x[start + i3 * s3];
+    crate::cpu::elementwise::for_rows(
+        &mut out,
+        row_len,
+        #[inline(always)]
+        |r, row| {
+            let base = (r / d1) * s0 + (r % d1) * s1;
+            for (i2, run) in row.chunks_exact_mut(d3).enumerate() {
+                let start = base + i2 * s2;
+                if s3 == 1 {
+                    run.copy_from_slice(&x[start..][..d3]);
+                } else {
+                    for (i3, o) in run.iter_mut().enumerate() {
+                        *o = x[start + i3 * s3];
+                    }
                 }
             }
-        }
-    });
+        },
+    );
     out
 }
 
