@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;
 pub mod output;
+pub mod pool;
 pub mod rows;
 pub mod strided_product;
 pub mod vector_unit;

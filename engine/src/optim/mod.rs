@@ -8,7 +8,8 @@ use crate::kernels::optim::{adamw_step, sgd_step, AdamWStep, SgdStep};
 use crate::tensor::Tensor;
 
 /// Updates parameters from their gradients.
-pub trait Optimizer: Send {
+/// `Sync` so that a model and its optimizer can be read from a pool thread (`cpu::pool`).
+pub trait Optimizer: Send + Sync {
     /// One update; `grads[i]` is the gradient of `params[i]`.
     fn step(&mut self, params: &mut [&mut Tensor], grads: &[Tensor]) -> Result<()>;
     /// The learning rate the next step uses.

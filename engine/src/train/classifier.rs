@@ -11,6 +11,7 @@ use super::state::{self, describe, Header, Saved};
 use crate::autograd::Graph;
 use crate::autograd::Var;
 use crate::checkpoint::Precision;
+use crate::cpu::pool::on_pool;
 use crate::data::ImageSet;
 use crate::error::{Error, Result};
 use crate::nn::{Activation, Cnn, CnnConfig, Mlp, Module};
@@ -236,8 +237,10 @@ impl Classifier {
         labels: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let (g, loss) = self.loss_graph(x, labels, first_sample)?;
-        g.loss_and_grads(loss, &self.model.parameters())
+        on_pool(|| {
+            let (g, loss) = self.loss_graph(x, labels, first_sample)?;
+            g.loss_and_grads(loss, &self.model.parameters())
+        })
     }
 
     /// [`Classifier::loss_and_grads`] with each parameter's gradient handed to `ready` (with
@@ -275,19 +278,21 @@ impl Classifier {
     /// Applies gradients with the optimizer, after clipping them and setting the step's
     /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
-        let mut grads = host_update::grads(&self.host, grads)?;
-        if let Some(max_norm) = self.config.clip {
-            clip_global_norm(&mut grads, max_norm)?;
-        }
-        if let Some(schedule) = &self.config.schedule {
-            self.optimizer.set_lr(schedule.lr(self.steps));
-        }
-        host_update::step(
-            &mut self.host,
-            self.optimizer.as_mut(),
-            &mut self.model.parameters_mut(),
-            &grads,
-        )?;
+        on_pool(|| {
+            let mut grads = host_update::grads(&self.host, grads)?;
+            if let Some(max_norm) = self.config.clip {
+                clip_global_norm(&mut grads, max_norm)?;
+            }
+            if let Some(schedule) = &self.config.schedule {
+                self.optimizer.set_lr(schedule.lr(self.steps));
+            }
+            host_update::step(
+                &mut self.host,
+                self.optimizer.as_mut(),
+                &mut self.model.parameters_mut(),
+                &grads,
+            )
+        })?;
         self.steps += 1;
         Ok(())
     }
@@ -302,11 +307,13 @@ impl Classifier {
 
     /// Predicted classes of `x [n, features]`.
     pub fn predict(&self, x: &[f32], n: usize) -> Result<Vec<u32>> {
-        let xt = Tensor::from_vec(&self.device, &[n, self.inputs], x.to_vec())?;
-        let g = Graph::new(&self.device);
-        let input = g.input(&xt);
-        let logits = self.model.forward(&g, input, None)?;
-        g.value(logits).argmax()?.to_vec_u32()
+        on_pool(|| {
+            let xt = Tensor::from_vec(&self.device, &[n, self.inputs], x.to_vec())?;
+            let g = Graph::new(&self.device);
+            let input = g.input(&xt);
+            let logits = self.model.forward(&g, input, None)?;
+            g.value(logits).argmax()?.to_vec_u32()
+        })
     }
 
     /// Fraction of `set` classified correctly, evaluated in batches of `batch`.

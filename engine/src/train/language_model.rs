@@ -9,6 +9,7 @@ use super::host_update::{self, HostUpdate};
 use super::state::{self, describe, Header, Saved};
 use crate::autograd::{Graph, Var};
 use crate::checkpoint::Precision;
+use crate::cpu::pool::on_pool;
 use crate::data::{lm_batch, lm_windows};
 use crate::error::{Error, Result};
 use crate::nn::{DropoutPlan, Gpt, GptConfig, Module};
@@ -155,8 +156,10 @@ impl LanguageModel {
         targets: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
-        g.loss_and_grads(loss, &self.model.parameters())
+        on_pool(|| {
+            let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
+            g.loss_and_grads(loss, &self.model.parameters())
+        })
     }
 
     /// [`LanguageModel::loss_and_grads`] with each parameter's gradient handed to `ready`
@@ -215,16 +218,19 @@ impl LanguageModel {
     /// configuration's global norm, at the schedule's learning rate for this step. Returns
     /// the global norm before clipping and the learning rate.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<(Tensor, f32)> {
-        let mut grads = host_update::grads(&self.host, grads)?;
-        let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
         let lr = self.config.schedule.lr(self.steps);
-        self.optimizer.set_lr(lr);
-        host_update::step(
-            &mut self.host,
-            &mut self.optimizer,
-            &mut self.model.parameters_mut(),
-            &grads,
-        )?;
+        let grad_norm = on_pool(|| {
+            let mut grads = host_update::grads(&self.host, grads)?;
+            let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
+            self.optimizer.set_lr(lr);
+            host_update::step(
+                &mut self.host,
+                &mut self.optimizer,
+                &mut self.model.parameters_mut(),
+                &grads,
+            )?;
+            Ok::<_, Error>(grad_norm)
+        })?;
         self.steps += 1;
         Ok((grad_norm, lr))
     }
@@ -259,7 +265,7 @@ impl LanguageModel {
         for chunk in picked.chunks(batch.max(1)) {
             let ids = chunk.iter().flat_map(|(i, _)| i.iter().copied()).collect();
             let targets = chunk.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-            let (g, loss) = self.loss(ids, targets, chunk.len(), None)?;
+            let (g, loss) = on_pool(|| self.loss(ids, targets, chunk.len(), None))?;
             sums.push((g.value(loss), chunk.len()));
         }
         let values = Tensor::read_many(&sums.iter().map(|(t, _)| t).collect::<Vec<_>>())?;
