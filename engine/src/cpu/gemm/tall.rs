@@ -122,11 +122,18 @@ unsafe fn blocks_over_span(
         let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
         for j0 in (0..n).step_by(TALL_COLUMNS) {
             let columns = j0..(j0 + TALL_COLUMNS).min(n);
-            let block_kernel: TallBlock = match (columns.len() > 16, fused) {
-                (false, false) => x86::tall_block::<false, false>,
-                (false, true) => x86::tall_block::<false, true>,
-                (true, false) => x86::tall_block::<true, false>,
-                (true, true) => x86::tall_block::<true, true>,
+            // A block of at most 8 rows (the last of a task's 32, as a transformer's [64, n]
+            // gradients split over two threads give it) runs 8 accumulators a vector, not 12
+            // of which 4 repeat its last row: a third of its multiply-adds were thrown away.
+            let block_kernel: TallBlock = match (columns.len() > 16, fused, rows <= 8) {
+                (false, false, false) => x86::tall_block::<false, false, TALL_ROWS>,
+                (false, true, false) => x86::tall_block::<false, true, TALL_ROWS>,
+                (true, false, false) => x86::tall_block::<true, false, TALL_ROWS>,
+                (true, true, false) => x86::tall_block::<true, true, TALL_ROWS>,
+                (false, false, true) => x86::tall_block::<false, false, 8>,
+                (false, true, true) => x86::tall_block::<false, true, 8>,
+                (true, false, true) => x86::tall_block::<true, false, 8>,
+                (true, true, true) => x86::tall_block::<true, true, 8>,
             };
             // SAFETY: the caller guarantees AVX-512F.
             unsafe { block_kernel(a, b, d, i0..i0 + rows, columns, span.clone(), c_block) };
@@ -177,18 +184,18 @@ pub fn tall_continue_on(isa: Isa, a: &[f32], b: &[f32], m: usize, n: usize, c: &
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `block_rows` (at most `TALL_ROWS`) and `columns` (at most `TALL_COLUMNS`) of a tall
-    /// product's C over the steps `span.0` of `k` in registers, starting from the sums C holds
-    /// when `span.1` (a later span) and from 0 otherwise: each step of `k` loads B's row's
-    /// columns (two vectors when `TWO`, lanes past the columns masked off) and broadcasts A's
-    /// values for the block's rows. `c_rows` starts at the block's first row. Rows
-    /// past the block repeat its last row's value and are not stored: the loop is unrolled
-    /// over `TALL_ROWS` accumulators whatever the block's size.
+    /// `block_rows` (at most `R`, itself at most `TALL_ROWS`) and `columns` (at most
+    /// `TALL_COLUMNS`) of a tall product's C over the steps `span.0` of `k` in registers,
+    /// starting from the sums C holds when `span.1` (a later span) and from 0 otherwise: each
+    /// step of `k` loads B's row's columns (two vectors when `TWO`, lanes past the columns
+    /// masked off) and broadcasts A's values for the block's rows. `c_rows` starts at the
+    /// block's first row. Rows past the block repeat its last row's value and are not stored:
+    /// the loop is unrolled over `R` accumulators whatever the block's size.
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tall_block<const TWO: bool, const FUSED: bool>(
+    pub(super) unsafe fn tall_block<const TWO: bool, const FUSED: bool, const R: usize>(
         a: &[f32],
         b: &[f32],
         d: &super::MatmulDims,
@@ -202,13 +209,14 @@ mod x86 {
         let (i0, rows) = (block_rows.start, block_rows.len());
         let (steps, resume) = span;
         let (j0, width) = (columns.start, columns.len());
-        assert!((1..=TALL_ROWS).contains(&rows) && i0 + rows <= m);
+        const { assert!(R <= TALL_ROWS) };
+        assert!((1..=R).contains(&rows) && i0 + rows <= m);
         assert!((1..=TALL_COLUMNS).contains(&width) && columns.end <= n);
         assert!(steps.end <= k && a.len() >= k * m && b.len() >= k * n);
         assert!(c_rows.len() >= rows * n);
         let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
         let (mask0, mask1) = (lanes(width), lanes(width.saturating_sub(16)));
-        let mut acc = [[_mm512_setzero_ps(); 2]; TALL_ROWS];
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if resume {
             for (i, acc_i) in acc.iter_mut().enumerate().take(rows) {
                 // SAFETY: row i of the block holds n floats, asserted above, of which the
