@@ -54,7 +54,7 @@ impl PaddedImage {
     /// The value `offset` (one of [`PaddedImage::offsets`]) past the window at `at`.
     ///
     /// # Safety
-    /// `at + self.reach <= self.values.len()` (checked once per window by the caller: a
+    /// `at` comes from [`PaddedImage::window`], which checks the window's whole reach once (a
     /// bounds check per column cost the convolution's inner loops a compare, a branch and
     /// two reloads of the vector's pointer and length for every multiply-add, `perf
     /// annotate`, session 13), and `offset < self.reach`.
@@ -74,10 +74,14 @@ impl PaddedImage {
         }
     }
 
-    /// Where output pixel `(oh, ow)`'s window starts.
+    /// Where output pixel `(oh, ow)`'s window starts; panics unless the whole window, up to
+    /// [`PaddedImage::reach`], lies in the image, which is what [`PaddedImage::at_unchecked`]
+    /// relies on.
     #[inline(always)]
     fn window(&self, g: &ConvGeometry, oh: usize, ow: usize) -> usize {
-        (oh * g.stride * self.wide + ow * g.stride) * g.c
+        let at = (oh * g.stride * self.wide + ow * g.stride) * g.c;
+        assert!(at + self.reach <= self.values.len());
+        at
     }
 }
 
@@ -190,11 +194,10 @@ fn convolve_pixels<const P: usize>(
     out: &mut [f32],
 ) {
     let at: [usize; P] = std::array::from_fn(|q| image.window(g, oh, ow + q));
-    assert!(at.iter().all(|&at| at + image.reach <= image.values.len()));
     let mut acc = [[0.0f32; LANES]; P];
     for (w, &offset) in block.iter().zip(&image.offsets) {
         for (acc, &at) in acc.iter_mut().zip(&at) {
-            // SAFETY: asserted above; `offset` is one of the image's offsets.
+            // SAFETY: `at` is a window's, and `offset` one of the image's offsets.
             let v = unsafe { image.at_unchecked(at, offset) };
             *acc = std::array::from_fn(|l| acc[l] + v * w[l]);
         }
@@ -393,9 +396,8 @@ impl Pass<'_> {
                             *d = if w == first + l as u32 { grad } else { 0.0 };
                         }
                         let at = self.image.window(g, oh, ow);
-                        assert!(at + self.image.reach <= self.image.values.len());
                         for (sum, &offset) in sums.iter_mut().zip(offsets) {
-                            // SAFETY: asserted above; `offsets` are some of the image's.
+                            // SAFETY: `at` is a window's; `offsets` are some of the image's.
                             let v = unsafe { self.image.at_unchecked(at, offset) };
                             *sum = std::array::from_fn(|l| sum[l] + v * dh[l]);
                         }

@@ -37,6 +37,13 @@ const TALL_MAX_COLUMNS: usize = 256;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const TALL_ROWS: usize = 12;
 
+/// Rows of a short block, which runs this many accumulators instead of [`TALL_ROWS`] of
+/// which the extra ones repeat its last row: a transformer's [64, n] weight gradient over two
+/// threads gives each 32 rows, blocks of 12, 12 and 8, and the last threw away a third of its
+/// multiply-adds (docs/benchmarks.md, session 13).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_SHORT_ROWS: usize = 8;
+
 /// Columns of C per block of [`tall`]: two vectors of 16. Wider products take their columns
 /// in blocks of this many, each block over the same span of `k` in turn.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -98,6 +105,17 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f3
     }
 }
 
+/// The block kernel of `R` accumulator rows for two vectors of columns or one, fused or not.
+#[cfg(target_arch = "x86_64")]
+fn block_kernel<const R: usize>(two: bool, fused: bool) -> TallBlock {
+    match (two, fused) {
+        (false, false) => x86::tall_block::<false, false, R>,
+        (false, true) => x86::tall_block::<false, true, R>,
+        (true, false) => x86::tall_block::<true, false, R>,
+        (true, true) => x86::tall_block::<true, true, R>,
+    }
+}
+
 /// Every block of [`TALL_ROWS`] rows and [`TALL_COLUMNS`] columns of `c_rows` (rows
 /// `first_row..` of the product `d`'s C) over the steps `span.0` of `k`, from the sums C holds
 /// when `span.1` and from 0 otherwise: what [`tall`]'s tasks run for each span, and
@@ -122,21 +140,14 @@ unsafe fn blocks_over_span(
         let rows = TALL_ROWS.min(task_rows - block * TALL_ROWS);
         for j0 in (0..n).step_by(TALL_COLUMNS) {
             let columns = j0..(j0 + TALL_COLUMNS).min(n);
-            // A block of at most 8 rows (the last of a task's 32, as a transformer's [64, n]
-            // gradients split over two threads give it) runs 8 accumulators a vector, not 12
-            // of which 4 repeat its last row: a third of its multiply-adds were thrown away.
-            let block_kernel: TallBlock = match (columns.len() > 16, fused, rows <= 8) {
-                (false, false, false) => x86::tall_block::<false, false, TALL_ROWS>,
-                (false, true, false) => x86::tall_block::<false, true, TALL_ROWS>,
-                (true, false, false) => x86::tall_block::<true, false, TALL_ROWS>,
-                (true, true, false) => x86::tall_block::<true, true, TALL_ROWS>,
-                (false, false, true) => x86::tall_block::<false, false, 8>,
-                (false, true, true) => x86::tall_block::<false, true, 8>,
-                (true, false, true) => x86::tall_block::<true, false, 8>,
-                (true, true, true) => x86::tall_block::<true, true, 8>,
+            let two = columns.len() > 16;
+            let kernel = if rows <= TALL_SHORT_ROWS {
+                block_kernel::<TALL_SHORT_ROWS>(two, fused)
+            } else {
+                block_kernel::<TALL_ROWS>(two, fused)
             };
             // SAFETY: the caller guarantees AVX-512F.
-            unsafe { block_kernel(a, b, d, i0..i0 + rows, columns, span.clone(), c_block) };
+            unsafe { kernel(a, b, d, i0..i0 + rows, columns, span.clone(), c_block) };
         }
     }
 }
