@@ -49,6 +49,16 @@ const TALL_SHORT_ROWS: usize = 8;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const TALL_COLUMNS: usize = 32;
 
+/// Steps of `k` ahead that a tall block asks for B's and A's rows. Its first block of rows
+/// over a span of `k` reads them from memory (a weight gradient's operands were written by
+/// earlier layers and have left the second-level cache), a row of B per step 1 KB from the
+/// last for the GPT's [64, 256] gradient: too far apart for the hardware's stream prefetcher
+/// to see, so each step waited on its loads. 16 steps ahead: +4 to +5.5% on whole GPT steps
+/// (blocks of steps alternating with and without, within one process; 8 and 32 gave less;
+/// docs/benchmarks.md, session 14).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const TALL_PREFETCH: usize = 16;
+
 /// A block kernel of [`tall`]: `(a, b, dims, rows, columns, (steps of k, resume), the block's
 /// rows of C)`; unsafe for the CPU features it needs.
 #[cfg(target_arch = "x86_64")]
@@ -215,7 +225,7 @@ mod x86 {
         span: (std::ops::Range<usize>, bool),
         c_rows: &mut [f32],
     ) {
-        use super::{TALL_COLUMNS, TALL_ROWS};
+        use super::{TALL_COLUMNS, TALL_PREFETCH, TALL_ROWS};
         let (m, n, k) = (d.m, d.n, d.k);
         let (i0, rows) = (block_rows.start, block_rows.len());
         let (steps, resume) = span;
@@ -242,6 +252,17 @@ mod x86 {
             }
         }
         for p in steps {
+            let ahead = p + TALL_PREFETCH;
+            if ahead < k {
+                // A hint, which never faults: the addresses are computed without `add`'s
+                // promise to stay inside the slices, though they do.
+                let b_ahead = b.as_ptr().wrapping_add(ahead * n + j0).cast::<i8>();
+                _mm_prefetch::<_MM_HINT_T0>(b_ahead);
+                if TWO {
+                    _mm_prefetch::<_MM_HINT_T0>(b_ahead.wrapping_add(64));
+                }
+                _mm_prefetch::<_MM_HINT_T0>(a.as_ptr().wrapping_add(ahead * m + i0).cast::<i8>());
+            }
             // SAFETY: row p of B holds n floats from p * n < k * n, the columns from j0
             // width of them; lanes past them are masked off (a masked load does not touch
             // them).
