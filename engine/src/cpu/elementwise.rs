@@ -2,6 +2,8 @@
 //! loops the compiler can vectorise, split over rayon in chunks. Splitting an element-wise
 //! operation never changes a bit: each output depends on its own inputs only.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::output::{zeroed, Unwritten};
@@ -110,6 +112,74 @@ pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     );
     // SAFETY: `for_chunks` hands every slot to the closure, which writes each one (`x` is
     // as long as the output).
+    unsafe { out.assume_init() }
+}
+
+/// `f(x)`'s two values for every element, into two vectors, in parallel when large: a
+/// function and a factor of it that its derivative reads again (GELU and its gate).
+pub fn map_pair(x: &[f32], f: impl Fn(f32) -> (f32, f32) + Sync) -> (Vec<f32>, Vec<f32>) {
+    #[inline(always)]
+    fn fill(
+        x: &[f32],
+        firsts: &mut [MaybeUninit<f32>],
+        seconds: &mut [MaybeUninit<f32>],
+        f: &impl Fn(f32) -> (f32, f32),
+    ) {
+        for ((a, b), &v) in firsts.iter_mut().zip(seconds).zip(x) {
+            let (p, q) = f(v);
+            a.write(p);
+            b.write(q);
+        }
+    }
+    let (mut first, mut second) = (Unwritten::new(x.len()), Unwritten::new(x.len()));
+    if x.len() <= CHUNK {
+        widest(
+            #[inline(always)]
+            || fill(x, first.slots(), second.slots(), &f),
+        );
+    } else {
+        first
+            .slots()
+            .par_chunks_mut(CHUNK)
+            .zip(second.slots().par_chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(c, (firsts, seconds))| {
+                widest(
+                    #[inline(always)]
+                    || fill(&x[c * CHUNK..], firsts, seconds, &f),
+                )
+            });
+    }
+    // SAFETY: the chunks of both outputs pair up and cover them, and the task writes each
+    // slot of both (`x` is as long as the outputs).
+    unsafe { (first.assume_init(), second.assume_init()) }
+}
+
+/// `f(x, y, z)` for every triple of elements of three equally long slices, in parallel when
+/// large.
+pub fn zip3_map(
+    x: &[f32],
+    y: &[f32],
+    z: &[f32],
+    f: impl Fn(f32, f32, f32) -> f32 + Sync,
+) -> Vec<f32> {
+    assert!(
+        x.len() == y.len() && x.len() == z.len(),
+        "zip3_map operands differ in length"
+    );
+    let mut out = Unwritten::new(x.len());
+    for_chunks(
+        out.slots(),
+        #[inline(always)]
+        |start, chunk| {
+            let operands = x[start..].iter().zip(&y[start..]).zip(&z[start..]);
+            for (o, ((&a, &b), &c)) in chunk.iter_mut().zip(operands) {
+                o.write(f(a, b, c));
+            }
+        },
+    );
+    // SAFETY: `for_chunks` hands every slot to the closure, which writes each one (the
+    // operands are as long as the output).
     unsafe { out.assume_init() }
 }
 

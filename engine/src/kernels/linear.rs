@@ -10,7 +10,7 @@
 use super::binary::{binary, Binary};
 use super::matmul::matmul;
 use super::matmul_dims::MatmulDims;
-use super::unary::{unary, Unary};
+use super::unary::{gelu_and_gate, unary, Unary};
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -22,6 +22,9 @@ pub struct Affine {
     /// without an activation, for ReLU (whose output is positive exactly where its input
     /// is) and for an affine activation (whose derivative is a constant).
     pub pre_activation: Option<Tensor>,
+    /// GELU's gate for each element where the CPU path kept it
+    /// ([`gelu_and_gate`](super::unary::gelu_and_gate)), for the backward pass to read.
+    pub gelu_gate: Option<Tensor>,
 }
 
 /// Whether `f'(z)` can be computed from `f(z)` in its place, with the same bits: `unary_
@@ -69,14 +72,17 @@ pub fn forward(
                 None => Affine {
                     y: z,
                     pre_activation: None,
+                    gelu_gate: None,
                 },
                 Some(f) if derivative_reads_output(f) => Affine {
                     y: unary(&z, f)?,
                     pre_activation: None,
+                    gelu_gate: None,
                 },
                 Some(f) => Affine {
                     y: unary(&z, f)?,
                     pre_activation: Some(z),
+                    gelu_gate: None,
                 },
             })
         }
@@ -115,16 +121,27 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
         }
     };
     Ok(match f {
+        Some(Unary::Gelu) => {
+            let z = Tensor::from_vec(x.device(), &shape, z_of(None))?;
+            let (y, gate) = gelu_and_gate(&z)?;
+            Affine {
+                y,
+                pre_activation: Some(z),
+                gelu_gate: Some(gate),
+            }
+        }
         Some(f) if !derivative_reads_output(f) => {
             let z = Tensor::from_vec(x.device(), &shape, z_of(None))?;
             Affine {
                 y: unary(&z, f)?,
                 pre_activation: Some(z),
+                gelu_gate: None,
             }
         }
         f => Affine {
             y: Tensor::from_vec(x.device(), &shape, z_of(f))?,
             pre_activation: None,
+            gelu_gate: None,
         },
     })
 }

@@ -82,7 +82,7 @@ impl Unary {
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Unary::Relu => x.max(0.0),
-            Unary::Gelu => x * sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x)),
+            Unary::Gelu => x * gelu_gate(x),
             Unary::Tanh => tanh(x),
             Unary::Sigmoid => sigmoid(x),
             Unary::Exp => exp(x),
@@ -105,11 +105,7 @@ impl Unary {
                     0.0
                 }
             }
-            Unary::Gelu => {
-                let s = sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x));
-                let du = GELU_C + GELU_C3A * x * x;
-                s + 2.0 * x * s * (1.0 - s) * du
-            }
+            Unary::Gelu => gelu_derivative(x, gelu_gate(x)),
             Unary::Tanh => {
                 let t = tanh(x);
                 1.0 - t * t
@@ -133,6 +129,19 @@ impl Unary {
             Unary::Affine { alpha, beta } => AffineOp { alpha, beta }.derivative(x),
         }
     }
+}
+
+/// GELU's gate `sigmoid(2u)`: GELU is `x` times it, and its derivative reads it again.
+#[inline(always)]
+fn gelu_gate(x: f32) -> f32 {
+    sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x))
+}
+
+/// GELU's derivative at `x`, whose gate is `s`.
+#[inline(always)]
+fn gelu_derivative(x: f32, s: f32) -> f32 {
+    let du = GELU_C + GELU_C3A * x * x;
+    s + 2.0 * x * s * (1.0 - s) * du
 }
 
 /// [`Unary::Affine`] as its own type, for `per_op!`: bound to the variant, a loop would match
@@ -223,6 +232,59 @@ pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
     }
 }
 
+/// GELU of a CPU tensor, and its gate for each element ([`gelu_backward_with_gate`]'s
+/// second operand): the values of [`unary`] for GELU. The gate is GELU's exp and division,
+/// and they bound its loop (`perf annotate`: the division's result is where the samples
+/// wait); kept, the backward pass reads it instead of computing them again. A GPT step's
+/// four GELU backward passes took 0.49 ms each on [2048, 256] computing it; whole GPT steps
+/// with the gate kept, alternating in one process: +4.1, 0.0 and +4.3% (docs/benchmarks.md,
+/// session 14). It costs a [2048, 256] tensor per GELU layer, kept until the backward pass.
+pub fn gelu_and_gate(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    x.expect_dtype("gelu_and_gate", DType::F32)?;
+    let Some(xs) = x.cpu_f32() else {
+        return shape_err("gelu_and_gate", "the gate is kept on the CPU path only");
+    };
+    let (y, gate) = crate::cpu::elementwise::map_pair(
+        xs,
+        #[inline(always)]
+        |v| {
+            let s = gelu_gate(v);
+            (v * s, s)
+        },
+    );
+    Ok((
+        Tensor::from_vec(x.device(), x.shape(), y)?,
+        Tensor::from_vec(x.device(), x.shape(), gate)?,
+    ))
+}
+
+/// `dx = dy * GELU'(x)` from the gate [`gelu_and_gate`] kept: the bits of
+/// [`unary_backward`] for GELU.
+pub fn gelu_backward_with_gate(x: &Tensor, gate: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let (Some(xs), Some(gs), Some(ds)) = (x.cpu_f32(), gate.cpu_f32(), dy.cpu_f32()) else {
+        return shape_err("gelu_backward_with_gate", "CPU f32 tensors only");
+    };
+    if x.shape() != dy.shape() || gate.shape() != dy.shape() {
+        return shape_err(
+            "gelu_backward_with_gate",
+            format!(
+                "x {:?}, gate {:?} and dy {:?}",
+                x.shape(),
+                gate.shape(),
+                dy.shape()
+            ),
+        );
+    }
+    let dx = crate::cpu::elementwise::zip3_map(
+        xs,
+        gs,
+        ds,
+        #[inline(always)]
+        |v, s, d| d * gelu_derivative(v, s),
+    );
+    Tensor::from_vec(x.device(), x.shape(), dx)
+}
+
 /// `dx = dy * f'(x)` elementwise.
 pub fn unary_backward(x: &Tensor, dy: &Tensor, op: Unary) -> Result<Tensor> {
     x.expect_dtype("unary_backward", DType::F32)?;
@@ -276,5 +338,60 @@ mod tests {
             -5.0
         );
         assert_eq!(Unary::Abs.derivative(0.0), 0.0);
+    }
+
+    #[test]
+    fn the_kept_gate_gives_gelus_bits_forward_and_backward() {
+        // One chunk and several (`cpu::elementwise::CHUNK`), with the edges: zeros of both
+        // signs, infinities, NaN, subnormals, values where the gate's exp over- and
+        // underflows.
+        let edges = [
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -1e-40,
+            30.0,
+            -30.0,
+            1e4,
+            -1e4,
+        ];
+        for len in [11, 40_000] {
+            let values: Vec<f32> = (0..len)
+                .map(|i| match edges.get(i % 97) {
+                    Some(&e) => e,
+                    None => ((i * 7919 % 2003) as f32 - 1001.0) * 0.0071,
+                })
+                .collect();
+            let dys: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 0.37 - 2.0).collect();
+            let x = Tensor::from_vec(&Device::Cpu, &[len], values).unwrap();
+            let dy = Tensor::from_vec(&Device::Cpu, &[len], dys).unwrap();
+            let bits = |t: &Tensor| {
+                t.to_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            let (y, gate) = gelu_and_gate(&x).unwrap();
+            assert_eq!(
+                bits(&y),
+                bits(&unary(&x, Unary::Gelu).unwrap()),
+                "GELU, {len}"
+            );
+            assert_eq!(
+                bits(&gelu_backward_with_gate(&x, &gate, &dy).unwrap()),
+                bits(&unary_backward(&x, &dy, Unary::Gelu).unwrap()),
+                "GELU's gradient, {len}"
+            );
+        }
+        let short = Tensor::from_vec(&Device::Cpu, &[2], vec![1.0, 2.0]).unwrap();
+        let x = Tensor::from_vec(&Device::Cpu, &[3], vec![1.0; 3]).unwrap();
+        assert!(
+            gelu_backward_with_gate(&x, &short, &x).is_err(),
+            "a gate of another shape"
+        );
     }
 }
