@@ -23,7 +23,7 @@ pub struct Affine {
     /// is) and for an affine activation (whose derivative is a constant).
     pub pre_activation: Option<Tensor>,
     /// GELU's gate for each element where the CPU path kept it
-    /// ([`gelu_and_gate`](super::unary::gelu_and_gate)), for the backward pass to read.
+    /// ([`gelu_and_gate`]), for the backward pass to read.
     pub gelu_gate: Option<Tensor>,
 }
 
