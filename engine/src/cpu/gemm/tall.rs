@@ -53,9 +53,9 @@ const TALL_COLUMNS: usize = 32;
 /// over a span of `k` reads them from memory (a weight gradient's operands were written by
 /// earlier layers and have left the second-level cache), a row of B per step 1 KB from the
 /// last for the GPT's [64, 256] gradient: too far apart for the hardware's stream prefetcher
-/// to see, so each step waited on its loads. 16 steps ahead: +4 to +5.5% on whole GPT steps
-/// (blocks of steps alternating with and without, within one process; 8 and 32 gave less;
-/// docs/benchmarks.md, session 14).
+/// to see, so each step waited on its loads. 16 steps ahead, whole GPT steps in blocks
+/// alternating with and without within one process: +1.3 and +5.5% (10 rounds), +5.0 and
+/// +4.2% (20 rounds); 8 ahead +3.6%, 32 ahead +4.6% (docs/benchmarks.md, session 14).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const TALL_PREFETCH: usize = 16;
 
