@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::elementwise::{for_rows, CHUNK};
 use super::vector_unit::widest;
-use crate::kernels::math::{exp, ln, workgroup_sum_of, ROW_LANES};
+use crate::kernels::math::{combine_as_tree, exp, ln, workgroup_sum_of, ROW_LANES};
 
 /// The largest element of `row` (-inf when it is empty or every element is NaN), as
 /// the references' fold from -inf gives it, taken 16 lanes at a time so that it vectorises:
@@ -31,15 +31,7 @@ fn max_of(row: &[f32]) -> f32 {
     // maxima, each with its NaN check, a fifth of causal attention's weights (`perf annotate`,
     // session 13). No lane is NaN (each started at -inf, and `f32::max` passes over NaN), so
     // a plain comparison gives the maximum.
-    let mut width = LANES / 2;
-    while width > 0 {
-        let (low, high) = lanes.split_at_mut(width);
-        for (a, &b) in low.iter_mut().zip(&high[..width]) {
-            *a = if b > *a { b } else { *a };
-        }
-        width /= 2;
-    }
-    lanes[0]
+    combine_as_tree(&mut lanes, |a, b| if b > a { b } else { a })
 }
 
 /// Writes `exp(x - max)` of `row` into `out` and returns `(max, sum)`, the sum in the

@@ -269,7 +269,7 @@ fn sum_in_lanes<const L: usize>(values: &[f32]) -> f32 {
 /// The last stage of a workgroup's fold: lanes combine pairwise, `t` with `t + width`, for
 /// halving widths (`partial.len()` a power of two).
 #[inline(always)]
-fn combine_as_tree(partial: &mut [f32], combine: impl Fn(f32, f32) -> f32) -> f32 {
+pub(crate) fn combine_as_tree(partial: &mut [f32], combine: impl Fn(f32, f32) -> f32) -> f32 {
     let mut width = partial.len() / 2;
     while width > 0 {
         let (low, high) = partial.split_at_mut(width);
