@@ -159,19 +159,42 @@ fn convolve_image(
     oc: usize,
     out: &mut [f32],
 ) {
-    let (patch, out_w) = (g.patch(), g.out_w());
-    for (b, block) in weight.chunks_exact(patch).enumerate() {
-        for (oh, row) in out.chunks_exact_mut(out_w * oc).enumerate() {
-            // Four pixels at a time, whose sums are independent chains of additions.
-            let mut ow = 0;
-            for group in row.chunks_exact_mut(PIXELS * oc) {
-                convolve_pixels::<PIXELS>(image, block, bias.get(b), g, (oh, ow), b, oc, group);
-                ow += PIXELS;
-            }
-            for y in row[ow * oc..].chunks_exact_mut(oc) {
-                convolve_pixels::<1>(image, block, bias.get(b), g, (oh, ow), b, oc, y);
-                ow += 1;
-            }
+    for (b, block) in weight.chunks_exact(g.patch()).enumerate() {
+        // A whole block's store as its own instance: with the partial block's in the same
+        // loop, the compiler made both one `memcpy` call per pixel of a length chosen at run
+        // time, more than the pixel's 9 multiply-adds cost (`perf annotate` of a throwaway
+        // probe, session 15).
+        if (b + 1) * LANES <= oc {
+            convolve_block::<true>(image, block, bias.get(b), g, b, oc, out);
+        } else {
+            convolve_block::<false>(image, block, bias.get(b), g, b, oc, out);
+        }
+    }
+}
+
+/// Block `b`'s channels of one image's convolution into `out`; `WHOLE` when the block has
+/// all [`LANES`] channels.
+#[inline(always)]
+fn convolve_block<const WHOLE: bool>(
+    image: &PaddedImage,
+    block: &[[f32; LANES]],
+    bias: Option<&[f32; LANES]>,
+    g: &ConvGeometry,
+    b: usize,
+    oc: usize,
+    out: &mut [f32],
+) {
+    let out_w = g.out_w();
+    for (oh, row) in out.chunks_exact_mut(out_w * oc).enumerate() {
+        // Four pixels at a time, whose sums are independent chains of additions.
+        let mut ow = 0;
+        for group in row.chunks_exact_mut(PIXELS * oc) {
+            convolve_pixels::<PIXELS, WHOLE>(image, block, bias, g, (oh, ow), b, oc, group);
+            ow += PIXELS;
+        }
+        for y in row[ow * oc..].chunks_exact_mut(oc) {
+            convolve_pixels::<1, WHOLE>(image, block, bias, g, (oh, ow), b, oc, y);
+            ow += 1;
         }
     }
 }
@@ -180,10 +203,10 @@ fn convolve_image(
 const PIXELS: usize = 4;
 
 /// Block `b`'s channels of `P` neighbouring output pixels from `(oh, ow)` on, into `out`
-/// (`P * oc` floats).
+/// (`P * oc` floats); `WHOLE` as for [`convolve_block`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn convolve_pixels<const P: usize>(
+fn convolve_pixels<const P: usize, const WHOLE: bool>(
     image: &PaddedImage,
     block: &[[f32; LANES]],
     bias: Option<&[f32; LANES]>,
@@ -202,17 +225,17 @@ fn convolve_pixels<const P: usize>(
             *acc = std::array::from_fn(|l| acc[l] + v * w[l]);
         }
     }
-    let width = LANES.min(oc - b * LANES);
     // Indexed rather than `chunks_exact_mut(oc)`, whose length is a division per call.
     for (q, acc) in acc.iter_mut().enumerate() {
         if let Some(bias) = bias {
             *acc = std::array::from_fn(|l| acc[l] + bias[l]);
         }
         let y = &mut out[q * oc + b * LANES..];
-        if width == LANES {
+        if WHOLE {
             let y: &mut [f32; LANES] = (&mut y[..LANES]).try_into().expect("a block");
             *y = *acc;
         } else {
+            let width = oc - b * LANES;
             y[..width].copy_from_slice(&acc[..width]);
         }
     }
