@@ -378,8 +378,15 @@ fn gradients_of_convolution_pooling_and_image_norm() {
     });
     let gamma = cpu_tensor(&[3], 43, 1.0);
     let beta = cpu_tensor(&[3], 44, 1.0);
-    check_grad("image norm", &[x, gamma, beta], |g, v| {
-        g.image_norm(v[0], v[1], v[2], 1e-5)
+    check_grad(
+        "image norm",
+        &[x.clone(), gamma.clone(), beta.clone()],
+        |g, v| g.image_norm(v[0], v[1], v[2], 1e-5),
+    );
+    // The fused operation's own CPU backward pass (the windows do not overlap); checked
+    // against the composition bit for bit in `kernels::norm_pool`.
+    check_grad("image norm and max pool", &[x, gamma, beta], |g, v| {
+        g.image_norm_max_pool2d(v[0], v[1], v[2], 1e-5, 2)
     });
 }
 

@@ -9,7 +9,8 @@ use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{gelu_backward_with_gate, unary, unary_backward, Unary};
 use crate::kernels::{
-    attention, conv, conv_pool, dropout, embedding, image_norm, layernorm, permute, pool, softmax,
+    attention, conv, conv_pool, dropout, embedding, image_norm, layernorm, norm_pool, permute,
+    pool, softmax,
 };
 use crate::tensor::Tensor;
 
@@ -234,6 +235,16 @@ pub(super) fn run(
             } => {
                 let (dx, dgamma, dbeta) =
                     image_norm::image_norm_backward(value(*x), value(*gamma), stats, &dy, *eps)?;
+                vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
+            }
+            Op::ImageNormMaxPool {
+                x,
+                gamma,
+                beta,
+                saved,
+            } => {
+                let (dx, dgamma, dbeta) =
+                    norm_pool::backward(value(*x), value(*gamma), saved, &dy)?;
                 vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
             }
             Op::Embedding { table, ids } => {

@@ -23,6 +23,7 @@ use crate::kernels::conv_geometry::ConvGeometry;
 use crate::kernels::conv_pool;
 use crate::kernels::dropout::{self, DropoutMask};
 use crate::kernels::image_norm;
+use crate::kernels::norm_pool;
 use crate::kernels::permute;
 use crate::kernels::pool::{self, Pool, PoolGeometry};
 use crate::kernels::unary::{unary, Unary};
@@ -113,6 +114,14 @@ pub(crate) enum Op {
         beta: Var,
         stats: Tensor,
         eps: f32,
+    },
+    /// An image norm, then max pooling over its output in windows that do not overlap
+    /// (`kernels::norm_pool`), `[n, ph, pw, c]`.
+    ImageNormMaxPool {
+        x: Var,
+        gamma: Var,
+        beta: Var,
+        saved: norm_pool::Saved,
     },
     Embedding {
         table: Var,
@@ -636,6 +645,33 @@ impl Graph {
             eps,
         };
         Ok(self.record(out.y, op, &[x, gamma, beta]))
+    }
+
+    /// `max_pool2d(image_norm(x, gamma, beta, eps), pool, pool)` as one operation: the same
+    /// values and gradients, bit for bit, with the normalized images and their gradient never
+    /// in memory on the CPU path (`kernels::norm_pool`).
+    pub fn image_norm_max_pool2d(
+        &self,
+        x: Var,
+        gamma: Var,
+        beta: Var,
+        eps: f32,
+        pool: usize,
+    ) -> Result<Var> {
+        let norm_pool::NormPooled { y, saved } = norm_pool::forward(
+            &self.value(x),
+            &self.value(gamma),
+            &self.value(beta),
+            eps,
+            pool,
+        )?;
+        let op = Op::ImageNormMaxPool {
+            x,
+            gamma,
+            beta,
+            saved,
+        };
+        Ok(self.record(y, op, &[x, gamma, beta]))
     }
 
     /// Gradients of the one-element `loss` with respect to every parameter. Consumes the

@@ -3,11 +3,14 @@
 //! over rayon, each row's sums taken from a slice the compiler vectorises, and no allocation
 //! per row (the references collect two vectors per row of the backward pass).
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::elementwise::CHUNK;
-use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, Unwritten};
+use super::output::Unwritten;
 use super::vector_unit::widest;
+use crate::kernels::column_sums::ColumnSums;
 use crate::kernels::math::{workgroup_sum_of, ROW_LANES};
 
 /// `(y, stats)`: `y = (x - mean) * rstd * gamma + beta` per row, and `[mean, rstd]` per row.
@@ -18,34 +21,74 @@ pub fn forward(
     cols: usize,
     eps: f32,
 ) -> (Vec<f32>, Vec<f32>) {
+    assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
+    assert!(
+        gamma.len() == cols && beta.len() == cols,
+        "gamma or beta not a row long"
+    );
+    // SAFETY: the row function writes every slot of its row (`gamma` and `beta` are as long
+    // as a row, asserted).
+    unsafe {
+        by_rows(
+            x,
+            cols,
+            #[inline(always)]
+            |row, scratch, out| {
+                let (mean, rstd) = row_stats(row, scratch, eps);
+                for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
+                    o.write((v - mean) * rstd * g + b);
+                }
+                (mean, rstd)
+            },
+        )
+    }
+}
+
+/// `(y, stats)`: each row of `x` (`cols` long) written into `y` by `row(row, scratch, out)`,
+/// which returns the row's `[mean, rstd]`, with `scratch` as long as a row; rows split
+/// between rayon's tasks. The outputs are written, not zero-filled first: that was 0.7% of a
+/// GPT step's samples (`perf report`, session 14).
+///
+/// The rows' loop is written inside the closure that `widest` inlines: kept in a closure of
+/// its own, the compiler made that a function compiled for the baseline's SSE2 and called it
+/// from `widest`, so every row ran on 4-lane vectors (seen in a throwaway `perf annotate`).
+///
+/// # Safety
+/// `row` must write every slot of `out`.
+unsafe fn by_rows(
+    x: &[f32],
+    cols: usize,
+    row: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) -> (f32, f32) + Sync,
+) -> (Vec<f32>, Vec<f32>) {
+    assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
     let rows = x.len() / cols;
     let rows_per_task = (CHUNK / cols).max(1);
-    zeroed_par_chunk_pairs(
-        (x.len(), rows_per_task * cols),
-        (2 * rows, 2 * rows_per_task),
-        || (),
-        |_, t, y, stats| {
-            // The rows' loop is written inside the closure that `widest` inlines: kept in a
-            // closure of its own, the compiler made that a function compiled for the
-            // baseline's SSE2 and called it from `widest`, so every row ran on 4-lane vectors
-            // (seen in a throwaway `perf annotate`). The same in `image_forward`.
+    let mut y = Unwritten::new(x.len());
+    let mut stats = vec![0.0; 2 * rows];
+    // As many chunks of each: the zip pairs every one.
+    y.slots()
+        .par_chunks_mut(rows_per_task * cols)
+        .zip(stats.par_chunks_mut(2 * rows_per_task))
+        .enumerate()
+        .for_each(|(t, (y, stats))| {
+            // The squared deviations' room, in cache for the row's second sum.
+            let mut scratch = vec![0.0; cols];
             widest(
                 #[inline(always)]
                 || {
                     for (i, (out, stat)) in y.chunks_mut(cols).zip(stats.chunks_mut(2)).enumerate()
                     {
-                        let row = &x[(t * rows_per_task + i) * cols..][..cols];
-                        let (mean, rstd) = row_stats(row, out, eps);
-                        for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
-                            *o = (v - mean) * rstd * g + b;
-                        }
+                        let x_row = &x[(t * rows_per_task + i) * cols..][..cols];
+                        let (mean, rstd) = row(x_row, &mut scratch, out);
                         stat[0] = mean;
                         stat[1] = rstd;
                     }
                 },
             )
-        },
-    )
+        });
+    // SAFETY: the chunks of `y` cover it, whole rows each (asserted), and the caller's `row`
+    // wrote every slot of each.
+    (unsafe { y.assume_init() }, stats)
 }
 
 /// A row's `(mean, rstd)` as the reference computes them; the squared deviations go through
@@ -84,42 +127,41 @@ pub fn image_forward(
     cols: usize,
     eps: f32,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (rows, channels) = (x.len() / cols, channel_gamma.len());
+    let channels = channel_gamma.len();
     assert!(channels > 0 && cols.is_multiple_of(channels) && channel_beta.len() == channels);
-    assert!(x.len().is_multiple_of(cols), "a partial row");
-    let mut y = Unwritten::new(x.len());
-    let mut stats = vec![0.0; 2 * rows];
-    let rows_per_task = (CHUNK / cols).max(1);
-    // As many chunks of each: the zip pairs every one.
-    y.slots()
-        .par_chunks_mut(rows_per_task * cols)
-        .zip(stats.par_chunks_mut(2 * rows_per_task))
-        .enumerate()
-        .for_each(|(t, (y, stats))| {
-            // The squared deviations' room, in cache for the row's second sum.
-            let mut scratch = vec![0.0; cols];
-            widest(
-                #[inline(always)]
-                || {
-                    for (i, (out, stat)) in y.chunks_mut(cols).zip(stats.chunks_mut(2)).enumerate()
-                    {
-                        let row = &x[(t * rows_per_task + i) * cols..][..cols];
-                        let (mean, rstd) = row_stats(row, &mut scratch, eps);
-                        for (out, px) in out.chunks_mut(channels).zip(row.chunks(channels)) {
-                            let channel = channel_gamma.iter().zip(channel_beta);
-                            for ((o, &v), (&g, &b)) in out.iter_mut().zip(px).zip(channel) {
-                                o.write(normalized(v, mean, rstd) * g + b);
-                            }
-                        }
-                        stat[0] = mean;
-                        stat[1] = rstd;
-                    }
-                },
-            )
-        });
-    // SAFETY: the chunks of `y` cover it, and each of their rows was written in full (`x` has
-    // as many rows, `cols` long, pixels of `channels`).
-    (unsafe { y.assume_init() }, stats)
+    // SAFETY: `image_row` writes every slot of its row.
+    unsafe {
+        by_rows(
+            x,
+            cols,
+            #[inline(always)]
+            |row, scratch, out| image_row(row, channel_gamma, channel_beta, scratch, eps, out),
+        )
+    }
+}
+
+/// One image of [`image_forward`] (`row`, pixels of `channel_gamma.len()` channels) into
+/// `out`, every slot written; returns its `(mean, rstd)`. `scratch` is as long as the row.
+/// Always inlined, to run on the caller's vector unit.
+#[inline(always)]
+pub(crate) fn image_row(
+    row: &[f32],
+    channel_gamma: &[f32],
+    channel_beta: &[f32],
+    scratch: &mut [f32],
+    eps: f32,
+    out: &mut [MaybeUninit<f32>],
+) -> (f32, f32) {
+    let channels = channel_gamma.len();
+    assert!(out.len() == row.len() && row.len().is_multiple_of(channels));
+    let (mean, rstd) = row_stats(row, scratch, eps);
+    for (out, px) in out.chunks_mut(channels).zip(row.chunks(channels)) {
+        let channel = channel_gamma.iter().zip(channel_beta);
+        for ((o, &v), (&g, &b)) in out.iter_mut().zip(px).zip(channel) {
+            o.write(normalized(v, mean, rstd) * g + b);
+        }
+    }
+    (mean, rstd)
 }
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what
@@ -131,30 +173,162 @@ fn input_gradient(
     cols: usize,
     gamma_times: impl Fn(&[f32], &mut [f32]) + Sync,
 ) -> Vec<f32> {
+    assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
     let rows_per_task = (CHUNK / cols).max(1);
-    zeroed_par_chunks(x.len(), rows_per_task * cols, |t, dx| {
-        // g = dy * gamma, then g * xhat, for the row's two sums.
-        let (mut g, mut gx) = (vec![0.0; cols], vec![0.0; cols]);
-        widest(
-            #[inline(always)]
-            || {
-                for (i, out) in dx.chunks_mut(cols).enumerate() {
-                    let r = t * rows_per_task + i;
-                    let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
-                    let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
-                    gamma_times(dyr, &mut g);
-                    for ((gx, &g), &v) in gx.iter_mut().zip(&g).zip(xr) {
-                        *gx = g * ((v - mean) * rstd);
+    let mut dx = Unwritten::new(x.len());
+    dx.slots()
+        .par_chunks_mut(rows_per_task * cols)
+        .enumerate()
+        .for_each(|(t, dx)| {
+            // g = dy * gamma, then g * xhat, for the row's two sums.
+            let mut scratch = RowGradientScratch::new(cols);
+            widest(
+                #[inline(always)]
+                || {
+                    for (i, out) in dx.chunks_mut(cols).enumerate() {
+                        let r = t * rows_per_task + i;
+                        let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+                        gamma_times(dyr, &mut scratch.g);
+                        let stat = (stats[2 * r], stats[2 * r + 1]);
+                        row_input_gradient(xr, stat, &mut scratch, out);
                     }
-                    let mean_g = workgroup_sum_of(&g, ROW_LANES) / cols as f32;
-                    let mean_gx = workgroup_sum_of(&gx, ROW_LANES) / cols as f32;
-                    for ((o, &g), &v) in out.iter_mut().zip(&g).zip(xr) {
-                        *o = rstd * (g - mean_g - (v - mean) * rstd * mean_gx);
+                },
+            );
+        });
+    // SAFETY: the chunks cover `dx`, whole rows each (asserted), and `row_input_gradient`
+    // wrote every slot of every row.
+    unsafe { dx.assume_init() }
+}
+
+/// Room for one row of [`row_input_gradient`]: `g = dy * gamma`, and `g * xhat`.
+pub(crate) struct RowGradientScratch {
+    /// The row's output gradient times gamma, which the caller writes.
+    pub(crate) g: Vec<f32>,
+    gx: Vec<f32>,
+}
+
+impl RowGradientScratch {
+    /// Room for rows of `cols` values.
+    pub(crate) fn new(cols: usize) -> Self {
+        RowGradientScratch {
+            g: vec![0.0; cols],
+            gx: vec![0.0; cols],
+        }
+    }
+}
+
+/// One row's input gradient into `out` (as long as the row, every slot written), from the
+/// row `xr`, its `(mean, rstd)`, and its output gradient times gamma in `scratch.g`: the
+/// reference's arithmetic. Always inlined, to run on the caller's vector unit.
+#[inline(always)]
+pub(crate) fn row_input_gradient(
+    xr: &[f32],
+    (mean, rstd): (f32, f32),
+    scratch: &mut RowGradientScratch,
+    out: &mut [MaybeUninit<f32>],
+) {
+    let cols = xr.len();
+    assert_eq!(out.len(), cols, "an output row of another length");
+    let (g, gx) = (&scratch.g[..cols], &mut scratch.gx[..cols]);
+    for ((gx, &g), &v) in gx.iter_mut().zip(g).zip(xr) {
+        *gx = g * ((v - mean) * rstd);
+    }
+    let mean_g = workgroup_sum_of(g, ROW_LANES) / cols as f32;
+    let mean_gx = workgroup_sum_of(gx, ROW_LANES) / cols as f32;
+    for ((o, &g), &v) in out.iter_mut().zip(g).zip(xr) {
+        o.write(rstd * (g - mean_g - (v - mean) * rstd * mean_gx));
+    }
+}
+
+/// Where [`image_channel_sums`] reads each pixel's output gradient.
+pub(crate) trait PixelGradients: Sync {
+    /// Pixel `j`'s gradient, its channels' values; it is pixel `at` of image `image`.
+    /// `room` has space for the values, for a gradient that is built rather than read.
+    /// Always inlined, to run on the caller's vector unit.
+    fn pixel<'a>(
+        &'a self,
+        j: usize,
+        image_and_pixel: (usize, usize),
+        room: &'a mut [f32],
+    ) -> &'a [f32];
+}
+
+/// The gradients of pixels of `channels` values, side by side in `dy`.
+pub(crate) struct DenseGradients<'d> {
+    pub(crate) dy: &'d [f32],
+    pub(crate) channels: usize,
+}
+
+impl PixelGradients for DenseGradients<'_> {
+    #[inline(always)]
+    fn pixel<'a>(&'a self, j: usize, _: (usize, usize), _: &'a mut [f32]) -> &'a [f32] {
+        &self.dy[j * self.channels..][..self.channels]
+    }
+}
+
+/// `(dgamma, dbeta)` of [`image_forward`]: the channels' sums of `dy * normed` and of `dy`
+/// over every pixel, with the composition's bits (`sum_to_shape` of the product, and of
+/// `dy`), `normed` recomputed from `x` (images of `cols` values) and its `stats` as it is
+/// read. `gradients` gives each pixel's `dy` (`channels` values): the image norm's own
+/// ([`DenseGradients`]), or one built from a pooling's gradient (`cpu::norm_pool`).
+///
+/// Each task takes the pixels of a share of the sums' lanes ([`ColumnSums::round`]) and sums
+/// both for them in one pass, each lane's pixels in ascending order as one task would. Two
+/// tasks, one a sum, did unequal work (the products and the normalization on one side) and
+/// read `dy` twice.
+pub(crate) fn image_channel_sums(
+    x: &[f32],
+    stats: &[f32],
+    channels: usize,
+    cols: usize,
+    gradients: &impl PixelGradients,
+) -> (Vec<f32>, Vec<f32>) {
+    assert!(channels > 0 && cols.is_multiple_of(channels) && x.len().is_multiple_of(cols));
+    let pixels = x.len() / channels;
+    let round = ColumnSums::new(pixels, channels).round();
+    let tasks = rayon::current_num_threads().clamp(1, round);
+    let shares: Vec<_> = (0..tasks)
+        .into_par_iter()
+        .map(|t| {
+            let residues = t * round / tasks..(t + 1) * round / tasks;
+            let mut dgamma = ColumnSums::new(pixels, channels);
+            let mut dbeta = ColumnSums::new(pixels, channels);
+            let mut room = vec![0.0f32; channels];
+            let image_pixels = cols / channels;
+            widest(
+                #[inline(always)]
+                || {
+                    // The image of the pixels at hand, followed without a division per pixel.
+                    let (mut image, mut next_image) = (0, image_pixels);
+                    for start in (0..pixels).step_by(round) {
+                        let end = (start + residues.end).min(pixels);
+                        for j in start + residues.start..end {
+                            while j >= next_image {
+                                image += 1;
+                                next_image += image_pixels;
+                            }
+                            let at = j - (next_image - image_pixels);
+                            let d = gradients.pixel(j, (image, at), &mut room);
+                            let (mean, rstd) = (stats[2 * image], stats[2 * image + 1]);
+                            let xr = &x[j * channels..][..channels];
+                            for ((s, &d), &v) in dgamma.lane_of(j).iter_mut().zip(d).zip(xr) {
+                                *s += d * normalized(v, mean, rstd);
+                            }
+                            dbeta.add(j, d);
+                        }
                     }
-                }
-            },
-        );
-    })
+                },
+            );
+            (residues, dgamma, dbeta)
+        })
+        .collect();
+    let mut shares = shares.into_iter();
+    let (_, mut dgamma, mut dbeta) = shares.next().expect("at least one task");
+    for (residues, g, b) in shares {
+        dgamma.take_lanes(&g, residues.clone());
+        dbeta.take_lanes(&b, residues);
+    }
+    (dgamma.finish(), dbeta.finish())
 }
 
 /// The input's gradient of [`image_forward`]: the normalization's, given that of its output

@@ -8,6 +8,7 @@ pub mod conv_pool;
 pub mod elementwise;
 pub mod gemm;
 pub mod layernorm;
+pub mod norm_pool;
 pub mod output;
 pub mod pool;
 pub mod rows;

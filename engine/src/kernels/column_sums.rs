@@ -48,6 +48,34 @@ impl ColumnSums {
         &mut self.lanes[lane * self.inner..][..self.inner]
     }
 
+    /// Rows whose indices differ by a multiple of this, and only those, can share a running
+    /// sum (when they lie in the same chunk of the two-pass plan): so tasks that each take
+    /// the rows of some residues modulo this can sum their rows on their own, every sum
+    /// still in its order, and [`ColumnSums::take_lanes`] then puts their sums together.
+    pub(crate) fn round(&self) -> usize {
+        match self.plan {
+            Plan::PerThread => 1,
+            Plan::PerWorkgroup | Plan::TwoPass { .. } => LANES,
+        }
+    }
+
+    /// Takes over `other`'s running sums for the rows whose index modulo
+    /// [`ColumnSums::round`] lies in `residues`: those another task summed.
+    pub(crate) fn take_lanes(&mut self, other: &ColumnSums, residues: std::ops::Range<usize>) {
+        assert!(other.len == self.len && other.inner == self.inner);
+        let (round, inner) = (self.round(), self.inner);
+        for (lane, (mine, theirs)) in self
+            .lanes
+            .chunks_exact_mut(inner)
+            .zip(other.lanes.chunks_exact(inner))
+            .enumerate()
+        {
+            if residues.contains(&(lane % round)) {
+                mine.copy_from_slice(theirs);
+            }
+        }
+    }
+
     /// Adds row `j`.
     #[inline(always)]
     pub(crate) fn add(&mut self, j: usize, row: &[f32]) {

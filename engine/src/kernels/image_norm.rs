@@ -9,11 +9,8 @@
 //! bits (test).
 
 use super::binary::{binary, Binary};
-use super::column_sums::ColumnSums;
 use super::layernorm::{layernorm, layernorm_backward};
 use super::reduce::sum_to_shape;
-use crate::cpu::layernorm::normalized;
-use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -97,12 +94,13 @@ pub fn image_norm_backward(
     }
     let (dgamma, dbeta) = match x.device() {
         Device::Cpu => {
-            let (dgamma, dbeta) = channel_sums(
-                dy.cpu_f32().expect("cpu"),
+            let (dy, channels) = (dy.cpu_f32().expect("cpu"), gamma.numel());
+            let (dgamma, dbeta) = crate::cpu::layernorm::image_channel_sums(
                 x.cpu_f32().expect("cpu"),
                 stats.cpu_f32().expect("cpu"),
-                gamma.numel(),
+                channels,
                 cols,
+                &crate::cpu::layernorm::DenseGradients { dy, channels },
             );
             let on = |v| Tensor::from_vec(x.device(), gamma.shape(), v);
             (on(dgamma)?, on(dbeta)?)
@@ -124,56 +122,6 @@ pub fn image_norm_backward(
         Device::Gpu(_) => composed::input_gradient(x, gamma, stats, dy)?,
     };
     Ok((dx, dgamma, dbeta))
-}
-
-/// `(dgamma, dbeta)`: the channels' sums of `dy * normed` and of `dy` over every pixel, with
-/// the composition's bits, in one pass over the gradient's rows, `normed` recomputed from
-/// `x` (images of `cols` values) and its `stats` as it is read. Each of the two sums is a
-/// task of its own.
-fn channel_sums(
-    dy: &[f32],
-    x: &[f32],
-    stats: &[f32],
-    channels: usize,
-    cols: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let pixels = dy.len() / channels;
-    rayon::join(
-        || {
-            widest(
-                #[inline(always)]
-                || {
-                    let mut sums = ColumnSums::new(pixels, channels);
-                    let images = dy.chunks_exact(cols).zip(x.chunks_exact(cols));
-                    let mut j = 0;
-                    for ((dy, x), stat) in images.zip(stats.chunks_exact(2)) {
-                        let (mean, rstd) = (stat[0], stat[1]);
-                        let rows = dy.chunks_exact(channels).zip(x.chunks_exact(channels));
-                        for (d, x) in rows {
-                            let lane = sums.lane_of(j);
-                            for ((s, &d), &v) in lane.iter_mut().zip(d).zip(x) {
-                                *s += d * normalized(v, mean, rstd);
-                            }
-                            j += 1;
-                        }
-                    }
-                    sums.finish()
-                },
-            )
-        },
-        || {
-            widest(
-                #[inline(always)]
-                || {
-                    let mut sums = ColumnSums::new(pixels, channels);
-                    for (j, d) in dy.chunks_exact(channels).enumerate() {
-                        sums.add(j, d);
-                    }
-                    sums.finish()
-                },
-            )
-        },
-    )
 }
 
 /// The definition: the composition of kernels the GPU runs.

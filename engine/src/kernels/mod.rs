@@ -22,6 +22,7 @@ pub mod matmul;
 pub mod matmul_choice;
 pub mod matmul_dims;
 pub mod matmul_tune;
+pub mod norm_pool;
 pub mod optim;
 pub mod permute;
 pub mod pool;

@@ -119,8 +119,7 @@ impl Cnn {
         // `relu_and_max_pooling_commute_bit_for_bit`; the CNN's runs keep their bits.
         let h = g.relu(self.conv1.forward_max_pooled(g, h, 2)?)?;
         let h = self.conv2.forward(g, h)?;
-        let h = self.norm.forward_image(g, h)?;
-        let h = g.relu(g.max_pool2d(h, 2, 2)?)?;
+        let h = g.relu(self.norm.forward_image_max_pooled(g, h, 2)?)?;
         let flat = g.shape(h)[1..].iter().product();
         let h = g.reshape(h, &[batch, flat])?;
         let mut h = self.fc1.forward_then(g, h, Unary::Relu)?;

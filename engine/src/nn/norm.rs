@@ -35,6 +35,13 @@ impl LayerNorm {
     pub fn forward_image(&self, g: &Graph, x: Var) -> Result<Var> {
         g.image_norm(x, g.param(&self.gamma), g.param(&self.beta), self.eps)
     }
+
+    /// [`LayerNorm::forward_image`], then max pooling over `pool x pool` windows every `pool`
+    /// pixels, as one operation ([`Graph::image_norm_max_pool2d`]).
+    pub fn forward_image_max_pooled(&self, g: &Graph, x: Var, pool: usize) -> Result<Var> {
+        let (gamma, beta) = (g.param(&self.gamma), g.param(&self.beta));
+        g.image_norm_max_pool2d(x, gamma, beta, self.eps, pool)
+    }
 }
 
 impl Module for LayerNorm {
