@@ -165,13 +165,13 @@ pub(crate) fn image_row(
 }
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what
-/// `gamma_times(dy_row, g)` writes into `g`: by rows in parallel, the reference's arithmetic.
+/// `gamma_times(row, g, room)` writes into `g` for row `row` (`room`, as long as a row, is
+/// free for building it): by rows in parallel, the reference's arithmetic.
 fn input_gradient(
     x: &[f32],
     stats: &[f32],
-    dy: &[f32],
     cols: usize,
-    gamma_times: impl Fn(&[f32], &mut [f32]) + Sync,
+    gamma_times: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
 ) -> Vec<f32> {
     assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
     let rows_per_task = (CHUNK / cols).max(1);
@@ -187,10 +187,10 @@ fn input_gradient(
                 || {
                     for (i, out) in dx.chunks_mut(cols).enumerate() {
                         let r = t * rows_per_task + i;
-                        let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
-                        gamma_times(dyr, &mut scratch.g);
+                        // `gx` is free until `row_input_gradient` computes it.
+                        gamma_times(r, &mut scratch.g, &mut scratch.gx);
                         let stat = (stats[2 * r], stats[2 * r + 1]);
-                        row_input_gradient(xr, stat, &mut scratch, out);
+                        row_input_gradient(&x[r * cols..][..cols], stat, &mut scratch, out);
                     }
                 },
             );
@@ -201,15 +201,15 @@ fn input_gradient(
 }
 
 /// Room for one row of [`row_input_gradient`]: `g = dy * gamma`, and `g * xhat`.
-pub(crate) struct RowGradientScratch {
+struct RowGradientScratch {
     /// The row's output gradient times gamma, which the caller writes.
-    pub(crate) g: Vec<f32>,
+    g: Vec<f32>,
     gx: Vec<f32>,
 }
 
 impl RowGradientScratch {
     /// Room for rows of `cols` values.
-    pub(crate) fn new(cols: usize) -> Self {
+    fn new(cols: usize) -> Self {
         RowGradientScratch {
             g: vec![0.0; cols],
             gx: vec![0.0; cols],
@@ -221,7 +221,7 @@ impl RowGradientScratch {
 /// row `xr`, its `(mean, rstd)`, and its output gradient times gamma in `scratch.g`: the
 /// reference's arithmetic. Always inlined, to run on the caller's vector unit.
 #[inline(always)]
-pub(crate) fn row_input_gradient(
+fn row_input_gradient(
     xr: &[f32],
     (mean, rstd): (f32, f32),
     scratch: &mut RowGradientScratch,
@@ -332,24 +332,27 @@ pub(crate) fn image_channel_sums(
 }
 
 /// The input's gradient of [`image_forward`]: the normalization's, given that of its output
-/// `dy * gamma` per channel (the gamma of ones multiplies it by one, which changes no bit).
-pub fn image_input_gradient(
+/// `dy * gamma` per channel (the gamma of ones multiplies it by one, which changes no bit),
+/// each pixel's `dy` from `gradients` as [`image_channel_sums`] reads it.
+pub(crate) fn image_input_gradient(
     x: &[f32],
     channel_gamma: &[f32],
     stats: &[f32],
-    dy: &[f32],
     cols: usize,
+    gradients: &impl PixelGradients,
 ) -> Vec<f32> {
     let channels = channel_gamma.len();
     assert!(channels > 0 && cols.is_multiple_of(channels));
+    let image_pixels = cols / channels;
     input_gradient(
         x,
         stats,
-        dy,
         cols,
         #[inline(always)]
-        |dyr, g| {
-            for (g, d) in g.chunks_mut(channels).zip(dyr.chunks(channels)) {
+        |image, g, room| {
+            for (at, g) in g.chunks_exact_mut(channels).enumerate() {
+                let j = image * image_pixels + at;
+                let d = gradients.pixel(j, (image, at), &mut *room);
                 for ((g, &d), &w) in g.iter_mut().zip(d).zip(channel_gamma) {
                     *g = d * w;
                 }
@@ -370,11 +373,10 @@ pub fn backward(
     let dx = input_gradient(
         x,
         stats,
-        dy,
         cols,
         #[inline(always)]
-        |dyr, g| {
-            for ((g, &d), &w) in g.iter_mut().zip(dyr).zip(gamma) {
+        |r, g, _| {
+            for ((g, &d), &w) in g.iter_mut().zip(&dy[r * cols..][..cols]).zip(gamma) {
                 *g = d * w;
             }
         },

@@ -12,8 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::layernorm::{image_channel_sums, image_row, row_input_gradient};
-use super::layernorm::{PixelGradients, RowGradientScratch};
+use super::layernorm::{image_channel_sums, image_input_gradient, image_row, PixelGradients};
 use super::output::{assume_written, zeroed, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::pool::{max_pool_row, PoolGeometry};
@@ -149,8 +148,8 @@ impl PixelGradients for PooledGradients<'_> {
 
 /// `(dx, dgamma, dbeta)` of [`forward`] from `x`, gamma, its `stats` and `argmax`, and the
 /// pooled output's gradient `dy`: `image_norm_backward` of `max_pool_backward_fast(dy)`, with
-/// their bits. The channels' sums build each pixel's gradient as they read it; the input
-/// gradient builds each image's in a scratch buffer.
+/// their bits. The channels' sums and the input gradient build each pixel's gradient as they
+/// read it.
 pub fn backward(
     x: &[f32],
     channel_gamma: &[f32],
@@ -166,31 +165,6 @@ pub fn backward(
     assert!(dy.len() == argmax.len());
     let gradients = PooledGradients::new(dy, argmax, pool);
     let (dgamma, dbeta) = image_channel_sums(x, stats, c, cols, &gradients);
-    let mut dx = Unwritten::new(x.len());
-    if cols > 0 {
-        dx.slots().par_chunks_mut(cols).enumerate().for_each_init(
-            || (RowGradientScratch::new(cols), vec![0.0f32; c]),
-            |(scratch, room), (n, dx)| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        // The pooling's gradient of each pixel, times gamma as the image norm
-                        // takes it.
-                        let pixels = scratch.g.chunks_exact_mut(c).enumerate();
-                        for (at, g) in pixels {
-                            let d = gradients.pixel(n * cols / c + at, (n, at), room);
-                            for ((g, &d), &w) in g.iter_mut().zip(d).zip(channel_gamma) {
-                                *g = d * w;
-                            }
-                        }
-                        let stat = (stats[2 * n], stats[2 * n + 1]);
-                        row_input_gradient(&x[n * cols..][..cols], stat, scratch, dx);
-                    },
-                )
-            },
-        );
-    }
-    // SAFETY: the chunks cover `dx`, an image each, and `row_input_gradient` wrote every
-    // slot of every image.
-    (unsafe { dx.assume_init() }, dgamma, dbeta)
+    let dx = image_input_gradient(x, channel_gamma, stats, cols, &gradients);
+    (dx, dgamma, dbeta)
 }

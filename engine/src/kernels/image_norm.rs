@@ -92,35 +92,25 @@ pub fn image_norm_backward(
             ),
         );
     }
-    let (dgamma, dbeta) = match x.device() {
-        Device::Cpu => {
-            let (dy, channels) = (dy.cpu_f32().expect("cpu"), gamma.numel());
-            let (dgamma, dbeta) = crate::cpu::layernorm::image_channel_sums(
-                x.cpu_f32().expect("cpu"),
-                stats.cpu_f32().expect("cpu"),
-                channels,
-                cols,
-                &crate::cpu::layernorm::DenseGradients { dy, channels },
-            );
-            let on = |v| Tensor::from_vec(x.device(), gamma.shape(), v);
-            (on(dgamma)?, on(dbeta)?)
-        }
-        Device::Gpu(_) => composed::channel_sums(dy, &composed::normed(x, eps)?, gamma)?,
-    };
-    let dx = match x.device() {
-        Device::Cpu => Tensor::from_vec(
-            x.device(),
-            x.shape(),
-            crate::cpu::layernorm::image_input_gradient(
-                x.cpu_f32().expect("cpu"),
-                gamma.cpu_f32().expect("cpu"),
-                stats.cpu_f32().expect("cpu"),
-                dy.cpu_f32().expect("cpu"),
-                cols,
-            ),
-        )?,
-        Device::Gpu(_) => composed::input_gradient(x, gamma, stats, dy)?,
-    };
+    if let Device::Cpu = x.device() {
+        use crate::cpu::layernorm::{image_channel_sums, image_input_gradient, DenseGradients};
+        let (x_values, stats) = (x.cpu_f32().expect("cpu"), stats.cpu_f32().expect("cpu"));
+        let (gamma_values, channels) = (gamma.cpu_f32().expect("cpu"), gamma.numel());
+        let gradients = DenseGradients {
+            dy: dy.cpu_f32().expect("cpu"),
+            channels,
+        };
+        let (dgamma, dbeta) = image_channel_sums(x_values, stats, channels, cols, &gradients);
+        let dx = image_input_gradient(x_values, gamma_values, stats, cols, &gradients);
+        let on = |v| Tensor::from_vec(x.device(), gamma.shape(), v);
+        return Ok((
+            Tensor::from_vec(x.device(), x.shape(), dx)?,
+            on(dgamma)?,
+            on(dbeta)?,
+        ));
+    }
+    let (dgamma, dbeta) = composed::channel_sums(dy, &composed::normed(x, eps)?, gamma)?;
+    let dx = composed::input_gradient(x, gamma, stats, dy)?;
     Ok((dx, dgamma, dbeta))
 }
 
