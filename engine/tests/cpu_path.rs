@@ -62,6 +62,11 @@ fn products_give_the_references_bits_on_awkward_shapes() {
         // tile: k at that edge and k of 1, a panel of 12 rows exactly.
         (1, 30, 33, 256),
         (2, 12, 64, 1),
+        // Few row panels split their columns between tasks (and (3, 25, 47, 129), (1, 64,
+        // 96, 300) and (2, 37, 70, 513) above): column blocks of whole panels and a last
+        // one cut short, A packed whole (k over 256) and read in place.
+        (1, 40, 200, 300),
+        (1, 128, 90, 64),
     ];
     for (seed, &(batch, m, n, k)) in shapes.iter().enumerate() {
         for trans_a in [false, true] {
@@ -87,14 +92,14 @@ fn products_give_the_references_bits_on_awkward_shapes() {
                         assert_eq!(bits(&got), want, "{isa}: {d:?}");
                     }
                     let bias = values(n, 200 + seed as u64);
-                    let finish = |row: &mut [f32]| {
-                        assert_eq!(row.len(), n, "a finished row is a whole row of C");
-                        for (v, b) in row.iter_mut().zip(&bias) {
+                    let finish = |first_column: usize, row: &mut [f32]| {
+                        assert!(first_column + row.len() <= n, "a finished row is inside C");
+                        for (v, b) in row.iter_mut().zip(&bias[first_column..]) {
                             *v = (*v + b).max(0.0);
                         }
                     };
                     let mut finished = reference.clone();
-                    finished.chunks_mut(n).for_each(finish);
+                    finished.chunks_mut(n).for_each(|row| finish(0, row));
                     for &isa in &isas {
                         let got = matmul_on_then(isa, &a, &b, &d, Arithmetic::Exact, finish);
                         assert_eq!(bits(&got), bits(&finished), "finished, {isa}: {d:?}");
@@ -119,7 +124,7 @@ fn empty_and_zero_k_products_are_zeros() {
     };
     assert_eq!(matmul(&[], &[], &d), vec![0.0; 24]);
     // With no terms, the finish still runs on every row: a layer's output is its bias.
-    let finished = matmul_on_then(Isa::detect(), &[], &[], &d, Arithmetic::Exact, |row| {
+    let finished = matmul_on_then(Isa::detect(), &[], &[], &d, Arithmetic::Exact, |_, row| {
         row.iter_mut().for_each(|v| *v += 1.5)
     });
     assert_eq!(finished, vec![1.5; 24]);

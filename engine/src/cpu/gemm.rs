@@ -21,7 +21,9 @@ use rayon::prelude::*;
 use super::output::{assume_written, write_slice, Unwritten};
 use super::vector_unit::widest;
 use crate::kernels::matmul_dims::MatmulDims;
+use block::{Block, SharedOutput};
 
+mod block;
 mod tall;
 
 #[cfg(target_arch = "x86_64")]
@@ -65,19 +67,20 @@ pub fn matmul_on(
     d: &MatmulDims,
     arithmetic: Arithmetic,
 ) -> Vec<f32> {
-    matmul_on_then(isa, a, b, d, arithmetic, |_: &mut [f32]| {})
+    matmul_on_then(isa, a, b, d, arithmetic, |_: usize, _: &mut [f32]| {})
 }
 
-/// `C = op(A) * op(B)` with the reference's bits, then `finish` on each row of C (`n`
-/// values) as soon as its sums are complete, while the row is still in cache: a layer's
-/// bias and activation (`kernels::linear`), without another pass over C in memory.
-/// `finish` runs on the widest vector unit; write it `#[inline(always)]` so that it is
-/// compiled there.
+/// `C = op(A) * op(B)` with the reference's bits, then `finish(j, values)` on each row of C
+/// as soon as its sums are complete, while the row is still in cache: a layer's bias and
+/// activation (`kernels::linear`), without another pass over C in memory. `values` are the
+/// row's from column `j` on: the whole row (`j` = 0), or a block of its columns when the
+/// product splits its columns between tasks. `finish` runs on the widest vector unit; write
+/// it `#[inline(always)]` so that it is compiled there.
 pub fn matmul_then(
     a: &[f32],
     b: &[f32],
     d: &MatmulDims,
-    finish: impl Fn(&mut [f32]) + Sync,
+    finish: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     matmul_on_then(Isa::detect(), a, b, d, Arithmetic::Exact, finish)
 }
@@ -89,7 +92,7 @@ pub fn matmul_on_then(
     b: &[f32],
     d: &MatmulDims,
     arithmetic: Arithmetic,
-    finish: impl Fn(&mut [f32]) + Sync,
+    finish: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let finish = &finish;
     assert!(
@@ -133,17 +136,20 @@ pub fn matmul_on_then(
         let mut c = unsafe { unwritten.assume_init() };
         // A tall product's rows are complete only after its last span of k, and it is a
         // weight's gradient, which nothing finishes: no need to finish them in cache.
-        crate::cpu::elementwise::for_rows(&mut c, d.n, |_, row| finish(row));
+        crate::cpu::elementwise::for_rows(&mut c, d.n, |_, row| finish(0, row));
         return c;
     }
     // At most 16 columns (attention's per-head values, a convolution of 16 channels) fill
     // half of a 12x32 tile: a 24x16 one does twice the useful work per step of k.
     let narrow = d.n <= 16 && d.m >= 24;
-    // A short k (a transformer's projections: 64) leaves a 12x32 tile little work per packed
-    // panel of A, and packing it is a transpose one element at a time: the tile reads A's rows
-    // where they lie instead, 12 of them at most 256 long staying in the first two caches.
+    // Packing a panel of A that is not transposed is a transpose one element at a time; the
+    // 12x32 tile reads A's rows where they lie instead (12 streams for the prefetcher). First
+    // for a short k (a transformer's projections: 64), where a packed panel did little work;
+    // then for every k: in place, alternating blocks of calls in one process, paired medians
+    // +4.3% at 1024^3, +6.1% and +9.1% at the MNIST MLP's forward [128, 784] x [784, 512]
+    // and [128, 512] x [512, 256] (docs/benchmarks.md, session 16).
     #[cfg(target_arch = "x86_64")]
-    let a_in_place = !d.trans_a && d.k <= 256;
+    let a_in_place = !d.trans_a;
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if narrow && fused => {
@@ -239,24 +245,19 @@ impl std::fmt::Display for Isa {
     }
 }
 
-/// Computes every tile of one row panel: the packed panel of A (`k` groups of `MR`), the
-/// packed B (`k` rows of `NR` per column panel), `k`, `n`, and the panel's rows of C, each
-/// of which it writes (never reads: C needs no zeros first, `cpu::output`).
-/// Unsafe because the x86 variants need the CPU features `Isa::available` checks for.
-type PanelKernel = unsafe fn(&[f32], &[f32], usize, usize, &mut [MaybeUninit<f32>]);
+/// Computes every tile of one row panel's block of columns: the packed panel of A (`k`
+/// groups of `MR`), the block's packed B (`k` rows of `NR` per column panel), `k`, and the
+/// block of C, every value of which it writes (never reads: C needs no zeros first,
+/// `cpu::output`). Unsafe because the x86 variants need the CPU features `Isa::available`
+/// checks for.
+type PanelKernel = unsafe fn(&[f32], &[f32], usize, &mut Block);
 
 /// The panel kernel for the target's baseline instruction set.
 ///
 /// # Safety
 /// None needed: it is unsafe only to share the type of the x86 variants.
-unsafe fn baseline<const FUSED: bool>(
-    a: &[f32],
-    b: &[f32],
-    k: usize,
-    n: usize,
-    c: &mut [MaybeUninit<f32>],
-) {
-    panel_tiles::<4, 8>(a, b, k, n, c, micro_kernel::<4, 8, FUSED>)
+unsafe fn baseline<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, c: &mut Block) {
+    panel_tiles::<4, 8>(a, b, k, c, micro_kernel::<4, 8, FUSED>)
 }
 
 /// The panel kernels for wider vectors, with the micro-kernel written in intrinsics: the
@@ -266,23 +267,16 @@ unsafe fn baseline<const FUSED: bool>(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-    use std::mem::MaybeUninit;
 
-    use super::panel_tiles;
+    use super::{panel_tiles, Block};
 
     /// # Safety
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn avx512<const FUSED: bool>(
-        a: &[f32],
-        b: &[f32],
-        k: usize,
-        n: usize,
-        c: &mut [MaybeUninit<f32>],
-    ) {
+    pub(super) unsafe fn avx512<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, c: &mut Block) {
         // SAFETY: the caller guarantees AVX-512F.
         let packed: [usize; 12] = std::array::from_fn(|i| i);
-        panel_tiles::<12, 32>(a, b, k, n, c, |a, b| unsafe {
+        panel_tiles::<12, 32>(a, b, k, c, |a, b| unsafe {
             tile_avx512::<FUSED>(a, packed, 12, b, k)
         })
     }
@@ -297,14 +291,13 @@ mod x86 {
         a: &[f32],
         b: &[f32],
         k: usize,
-        n: usize,
-        c: &mut [MaybeUninit<f32>],
+        c: &mut Block,
     ) {
-        let rows = c.len() / n;
+        let rows = c.rows();
         // Rows past the panel's repeat its last one; their results are not stored.
         let in_place: [usize; 12] = std::array::from_fn(|i| i.min(rows - 1) * k);
         // SAFETY: the caller guarantees AVX-512F.
-        panel_tiles::<12, 32>(a, b, k, n, c, |a, b| unsafe {
+        panel_tiles::<12, 32>(a, b, k, c, |a, b| unsafe {
             tile_avx512::<FUSED>(a, in_place, 1, b, k)
         })
     }
@@ -316,11 +309,10 @@ mod x86 {
         a: &[f32],
         b: &[f32],
         k: usize,
-        n: usize,
-        c: &mut [MaybeUninit<f32>],
+        c: &mut Block,
     ) {
         // SAFETY: the caller guarantees AVX-512F.
-        panel_tiles::<24, 16>(a, b, k, n, c, |a, b| unsafe {
+        panel_tiles::<24, 16>(a, b, k, c, |a, b| unsafe {
             tile_avx512_narrow::<FUSED>(a, b, k)
         })
     }
@@ -328,15 +320,9 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn avx2<const FUSED: bool>(
-        a: &[f32],
-        b: &[f32],
-        k: usize,
-        n: usize,
-        c: &mut [MaybeUninit<f32>],
-    ) {
+    pub(super) unsafe fn avx2<const FUSED: bool>(a: &[f32], b: &[f32], k: usize, c: &mut Block) {
         // SAFETY: the caller guarantees AVX2 and FMA.
-        panel_tiles::<6, 16>(a, b, k, n, c, |a, b| unsafe { tile_avx2::<FUSED>(a, b, k) })
+        panel_tiles::<6, 16>(a, b, k, c, |a, b| unsafe { tile_avx2::<FUSED>(a, b, k) })
     }
 
     /// A 12 x 32 tile: 24 accumulators of 16 lanes, two rows of B and a broadcast. Row `i`'s
@@ -477,8 +463,16 @@ fn put_scratch(key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, v: Vec<f3
     key.with(|s| *s.borrow_mut() = v);
 }
 
+/// Products with fewer row panels than this many per thread split their columns too: a
+/// batch of 128 rows is 11 panels of 12, which two threads took 6 and 5 at a time.
+const ROW_PANELS_PER_THREAD: usize = 8;
+
+/// Column blocks per thread of a product that splits its columns: two, so that a thread
+/// that falls behind can hand one on (one or two measured the same, docs/benchmarks.md).
+const COLUMN_BLOCKS_PER_THREAD: usize = 2;
+
 /// The whole batched product: packs the operands for an `MR x NR` tile and runs `kernel`
-/// (built for that tile) on each row panel.
+/// (built for that tile) on each row panel, or on each row panel of each block of columns.
 fn product<const MR: usize, const NR: usize>(
     a: &[f32],
     b: &[f32],
@@ -486,11 +480,25 @@ fn product<const MR: usize, const NR: usize>(
     c: &mut [MaybeUninit<f32>],
     kernel: PanelKernel,
     a_in_place: bool,
-    finish: &(impl Fn(&mut [f32]) + Sync),
+    finish: &(impl Fn(usize, &mut [f32]) + Sync),
 ) {
     let (m, n, k) = (d.m, d.n, d.k);
     let panels = n.div_ceil(NR);
     let parallel = d.batch * m * n * k >= PARALLEL_MIN_TERMS;
+    let threads = rayon::current_num_threads();
+    // Many small products (attention's, one per head) split by batch entry alone: a task per
+    // row panel as well would cost more in hand-offs than a panel's work.
+    let by_entry_alone = d.batch >= 4 * threads;
+    let few_row_panels = d.batch * m.div_ceil(MR) < ROW_PANELS_PER_THREAD * threads;
+    if parallel && !by_entry_alone && few_row_panels && panels >= 2 {
+        let kernel = RowPanel::<MR, NR> {
+            kernel,
+            a_in_place,
+            a,
+            d,
+        };
+        return column_blocks(&kernel, b, c, threads, finish);
+    }
     // A shared B is packed once for every batch entry.
     let b_len = if d.b_batched { d.batch } else { 1 } * panels * k * NR;
     let mut b_packed = take_scratch(&B_PACKED, b_len);
@@ -511,31 +519,18 @@ fn product<const MR: usize, const NR: usize>(
             .enumerate()
             .for_each(pack);
     }
-    let a_stride = m * k;
+    let kernel = RowPanel::<MR, NR> {
+        kernel,
+        a_in_place,
+        a,
+        d,
+    };
     let row_panel = |z: usize, ip: usize, c_rows: &mut [MaybeUninit<f32>]| {
-        let a_z = &a[if d.a_batched { z * a_stride } else { 0 }..][..a_stride];
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
-        if a_in_place {
-            // The panel's rows of A as they are stored (`!trans_a`): `k` values per row.
-            let rows = c_rows.len() / n;
-            // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
-            unsafe { kernel(&a_z[ip * MR * k..][..rows * k], b_z, k, n, c_rows) };
-            // SAFETY: the panel kernel wrote every value of the panel's rows.
-            finish_rows(unsafe { assume_written(c_rows) }, n, finish);
-            return;
-        }
-        let mut a_scratch = take_scratch(&A_PANEL, k * MR);
-        let a_panel = &mut a_scratch[..k * MR];
-        pack_a_panel::<MR>(a_z, d, ip, a_panel);
-        // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
-        unsafe { kernel(a_panel, b_z, k, n, c_rows) };
-        put_scratch(&A_PANEL, a_scratch);
+        kernel.run(z, ip, b_z, &mut Block::rows_of(c_rows, n));
         // SAFETY: the panel kernel wrote every value of the panel's rows.
         finish_rows(unsafe { assume_written(c_rows) }, n, finish);
     };
-    // Many small products (attention's, one per head) split by batch entry alone: a task per
-    // row panel as well would cost more in hand-offs than a panel's work.
-    let by_entry_alone = d.batch >= 4 * rayon::current_num_threads();
     if parallel && by_entry_alone {
         c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
             for (ip, rows) in c_z.chunks_mut(MR * n).enumerate() {
@@ -558,12 +553,93 @@ fn product<const MR: usize, const NR: usize>(
     put_scratch(&B_PACKED, b_packed);
 }
 
+/// A panel kernel with the A it reads: runs one row panel of one batch entry against packed
+/// panels of B.
+struct RowPanel<'a, const MR: usize, const NR: usize> {
+    kernel: PanelKernel,
+    a_in_place: bool,
+    a: &'a [f32],
+    d: &'a MatmulDims,
+}
+
+impl<const MR: usize, const NR: usize> RowPanel<'_, MR, NR> {
+    /// Row panel `ip` of entry `z` times `b_panels` into `block`: A's rows where they lie, or
+    /// packed into this thread's scratch first.
+    #[inline(always)]
+    fn run(&self, z: usize, ip: usize, b_panels: &[f32], block: &mut Block) {
+        let (m, k) = (self.d.m, self.d.k);
+        let a_z = &self.a[if self.d.a_batched { z * m * k } else { 0 }..][..m * k];
+        if self.a_in_place {
+            // The panel's rows of A as they are stored (`!trans_a`): `k` values per row.
+            let rows = block.rows();
+            // SAFETY: `matmul_on` checked that this CPU has the features `kernel` was built for.
+            unsafe { (self.kernel)(&a_z[ip * MR * k..][..rows * k], b_panels, k, block) };
+        } else {
+            let mut a_scratch = take_scratch(&A_PANEL, k * MR);
+            let a_panel = &mut a_scratch[..k * MR];
+            pack_a_panel::<MR>(a_z, self.d, ip, a_panel);
+            // SAFETY: as above.
+            unsafe { (self.kernel)(a_panel, b_panels, k, block) };
+            put_scratch(&A_PANEL, a_scratch);
+        }
+    }
+}
+
+/// [`product`] for few row panels: each task takes a block of columns of one batch entry,
+/// packs B's panels for them alone (they stay in its core's cache) and runs every row panel
+/// against them. Splitting by row panels alone, the MNIST MLP's [128, 784] x [784, 512] gave
+/// its two threads 6 and 5 panels of 12 rows; by column blocks, paired medians of alternating
+/// blocks of calls in one process were +19% for it, +12% for [128, 512] x [512, 256] and
+/// +15% for the input gradient [128, 256] x [512, 256]ᵀ (docs/benchmarks.md, session 16).
+fn column_blocks<const MR: usize, const NR: usize>(
+    kernel: &RowPanel<MR, NR>,
+    b: &[f32],
+    c: &mut [MaybeUninit<f32>],
+    threads: usize,
+    finish: &(impl Fn(usize, &mut [f32]) + Sync),
+) {
+    let d = kernel.d;
+    let (m, n, k) = (d.m, d.n, d.k);
+    let panels = n.div_ceil(NR);
+    let per_block = panels.div_ceil(panels.min(COLUMN_BLOCKS_PER_THREAD * threads));
+    let blocks = panels.div_ceil(per_block);
+    let output = SharedOutput::new(c, n);
+    (0..d.batch * blocks).into_par_iter().for_each(|task| {
+        let (z, first_panel) = (task / blocks, task % blocks * per_block);
+        let block_panels = per_block.min(panels - first_panel);
+        let cols = first_panel * NR..n.min((first_panel + block_panels) * NR);
+        let mut b_scratch = take_scratch(&B_PACKED, block_panels * k * NR);
+        let b_block = &mut b_scratch[..block_panels * k * NR];
+        let b_z = &b[if d.b_batched { z * k * n } else { 0 }..][..k * n];
+        for (p, panel) in b_block.chunks_exact_mut(k * NR).enumerate() {
+            pack_b_panel::<NR>(b_z, d, first_panel + p, panel);
+        }
+        for ip in 0..m.div_ceil(MR) {
+            let rows = z * m + ip * MR..z * m + m.min((ip + 1) * MR);
+            // SAFETY: each task has its own (entry, column block), and each of its blocks its
+            // own rows: no two blocks share a value.
+            let mut block = unsafe { output.block(rows, cols.clone()) };
+            kernel.run(z, ip, b_block, &mut block);
+            widest(
+                #[inline(always)]
+                || {
+                    for i in 0..block.rows() {
+                        // SAFETY: the panel kernel wrote every value of the block.
+                        finish(cols.start, unsafe { assume_written(block.row(i)) });
+                    }
+                },
+            );
+        }
+        put_scratch(&B_PACKED, b_scratch);
+    });
+}
+
 /// `finish` on each `n`-long row of `c_rows`, compiled for the widest vector unit.
 #[inline(always)]
-fn finish_rows(c_rows: &mut [f32], n: usize, finish: &(impl Fn(&mut [f32]) + Sync)) {
+fn finish_rows(c_rows: &mut [f32], n: usize, finish: &(impl Fn(usize, &mut [f32]) + Sync)) {
     widest(
         #[inline(always)]
-        || c_rows.chunks_exact_mut(n).for_each(finish),
+        || c_rows.chunks_exact_mut(n).for_each(|row| finish(0, row)),
     );
 }
 
@@ -624,28 +700,33 @@ fn pack_b_panel<const NR: usize>(b: &[f32], d: &MatmulDims, jp: usize, dst: &mut
     }
 }
 
-/// Every tile of one row panel (see [`PanelKernel`]).
+/// Every tile of one row panel's block of columns (see [`PanelKernel`]).
 #[inline(always)]
 fn panel_tiles<const MR: usize, const NR: usize>(
     a_panel: &[f32],
-    b_packed: &[f32],
+    b_panels: &[f32],
     k: usize,
-    n: usize,
-    c_rows: &mut [MaybeUninit<f32>],
+    c: &mut Block,
     tile_of: impl Fn(&[f32], &[f32]) -> [[f32; NR]; MR],
 ) {
-    let rows = c_rows.len() / n;
-    // The column panels cover `n` (B is packed whole) and a tile's rows cover the panel's
-    // `rows`: every value of `c_rows` is written.
-    for (jp, b_panel) in b_packed.chunks_exact(k * NR).enumerate() {
+    let (rows, block_cols) = (c.rows(), c.cols());
+    // The column panels cover the block's columns and a tile's rows cover the panel's
+    // `rows`: every value of the block is written.
+    assert_eq!(
+        b_panels.len(),
+        block_cols.div_ceil(NR) * k * NR,
+        "B's panels and C's block differ"
+    );
+    for (jp, b_panel) in b_panels.chunks_exact(k * NR).enumerate() {
         let tile = tile_of(a_panel, b_panel);
-        let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
+        let (j0, cols) = (jp * NR, NR.min(block_cols - jp * NR));
         for (i, tile_row) in tile.iter().enumerate().take(rows) {
+            let row = c.row(i);
             // A whole tile row's length is known at compile time (see `pack_a_panel`).
             if cols == NR {
-                write_slice(&mut c_rows[i * n + j0..][..NR], tile_row);
+                write_slice(&mut row[j0..][..NR], tile_row);
             } else {
-                write_slice(&mut c_rows[i * n + j0..][..cols], &tile_row[..cols]);
+                write_slice(&mut row[j0..][..cols], &tile_row[..cols]);
             }
         }
     }

@@ -160,8 +160,11 @@ fn with_bias(
         w,
         dims,
         #[inline(always)]
-        |row: &mut [f32]| match bias {
-            Some(b) => row.iter_mut().zip(b).for_each(|(v, &b)| *v = f(*v + b)),
+        |first_column: usize, row: &mut [f32]| match bias {
+            Some(b) => row
+                .iter_mut()
+                .zip(&b[first_column..])
+                .for_each(|(v, &b)| *v = f(*v + b)),
             None => row.iter_mut().for_each(|v| *v = f(*v)),
         },
     )
