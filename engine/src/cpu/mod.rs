@@ -2,6 +2,7 @@
 //! bits on lavapipe) at a speed that makes the CPU a training device of its own, for the
 //! nodes and CI machines that have no GPU.
 
+pub mod adamw;
 pub mod attention;
 pub mod conv;
 pub mod conv_pool;

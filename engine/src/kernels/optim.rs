@@ -4,6 +4,7 @@ use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
 use super::{grid_1d, OPTIM};
+use crate::cpu::adamw::{self, AdamWConstants};
 use crate::cpu::vector_unit::widest;
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -44,7 +45,7 @@ pub struct AdamWStep {
 
 impl AdamWStep {
     /// Bias corrections `1 - beta1^t` and `sqrt(1 - beta2^t)`, computed in f64.
-    fn corrections(&self) -> (f32, f32) {
+    pub(crate) fn corrections(&self) -> (f32, f32) {
         let t = self.step.min(i32::MAX as u64) as i32;
         let bc1 = 1.0 - (self.beta1 as f64).powi(t);
         let bc2 = 1.0 - (self.beta2 as f64).powi(t);
@@ -69,25 +70,19 @@ pub fn sgd_ref(w: &mut [f32], grad: &[f32], buf: &mut [f32], s: &SgdStep) {
     }
 }
 
-/// CPU reference of one AdamW update; each element's update depends on that element
-/// alone, so it runs over rayon in chunks (the same bits as one pass).
+/// CPU reference of one AdamW update (`cpu::adamw::element` on each element); each
+/// element's update depends on that element alone, so it runs over rayon in chunks (the same
+/// bits as one pass), and blocks near the subnormal numbers take f64 (the same bits again,
+/// without the microcode assists that subnormals cost, `cpu::adamw`).
 pub fn adamw_ref(w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
     assert!(grad.len() == w.len() && m.len() == w.len() && v.len() == w.len());
-    let (bc1, bc2_sqrt) = s.corrections();
-    // Zipped iterators: no bounds checks, so the loop vectorises, on the widest vector unit
-    // (its square roots and divisions ran 4 lanes at a time on the baseline's SSE2).
+    let k = AdamWConstants::new(s);
+    // On the widest vector unit (square roots and divisions ran 4 lanes at a time on the
+    // baseline's SSE2).
     let chunk = |w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]| {
         widest(
             #[inline(always)]
-            || {
-                let params = w.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut());
-                for (((w, &g), m), v) in params {
-                    *m = s.beta1 * *m + (1.0 - s.beta1) * g;
-                    *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
-                    let decayed = *w * (1.0 - s.lr * s.weight_decay);
-                    *w = decayed - (s.lr / bc1) * *m / (v.sqrt() / bc2_sqrt + s.eps);
-                }
-            },
+            || adamw::update(w, grad, m, v, &k),
         )
     };
     const CHUNK: usize = crate::cpu::elementwise::CHUNK;

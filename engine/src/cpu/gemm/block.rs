@@ -24,7 +24,10 @@ unsafe impl Sync for SharedOutput<'_> {}
 impl<'c> SharedOutput<'c> {
     /// All of `c`, rows of `n` values.
     pub(super) fn new(c: &'c mut [MaybeUninit<f32>], n: usize) -> SharedOutput<'c> {
-        assert!(n > 0 && c.len().is_multiple_of(n), "C is not whole rows of {n}");
+        assert!(
+            n > 0 && c.len().is_multiple_of(n),
+            "C is not whole rows of {n}"
+        );
         SharedOutput {
             first: c.as_mut_ptr(),
             rows: c.len() / n,
