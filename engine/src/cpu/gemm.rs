@@ -1,5 +1,6 @@
 //! The fast CPU matrix product: packed operands, a register-blocked micro-kernel chosen for
-//! the CPU's vector width at run time, and rayon over row panels.
+//! the CPU's vector width at run time, and rayon over row panels (or, for products with few
+//! rows, over blocks of columns).
 //!
 //! It gives the bits of [`matmul_ref`](crate::kernels::matmul::matmul_ref), and so of the
 //! WGSL kernels on lavapipe: every output element starts from 0 and takes `acc + a_ik * b_kj`
