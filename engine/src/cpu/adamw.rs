@@ -287,7 +287,11 @@ mod tests {
         let n = 5 * BLOCK + 3;
         let mut state: Vec<[f32; 4]> = (0..n)
             .map(|i| {
-                let scale = if (i / BLOCK).is_multiple_of(2) { 1e-40 } else { 1e-3 };
+                let scale = if (i / BLOCK).is_multiple_of(2) {
+                    1e-40
+                } else {
+                    1e-3
+                };
                 [
                     rng.normal(),
                     rng.normal() * scale,
