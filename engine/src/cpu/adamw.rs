@@ -26,8 +26,6 @@
 //! the update took 0.37-0.40 ms a step before ~600 steps either way, and after it 2.6-2.8 ms
 //! with f32 throughout, 0.82-0.85 ms this way.
 
-use crate::kernels::optim::AdamWStep;
-
 /// The f32 constants of one AdamW step, computed as the update's expression computes them.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWConstants {
@@ -42,18 +40,24 @@ pub struct AdamWConstants {
 }
 
 impl AdamWConstants {
-    /// The constants of update `s`.
-    pub fn new(s: &AdamWStep) -> AdamWConstants {
-        let (bc1, bc2_sqrt) = s.corrections();
+    /// The constants of an update with these hyperparameters and bias corrections `(1 -
+    /// beta1^t, sqrt(1 - beta2^t))` (`kernels::optim::AdamWStep` gives both).
+    pub fn new(
+        lr: f32,
+        (beta1, beta2): (f32, f32),
+        eps: f32,
+        weight_decay: f32,
+        (bc1, bc2_sqrt): (f32, f32),
+    ) -> AdamWConstants {
         AdamWConstants {
-            beta1: s.beta1,
-            one_minus_beta1: 1.0 - s.beta1,
-            beta2: s.beta2,
-            one_minus_beta2: 1.0 - s.beta2,
-            decay: 1.0 - s.lr * s.weight_decay,
-            step_size: s.lr / bc1,
+            beta1,
+            one_minus_beta1: 1.0 - beta1,
+            beta2,
+            one_minus_beta2: 1.0 - beta2,
+            decay: 1.0 - lr * weight_decay,
+            step_size: lr / bc1,
             bc2_sqrt,
-            eps: s.eps,
+            eps,
         }
     }
 }
@@ -222,34 +226,32 @@ mod tests {
         (1.0 + rng.uniform()) * 2f32.powi(exponent) * if rng.below(2) == 0 { 1.0 } else { -1.0 }
     }
 
-    fn steps(rng: &mut Rng) -> Vec<AdamWStep> {
-        let mut steps = vec![AdamWStep {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            step: 1,
-        }];
+    /// PyTorch's defaults at step 1, then random hyperparameters and corrections.
+    fn constants(rng: &mut Rng) -> Vec<AdamWConstants> {
+        let mut all = vec![AdamWConstants::new(
+            1e-3,
+            (0.9, 0.999),
+            1e-8,
+            0.01,
+            (0.1, 0.0316),
+        )];
         for _ in 0..20 {
-            steps.push(AdamWStep {
-                lr: 10f32.powf(-8.0 * rng.uniform()),
-                beta1: rng.uniform(),
-                beta2: rng.uniform(),
-                eps: 10f32.powf(-12.0 * rng.uniform()),
-                weight_decay: rng.uniform(),
-                step: 1 + rng.below(100_000) as u64,
-            });
+            all.push(AdamWConstants::new(
+                10f32.powf(-8.0 * rng.uniform()),
+                (rng.uniform(), rng.uniform()),
+                10f32.powf(-12.0 * rng.uniform()),
+                rng.uniform(),
+                (rng.uniform().max(1e-6), rng.uniform().max(1e-3)),
+            ));
         }
-        steps
+        all
     }
 
     #[test]
     fn the_f64_way_gives_the_f32_bits_across_the_range() {
         // Compared as bits, NaN with NaN: both ways must make the same NaN.
         let mut rng = Rng::new(24, 0);
-        for s in steps(&mut rng) {
-            let k = AdamWConstants::new(&s);
+        for k in constants(&mut rng) {
             let wide = WideConstants::new(&k);
             for i in 0..100_000 {
                 let draw = |rng: &mut Rng| {
@@ -273,7 +275,7 @@ mod tests {
                 assert_eq!(
                     [w32.to_bits(), m32.to_bits(), v32.to_bits()],
                     [w64.to_bits(), m64.to_bits(), v64.to_bits()],
-                    "w {w:e} g {g:e} m {m:e} v {v:e}, {s:?}"
+                    "w {w:e} g {g:e} m {m:e} v {v:e}, {k:?}"
                 );
             }
         }
@@ -300,14 +302,7 @@ mod tests {
                 ]
             })
             .collect();
-        let k = AdamWConstants::new(&AdamWStep {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            step: 7,
-        });
+        let k = AdamWConstants::new(1e-3, (0.9, 0.999), 1e-8, 0.01, (0.52, 0.083));
         let column = |state: &[[f32; 4]], c: usize| state.iter().map(|s| s[c]).collect::<Vec<_>>();
         let (mut w, g, mut m, mut v) = (
             column(&state, 0),

@@ -45,7 +45,7 @@ pub struct AdamWStep {
 
 impl AdamWStep {
     /// Bias corrections `1 - beta1^t` and `sqrt(1 - beta2^t)`, computed in f64.
-    pub(crate) fn corrections(&self) -> (f32, f32) {
+    fn corrections(&self) -> (f32, f32) {
         let t = self.step.min(i32::MAX as u64) as i32;
         let bc1 = 1.0 - (self.beta1 as f64).powi(t);
         let bc2 = 1.0 - (self.beta2 as f64).powi(t);
@@ -76,7 +76,13 @@ pub fn sgd_ref(w: &mut [f32], grad: &[f32], buf: &mut [f32], s: &SgdStep) {
 /// without the microcode assists that subnormals cost, `cpu::adamw`).
 pub fn adamw_ref(w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
     assert!(grad.len() == w.len() && m.len() == w.len() && v.len() == w.len());
-    let k = AdamWConstants::new(s);
+    let k = AdamWConstants::new(
+        s.lr,
+        (s.beta1, s.beta2),
+        s.eps,
+        s.weight_decay,
+        s.corrections(),
+    );
     // On the widest vector unit (square roots and divisions ran 4 lanes at a time on the
     // baseline's SSE2).
     let chunk = |w: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]| {
