@@ -23,8 +23,8 @@
 //! whole range.
 //!
 //! Measured on the MLP trained on one batch (throwaway probe, docs/benchmarks.md, session 16):
-//! the update took 0.37-0.40 ms a step before ~600 steps either way, and after it 2.6-2.8 ms
-//! with f32 throughout, 0.82-0.85 ms this way.
+//! before ~600 steps the update took 0.33-0.37 ms a step with f32 throughout and 0.37-0.40 ms
+//! this way; from step 800 on, 2.6-2.8 ms with f32 throughout and 0.82-0.85 ms this way.
 
 /// The f32 constants of one AdamW step, computed as the update's expression computes them.
 #[derive(Debug, Clone, Copy)]

@@ -491,13 +491,13 @@ fn product<const MR: usize, const NR: usize>(
     // row panel as well would cost more in hand-offs than a panel's work.
     let by_entry_alone = d.batch >= 4 * threads;
     let few_row_panels = d.batch * m.div_ceil(MR) < ROW_PANELS_PER_THREAD * threads;
+    let kernel = RowPanel::<MR, NR> {
+        kernel,
+        a_in_place,
+        a,
+        d,
+    };
     if parallel && !by_entry_alone && few_row_panels && panels >= 2 {
-        let kernel = RowPanel::<MR, NR> {
-            kernel,
-            a_in_place,
-            a,
-            d,
-        };
         return column_blocks(&kernel, b, c, threads, finish);
     }
     // A shared B is packed once for every batch entry.
@@ -520,12 +520,6 @@ fn product<const MR: usize, const NR: usize>(
             .enumerate()
             .for_each(pack);
     }
-    let kernel = RowPanel::<MR, NR> {
-        kernel,
-        a_in_place,
-        a,
-        d,
-    };
     let row_panel = |z: usize, ip: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
         kernel.run(z, ip, b_z, &mut Block::rows_of(c_rows, n));
