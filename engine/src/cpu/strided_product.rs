@@ -9,6 +9,8 @@
 //! keeps the unfused portable block's accumulators on the stack (seen in the disassembly of a
 //! throwaway probe; `cpu::gemm` notes the same of its micro-kernel).
 
+use std::ops::Range;
+
 /// The left operand: row `r`'s term `s` is `values[first + r * row_stride + s * step]` (a
 /// matrix stored row-major has `step` 1, its transpose `row_stride` 1).
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +52,44 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// Which terms of each row a product sums, for the products of causal attention, whose
+/// operands are square in the time axis (row `r` and step or column `r` are one position).
+/// A band leaves terms out, and is the full product only where those terms are ±0: every sum
+/// starts from +0, and a ±0 term never changes a sum from +0 (`cpu::attention` says when the
+/// terms are ±0). Blocks of rows are computed whole, so a row may sum more than its band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Band {
+    /// Every step and every column.
+    Full,
+    /// Row `r` sums steps `0..=r` (its later ones masked).
+    StepsThroughRow,
+    /// Row `r` sums steps `r..` (its earlier ones masked).
+    StepsFromRow,
+    /// Row `r` is written for columns `0..=r`; the later ones are left as they were.
+    ColumnsThroughRow,
+}
+
+impl Band {
+    /// The steps that the block of `rows` sums, of `steps`.
+    #[inline(always)]
+    fn steps(self, rows: &Range<usize>, steps: usize) -> Range<usize> {
+        match self {
+            Band::StepsThroughRow => 0..rows.end.min(steps),
+            Band::StepsFromRow => rows.start.min(steps)..steps,
+            Band::Full | Band::ColumnsThroughRow => 0..steps,
+        }
+    }
+
+    /// The columns that the block of `rows` writes, of `width`.
+    #[inline(always)]
+    fn width(self, rows: &Range<usize>, width: usize) -> usize {
+        match self {
+            Band::ColumnsThroughRow => rows.end.min(width),
+            _ => width,
+        }
+    }
+}
+
 /// Rows of a block held in registers at once: eight independent sums hide the add's latency.
 const BLOCK_ROWS: usize = 8;
 /// Rows of a block of two vectors of columns on AVX-512 (24 accumulators).
@@ -65,6 +105,32 @@ const BLOCK_LANES: usize = 16;
 /// `r < rows` and `x < width`. Panics when an operand is too short for the shape.
 #[allow(clippy::too_many_arguments)]
 pub fn product(
+    rows: usize,
+    width: usize,
+    steps: usize,
+    a: Strided,
+    b: &[f32],
+    b_stride: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    banded_product(
+        Band::Full,
+        rows,
+        width,
+        steps,
+        a,
+        b,
+        b_stride,
+        out,
+        out_stride,
+    )
+}
+
+/// [`product`] over the terms of `band` only.
+#[allow(clippy::too_many_arguments)]
+pub fn banded_product(
+    band: Band,
     rows: usize,
     width: usize,
     steps: usize,
@@ -98,15 +164,16 @@ pub fn product(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: this CPU has AVX-512F, and the asserts above bound every read and write.
-        unsafe { x86::product(rows, width, steps, a, b, b_stride, out, out_stride) };
+        unsafe { x86::product(band, rows, width, steps, a, b, b_stride, out, out_stride) };
         return;
     }
-    portable(rows, width, steps, a, b, b_stride, out, out_stride);
+    portable(band, rows, width, steps, a, b, b_stride, out, out_stride);
 }
 
-/// [`product`] in plain Rust, for CPUs without AVX-512 (and to test the other against).
+/// [`banded_product`] in plain Rust, for CPUs without AVX-512 (and to test the other against).
 #[allow(clippy::too_many_arguments)]
 fn portable(
+    band: Band,
     rows: usize,
     width: usize,
     steps: usize,
@@ -118,10 +185,12 @@ fn portable(
 ) {
     for r0 in (0..rows).step_by(BLOCK_ROWS) {
         let live = BLOCK_ROWS.min(rows - r0);
+        let block = r0..r0 + live;
+        let width = band.width(&block, width);
         for x0 in (0..width).step_by(BLOCK_LANES) {
             let lanes = BLOCK_LANES.min(width - x0);
             let mut acc = [[0.0f32; BLOCK_LANES]; BLOCK_ROWS];
-            for s in 0..steps {
+            for s in band.steps(&block, steps) {
                 let b_row = &b[s * b_stride + x0..][..lanes];
                 for (i, acc_i) in acc.iter_mut().enumerate().take(live) {
                     let av = a.values[a.at(r0 + i, s)];
@@ -143,7 +212,7 @@ mod x86 {
 
     use std::ops::Range;
 
-    use super::{Strided, BLOCK_LANES, BLOCK_ROWS, WIDE_MIN_STEPS, WIDE_ROWS};
+    use super::{Band, Strided, BLOCK_LANES, BLOCK_ROWS, WIDE_MIN_STEPS, WIDE_ROWS};
 
     /// # Safety
     /// The CPU must have AVX-512F, and the operands must hold the shape (as `product`
@@ -151,6 +220,7 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn product(
+        band: Band,
         rows: usize,
         width: usize,
         steps: usize,
@@ -183,33 +253,35 @@ mod x86 {
                 (BLOCK_ROWS, block::<BLOCK_ROWS, false>)
             };
             for r0 in (0..rows).step_by(block_rows) {
-                let live = block_rows.min(rows - r0);
+                let these = r0..r0 + block_rows.min(rows - r0);
+                let lanes = lanes.min(band.width(&these, width).saturating_sub(x0));
+                if lanes == 0 {
+                    continue;
+                }
+                let steps = band.steps(&these, steps);
                 // SAFETY: the caller's promise, passed on.
-                unsafe {
-                    block(
-                        r0..r0 + live,
-                        x0,
-                        lanes,
-                        steps,
-                        a,
-                        b,
-                        b_stride,
-                        out,
-                        out_stride,
-                    )
-                };
+                unsafe { block(these, x0, lanes, steps, a, b, b_stride, out, out_stride) };
             }
             x0 += lanes;
         }
     }
 
     /// A block kernel: `(rows, first column, lanes, steps, a, b, b_stride, out, out_stride)`.
-    type Block =
-        unsafe fn(Range<usize>, usize, usize, usize, Strided, &[f32], usize, &mut [f32], usize);
+    type Block = unsafe fn(
+        Range<usize>,
+        usize,
+        usize,
+        Range<usize>,
+        Strided,
+        &[f32],
+        usize,
+        &mut [f32],
+        usize,
+    );
 
     /// Rows `rows` (at most `R`) and `lanes` columns from `x0` (at most 16, or 32 when
-    /// `TWO`) of the product, in `R` (times two) accumulators held in registers for all the
-    /// steps. Rows past the block's last repeat it; their sums are not stored.
+    /// `TWO`) of the product over `steps`, in `R` (times two) accumulators held in registers
+    /// for all the steps. Rows past the block's last repeat it; their sums are not stored.
     ///
     /// # Safety
     /// As for [`product`].
@@ -219,7 +291,7 @@ mod x86 {
         rows: Range<usize>,
         x0: usize,
         lanes: usize,
-        steps: usize,
+        steps: Range<usize>,
         a: Strided,
         b: &[f32],
         b_stride: usize,
@@ -231,7 +303,7 @@ mod x86 {
         let mask = |count: usize| ((1u32 << count.min(BLOCK_LANES)) - 1) as __mmask16;
         let (mask0, mask1) = (mask(lanes), mask(lanes.saturating_sub(BLOCK_LANES)));
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        for s in 0..steps {
+        for s in steps {
             // SAFETY (both reads): `product` asserted that B's row `s` holds `width` floats
             // from `s * b_stride` (masked lanes are not read) and that A's last row and step
             // are inside.
@@ -325,8 +397,103 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "{shape}");
             let mut got = vec![f32::NAN; rows * out_stride];
             if steps > 0 {
-                portable(rows, width, steps, a, &b, b_stride, &mut got, out_stride);
+                portable(
+                    Band::Full,
+                    rows,
+                    width,
+                    steps,
+                    a,
+                    &b,
+                    b_stride,
+                    &mut got,
+                    out_stride,
+                );
                 assert_eq!(bits(&got), bits(&want), "portable, {shape}");
+            }
+        }
+    }
+
+    #[test]
+    fn bands_give_the_full_products_bits_where_their_terms_vanish() {
+        // Square products in the time axis (rows = steps), as attention's, with the terms
+        // outside each band ±0 in A (the steps' bands) and every term present for the
+        // columns' band: the band's rows and columns have the full product's bits, and the
+        // columns past a block's last row are left as they were.
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (time, width) in [(1, 1), (5, 3), (9, 16), (20, 17), (33, 40), (64, 16)] {
+            for band in [
+                Band::StepsThroughRow,
+                Band::StepsFromRow,
+                Band::ColumnsThroughRow,
+            ] {
+                let (b_stride, out_stride) = (width + 2, width.max(time) + 3);
+                let a: Vec<f32> = (0..time * time)
+                    .map(|i| {
+                        let (r, s) = (i / time, i % time);
+                        let masked = match band {
+                            Band::StepsThroughRow => s > r,
+                            Band::StepsFromRow => s < r,
+                            _ => false,
+                        };
+                        let x = ((i * 7 % 11) as f32 - 5.0) * if i % 4 == 0 { 1e7 } else { 0.31 };
+                        match (masked, i % 2) {
+                            (true, 0) => 0.0,
+                            (true, _) => -0.0,
+                            _ => x,
+                        }
+                    })
+                    .collect();
+                let b: Vec<f32> = (0..time * b_stride)
+                    .map(|i| (i * 5 % 13) as f32 * 0.17 - 1.0)
+                    .collect();
+                let width = if band == Band::ColumnsThroughRow {
+                    time.min(width)
+                } else {
+                    width
+                };
+                let a = Strided::rows(&a, 0, time);
+                let mut want = vec![f32::NAN; time * out_stride];
+                product(time, width, time, a, &b, b_stride, &mut want, out_stride);
+                let mut got = vec![f32::NAN; time * out_stride];
+                banded_product(
+                    band, time, width, time, a, &b, b_stride, &mut got, out_stride,
+                );
+                let mut portable_got = vec![f32::NAN; time * out_stride];
+                portable(
+                    band,
+                    time,
+                    width,
+                    time,
+                    a,
+                    &b,
+                    b_stride,
+                    &mut portable_got,
+                    out_stride,
+                );
+                for r in 0..time {
+                    let written = if band == Band::ColumnsThroughRow {
+                        width.min(r + 1)
+                    } else {
+                        width
+                    };
+                    let row = r * out_stride..r * out_stride + written;
+                    let what = format!("{band:?}, time {time}, width {width}, row {r}");
+                    assert_eq!(bits(&got[row.clone()]), bits(&want[row.clone()]), "{what}");
+                    assert_eq!(
+                        bits(&portable_got[row.clone()]),
+                        bits(&want[row]),
+                        "portable, {what}"
+                    );
+                    if band == Band::ColumnsThroughRow {
+                        // A block (at most 12 rows) writes up to its last row's column.
+                        let past =
+                            r * out_stride + (r + WIDE_ROWS).min(width)..(r + 1) * out_stride;
+                        assert!(
+                            got[past].iter().all(|x| x.is_nan()),
+                            "written past the band, {what}"
+                        );
+                    }
+                }
             }
         }
     }

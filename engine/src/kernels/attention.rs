@@ -258,6 +258,100 @@ mod tests {
         }
     }
 
+    /// `x` with `value` written at `(entry, position, feature)`.
+    fn with(x: &Tensor, (z, i, f): (usize, usize, usize), value: f32) -> Tensor {
+        let &[_, t, c] = x.shape() else { panic!() };
+        let mut values = x.to_vec().unwrap();
+        values[(z * t + i) * c + f] = value;
+        Tensor::from_vec(&Device::Cpu, x.shape(), values).unwrap()
+    }
+
+    #[test]
+    fn masked_terms_count_where_they_would_not_vanish() {
+        // The CPU path leaves out the terms under the causal mask only where they are ±0. An
+        // infinite or NaN value late in an entry, or gradients whose masked products overflow,
+        // reach the earlier rows through those terms in the composition (0 * inf is NaN): the
+        // same bits here. Entry 1 is left ordinary, so both ways run in one call.
+        let (batch, time, heads, width) = (2, 20, 2, 3);
+        let sh = HeadShape {
+            batch,
+            time,
+            heads,
+            width,
+        };
+        let shape = [batch, time, heads * width];
+        let (q, k, v, dy) = (
+            tensor(&shape, 1, 3.0),
+            tensor(&shape, 2, 3.0),
+            tensor(&shape, 3, 1.0),
+            tensor(&shape, 4, 1.0),
+        );
+        let last = (0, time - 1, 4);
+        let huge = |x: &Tensor| {
+            Tensor::from_vec(
+                &Device::Cpu,
+                &shape,
+                x.to_vec().unwrap().iter().map(|v| v * 3e19).collect(),
+            )
+            .unwrap()
+        };
+        let cases = [
+            (
+                "infinite value",
+                q.clone(),
+                k.clone(),
+                with(&v, last, f32::INFINITY),
+                dy.clone(),
+            ),
+            (
+                "NaN value",
+                q.clone(),
+                k.clone(),
+                with(&v, last, f32::NAN),
+                dy.clone(),
+            ),
+            (
+                "infinite key",
+                q.clone(),
+                with(&k, last, f32::INFINITY),
+                v.clone(),
+                dy.clone(),
+            ),
+            (
+                "infinite query",
+                with(&q, last, f32::NEG_INFINITY),
+                k.clone(),
+                v.clone(),
+                dy.clone(),
+            ),
+            (
+                "NaN gradient",
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                with(&dy, last, f32::NAN),
+            ),
+            (
+                "overflowing gradients",
+                q.clone(),
+                k.clone(),
+                huge(&v),
+                huge(&dy),
+            ),
+        ];
+        for (what, q, k, v, dy) in cases {
+            let (y, weights) = causal_attention(&q, &k, &v, heads, None).unwrap();
+            let (y_ref, weights_ref) = composed::forward(&q, &k, &v, sh, None).unwrap();
+            assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
+            assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
+            let got = causal_attention_backward(&q, &k, &v, &weights, heads, None, &dy).unwrap();
+            let want = composed::backward(&q, &k, &v, &weights, sh, None, &dy).unwrap();
+            for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+                assert_eq!(bits(g), bits(w), "{name}, {what}");
+            }
+        }
+    }
+
     #[test]
     fn bad_shapes_are_errors() {
         let q = tensor(&[2, 4, 6], 1, 1.0);
