@@ -241,20 +241,27 @@ mod tests {
             };
             for mask in [None, Some(&mask)] {
                 let what = format!("{sh:?} dropout {}", mask.is_some());
-                let (y, weights) = causal_attention(&q, &k, &v, heads, mask).unwrap();
-                let (y_ref, weights_ref) = composed::forward(&q, &k, &v, sh, mask).unwrap();
-                assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
-                assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
-                let got = causal_attention_backward(&q, &k, &v, &weights, heads, mask, &dy);
-                let want = composed::backward(&q, &k, &v, &weights, sh, mask, &dy).unwrap();
-                for (name, (g, w)) in ["dq", "dk", "dv"]
-                    .iter()
-                    .zip(got.unwrap().iter().zip(&want))
-                {
-                    assert_eq!(g.shape(), w.shape());
-                    assert_eq!(bits(g), bits(w), "{name}, {what}");
-                }
+                assert_the_compositions_bits([&q, &k, &v, &dy], sh, mask, &what);
             }
+        }
+    }
+
+    /// The CPU path's weights, output and gradients against the composition's, bit for bit.
+    fn assert_the_compositions_bits(
+        [q, k, v, dy]: [&Tensor; 4],
+        sh: HeadShape,
+        mask: Option<&DropoutMask>,
+        what: &str,
+    ) {
+        let (y, weights) = causal_attention(q, k, v, sh.heads, mask).unwrap();
+        let (y_ref, weights_ref) = composed::forward(q, k, v, sh, mask).unwrap();
+        assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
+        assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
+        let got = causal_attention_backward(q, k, v, &weights, sh.heads, mask, dy).unwrap();
+        let want = composed::backward(q, k, v, &weights, sh, mask, dy).unwrap();
+        for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            assert_eq!(g.shape(), w.shape());
+            assert_eq!(bits(g), bits(w), "{name}, {what}");
         }
     }
 
@@ -340,15 +347,7 @@ mod tests {
             ),
         ];
         for (what, q, k, v, dy) in cases {
-            let (y, weights) = causal_attention(&q, &k, &v, heads, None).unwrap();
-            let (y_ref, weights_ref) = composed::forward(&q, &k, &v, sh, None).unwrap();
-            assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
-            assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
-            let got = causal_attention_backward(&q, &k, &v, &weights, heads, None, &dy).unwrap();
-            let want = composed::backward(&q, &k, &v, &weights, sh, None, &dy).unwrap();
-            for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
-                assert_eq!(bits(g), bits(w), "{name}, {what}");
-            }
+            assert_the_compositions_bits([&q, &k, &v, &dy], sh, None, what);
         }
     }
 
