@@ -211,6 +211,24 @@ mod tests {
         x.to_vec().unwrap().into_iter().map(f32::to_bits).collect()
     }
 
+    /// The shape and the queries, keys, values and output gradient the tests start from.
+    fn operands(batch: usize, time: usize, heads: usize, width: usize) -> (HeadShape, [Tensor; 4]) {
+        let sh = HeadShape {
+            batch,
+            time,
+            heads,
+            width,
+        };
+        let shape = [batch, time, heads * width];
+        let tensors = [
+            tensor(&shape, 1, 3.0),
+            tensor(&shape, 2, 3.0),
+            tensor(&shape, 3, 1.0),
+            tensor(&shape, 4, 1.0),
+        ];
+        (sh, tensors)
+    }
+
     #[test]
     fn the_cpu_path_gives_the_compositions_bits() {
         // Times off the 8-row blocks and past softmax's 64 lanes, widths off the 16 lanes,
@@ -218,19 +236,7 @@ mod tests {
         for (batch, time, heads, width) in
             [(1, 1, 1, 1), (2, 5, 2, 3), (3, 9, 3, 17), (2, 70, 2, 16)]
         {
-            let sh = HeadShape {
-                batch,
-                time,
-                heads,
-                width,
-            };
-            let shape = [batch, time, heads * width];
-            let (q, k, v, dy) = (
-                tensor(&shape, 1, 3.0),
-                tensor(&shape, 2, 3.0),
-                tensor(&shape, 3, 1.0),
-                tensor(&shape, 4, 1.0),
-            );
+            let (sh, [q, k, v, dy]) = operands(batch, time, heads, width);
             let mask = DropoutMask {
                 rate: 0.25,
                 seed: 9,
@@ -279,20 +285,8 @@ mod tests {
         // infinite or NaN value late in an entry, or gradients whose masked products overflow,
         // reach the earlier rows through those terms in the composition (0 * inf is NaN): the
         // same bits here. Entry 1 is left ordinary, so both ways run in one call.
-        let (batch, time, heads, width) = (2, 20, 2, 3);
-        let sh = HeadShape {
-            batch,
-            time,
-            heads,
-            width,
-        };
-        let shape = [batch, time, heads * width];
-        let (q, k, v, dy) = (
-            tensor(&shape, 1, 3.0),
-            tensor(&shape, 2, 3.0),
-            tensor(&shape, 3, 1.0),
-            tensor(&shape, 4, 1.0),
-        );
+        let (sh, [q, k, v, dy]) = operands(2, 20, 2, 3);
+        let (time, shape) = (sh.time, [sh.batch, sh.time, sh.features()]);
         let last = (0, time - 1, 4);
         let huge = |x: &Tensor| {
             Tensor::from_vec(
