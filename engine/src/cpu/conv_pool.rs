@@ -12,6 +12,7 @@
 use rayon::prelude::*;
 
 use super::output::zeroed_par_chunk_pairs;
+use super::padded_image::PaddedImage;
 use super::vector_unit::widest;
 use crate::kernels::column_sums::ColumnSums;
 use crate::kernels::conv_geometry::ConvGeometry;
@@ -21,69 +22,6 @@ use crate::kernels::pool::{max_pool_row, PoolGeometry};
 /// arrays that the compiler keeps in vector registers. A last block of fewer channels is
 /// padded with zero weights and its extra lanes are dropped.
 const LANES: usize = 16;
-
-/// One image with its zero padding around it, and where each im2col column reads it: column
-/// `i` of output pixel `(oh, ow)` is `values[(oh * stride * wide + ow * stride) * c +
-/// offsets[i]]`. im2col's values, without a bounds decision per column.
-struct PaddedImage {
-    values: Vec<f32>,
-    wide: usize,
-    offsets: Vec<usize>,
-    /// One past the largest offset: a window from `at` reads `values[at..at + reach]`.
-    reach: usize,
-}
-
-impl PaddedImage {
-    fn new(g: &ConvGeometry) -> Self {
-        let wide = g.w + 2 * g.pad;
-        let offsets: Vec<usize> = (0..g.patch())
-            .map(|i| {
-                let (kh, kw, ci) = (i / (g.kw * g.c), i / g.c % g.kw, i % g.c);
-                (kh * wide + kw) * g.c + ci
-            })
-            .collect();
-        let reach = offsets.iter().max().map_or(0, |&last| last + 1);
-        PaddedImage {
-            values: vec![0.0; (g.h + 2 * g.pad) * wide * g.c],
-            wide,
-            offsets,
-            reach,
-        }
-    }
-
-    /// The value `offset` (one of [`PaddedImage::offsets`]) past the window at `at`.
-    ///
-    /// # Safety
-    /// `at` comes from [`PaddedImage::window`], which checks the window's whole reach once (a
-    /// bounds check per column cost the convolution's inner loops a compare, a branch and
-    /// two reloads of the vector's pointer and length for every multiply-add, `perf
-    /// annotate`, session 13), and `offset < self.reach`.
-    #[inline(always)]
-    unsafe fn at_unchecked(&self, at: usize, offset: usize) -> f32 {
-        debug_assert!(offset < self.reach && at + self.reach <= self.values.len());
-        // SAFETY: the caller's guarantee bounds at + offset.
-        unsafe { *self.values.get_unchecked(at + offset) }
-    }
-
-    /// Holds image `n` of `x`; the padding stays 0.
-    fn load(&mut self, x: &[f32], g: &ConvGeometry, n: usize) {
-        let row = g.w * g.c;
-        for ih in 0..g.h {
-            let at = ((ih + g.pad) * self.wide + g.pad) * g.c;
-            self.values[at..][..row].copy_from_slice(&x[(n * g.h + ih) * row..][..row]);
-        }
-    }
-
-    /// Where output pixel `(oh, ow)`'s window starts; panics unless the whole window, up to
-    /// [`PaddedImage::reach`], lies in the image, which is what [`PaddedImage::at_unchecked`]
-    /// relies on.
-    #[inline(always)]
-    fn window(&self, g: &ConvGeometry, oh: usize, ow: usize) -> usize {
-        let at = (oh * g.stride * self.wide + ow * g.stride) * g.c;
-        assert!(at + self.reach <= self.values.len());
-        at
-    }
-}
 
 /// The weight `[patch, oc]` as blocks of [`LANES`] channels, `[blocks, patch]` arrays, the
 /// last block padded with zeros; and the bias likewise.

@@ -11,6 +11,7 @@ pub mod gemm;
 pub mod layernorm;
 pub mod norm_pool;
 pub mod output;
+mod padded_image;
 pub mod pool;
 pub mod rows;
 pub mod strided_product;
