@@ -176,7 +176,7 @@ pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -
 /// A convolution's output `[n * oh * ow, oc]` from `x [n, h, w, c]`, `weight [kh*kw*c, oc]`
 /// and `bias [oc]`: `im2col(x) weight + bias` with the values and sums of the product and the
 /// addition, one image at a time, the product reading im2col's rows where they lie in the
-/// image with its padding ([`PaddedImage::columns`]): no columns built at all. Building an
+/// image with its padding (`cpu::padded_image`): no columns built at all. Building an
 /// image's columns in cache (196 x 144 floats for the CNN's second layer) took a quarter of
 /// this function's time on a 2-core AVX-512 EPYC (perf: `im2col_part` and its `memmove`
 /// 26% of the samples of a throwaway probe, the product 65%).
