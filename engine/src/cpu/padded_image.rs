@@ -10,8 +10,8 @@ use crate::kernels::conv_geometry::ConvGeometry;
 /// `i` of output pixel `(oh, ow)` is `values[(oh * stride * wide + ow * stride) * c +
 /// offsets[i]]`. im2col's values, without a bounds decision per column.
 pub(super) struct PaddedImage {
-    pub(super) values: Vec<f32>,
-    pub(super) wide: usize,
+    values: Vec<f32>,
+    wide: usize,
     pub(super) offsets: Vec<usize>,
     /// One past the largest offset: a window from `at` reads `values[at..at + reach]`.
     reach: usize,

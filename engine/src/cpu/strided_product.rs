@@ -93,21 +93,13 @@ impl<'a> Strided<'a> {
     /// Where row `r` starts, from `first`.
     #[inline(always)]
     fn row_offset(&self, r: usize) -> usize {
-        if self.line == usize::MAX {
-            r * self.row_stride
-        } else {
-            r / self.line * self.line_stride + r % self.line * self.row_stride
-        }
+        folded(r, self.row_stride, self.line, self.line_stride)
     }
 
     /// Where a row's term `s` lies, from the row's start.
     #[inline(always)]
     fn step_offset(&self, s: usize) -> usize {
-        if self.segment == usize::MAX {
-            s * self.step
-        } else {
-            s / self.segment * self.segment_stride + s % self.segment * self.step
-        }
+        folded(s, self.step, self.segment, self.segment_stride)
     }
 
     /// The end of the steps from `s` on, to `end`, that lie `step` apart: the end of `s`'s
@@ -119,6 +111,18 @@ impl<'a> Strided<'a> {
         } else {
             end.min((s / self.segment + 1) * self.segment)
         }
+    }
+}
+
+/// Where item `i` lies when items are `stride` apart in groups of `per`, each group
+/// `group_stride` on from the last (`per` `usize::MAX`: one group): rows in lines, steps in
+/// segments.
+#[inline(always)]
+fn folded(i: usize, stride: usize, per: usize, group_stride: usize) -> usize {
+    if per == usize::MAX {
+        i * stride
+    } else {
+        i / per * group_stride + i % per * stride
     }
 }
 

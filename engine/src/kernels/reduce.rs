@@ -158,9 +158,10 @@ const WIDE_BLOCKS_MAX_ELEMENTS: usize = 1 << 18;
 
 /// The per-workgroup plan of `[outer, len, inner]` over `len`, output for output as
 /// [`workgroup_fold`] computes it (element `j` into lane `j % LANES` in ascending `j`, then
-/// the lanes as a tree), but walking the input in memory order: each task keeps the
-/// 256 lanes of up to [`COLUMNS_PER_TASK`] neighbouring outputs and adds each row's run of
-/// them at once, where a fold per output would stride by `inner` and allocate its lanes.
+/// the lanes as a tree), but walking the input in memory order: each task keeps the 256
+/// lanes of up to [`COLUMNS_PER_TASK`] (or 32 or 64) neighbouring outputs and adds each
+/// row's run of them at once, where a fold per output would stride by `inner` and allocate
+/// its lanes.
 /// One `combine` per operation (the caller's `match`), not a `match` per element.
 fn lanes_then_tree(
     x: &[f32],
@@ -247,7 +248,7 @@ pub(super) fn combine_lanes_as_tree(
     }
 }
 
-/// One task of [`lanes_then_tree`] over a whole block of [`COLUMNS_PER_TASK`] columns, the
+/// One task of [`lanes_then_tree`] over a whole block of `W` columns (16, 32 or 64), the
 /// first of which is `x[0]`: the same lanes and tree, in arrays whose sizes the compiler
 /// knows, so that each row's run is one vector operation on the widest vector unit (the
 /// caller runs it in `widest`). Every bias gradient of a layer wider than 16 is such blocks:
