@@ -10,8 +10,8 @@
 //!
 //! Every value is computed as the composition computes it: a product's element is a sum
 //! from 0 over ascending `k` with a separately rounded multiply and add per term (as
-//! `cpu::gemm` and its reference do), and the softmax rows and their gradient are
-//! `cpu::rows`' own. The probabilities are kept between the passes (the composition keeps
+//! `cpu::gemm` and its reference do), the softmax rows are `cpu::rows`' arithmetic run 16
+//! rows side by side, one to a vector lane, and their gradient is `cpu::rows`' own. The probabilities are kept between the passes (the composition keeps
 //! them too), so dropout on them is the ordinary dropout kernel in between.
 //!
 //! Terms under the causal mask are left out where they cannot change a bit: about half of
@@ -27,9 +27,10 @@
 //! look for first; such an entry takes every term, as the composition does (test).
 
 use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, zeroed_par_chunks_with};
-use super::rows::{softmax_backward_row, softmax_row};
+use super::rows::softmax_backward_row;
 use super::strided_product::{banded_product, product, Band, Strided};
 use super::vector_unit::widest;
+use crate::kernels::math::{exp, ROW_LANES};
 
 /// The shape of one attention call: `batch` entries of `time` positions, `heads` heads of
 /// `width` features each, side by side in the feature axis.
@@ -72,12 +73,13 @@ impl HeadShape {
     }
 }
 
-/// Head `h` of a batch entry `[time, heads * width]`, transposed into `[width, time]`.
-fn transpose_head(entry: &[f32], h: usize, sh: HeadShape, out: &mut [f32]) {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
+/// Head `h` of a batch entry `[time, heads * width]`, transposed into `[width, time]` whose
+/// rows lie `out_stride` apart.
+fn transpose_head(entry: &[f32], h: usize, sh: HeadShape, out: &mut [f32], out_stride: usize) {
+    let (d, c) = (sh.width, sh.features());
     for (j, row) in entry.chunks_exact(c).enumerate() {
         for (p, &value) in row[h * d..][..d].iter().enumerate() {
-            out[p * t + j] = value;
+            out[p * out_stride + j] = value;
         }
     }
 }
@@ -131,45 +133,126 @@ fn causal_band(vanish: bool, band: Band) -> Band {
     }
 }
 
+/// Queries whose softmax rows run side by side, one to a vector lane (`weights`).
+const QUERY_LANES: usize = 16;
+
 /// The attention weights `[batch, heads, time, time]`: for each head, the causal softmax of
 /// `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
+///
+/// A head's scores are computed transposed, key by query (`k qᵀ`: each score is the same
+/// sum in the same order), so that 16 queries' scores for one key lie side by side and their
+/// softmax rows run one to a lane ([`softmax_in_lanes`]). A row at a time, each row's max,
+/// exps, sum and normalisation were one chain of dependent steps whose reductions ran across
+/// a vector's lanes, and the GPT's short rows (16 to 64 keys) left the core waiting on them:
+/// the weights took 0.35 ms of a layer's 0.68 ms of attention (probe, Zen 5).
 pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
     let (t, d, c) = (sh.time, sh.width, sh.features());
+    // The queries padded to whole vectors; the padding's scores stay 0 and are never read
+    // out.
+    let stride = t.next_multiple_of(QUERY_LANES);
     zeroed_par_chunks_with(
         sh.weights_numel(),
         sh.square(),
-        || (vec![0.0f32; d * t], vec![0.0f32; t * t]),
-        |(k_t, scores), zh, weights_h| {
+        || (vec![0.0f32; d * stride], vec![0.0f32; t * stride]),
+        |(q_t, scores_t), zh, weights_h| {
             let (z, h) = (zh / sh.heads, zh % sh.heads);
             let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
             widest(
                 #[inline(always)]
                 || {
-                    transpose_head(&k_z[..sh.entry()], h, sh, k_t);
-                    // The scores each block of rows reads: up to its last row's key, in
-                    // whole vectors (the rest, never read, are left uncomputed).
-                    for r0 in (0..t).step_by(SCORE_ROWS) {
-                        let rows = SCORE_ROWS.min(t - r0);
-                        let keys = causal_span(r0 + rows, t);
-                        let q_rows = Strided::rows(q_z, r0 * c + h * d, c);
-                        product(rows, keys, d, q_rows, k_t, t, &mut scores[r0 * t..], t);
+                    transpose_head(q_z, h, sh, q_t, stride);
+                    // Key `j`'s scores for the queries from its own block of lanes on (the
+                    // earlier queries never see it); a block of score rows never straddles
+                    // two blocks of lanes, as `SCORE_ROWS` divides `QUERY_LANES`.
+                    for j0 in (0..t).step_by(SCORE_ROWS) {
+                        let rows = SCORE_ROWS.min(t - j0);
+                        let first = j0 - j0 % QUERY_LANES;
+                        let k_rows = Strided::rows(k_z, j0 * c + h * d, c);
+                        let out = &mut scores_t[j0 * stride + first..];
+                        product(
+                            rows,
+                            t - first,
+                            d,
+                            k_rows,
+                            &q_t[first..],
+                            stride,
+                            out,
+                            stride,
+                        );
                     }
-                    for i in 0..t {
-                        // Row `i` over keys `0..=i`, run over whole vectors: the keys past
-                        // `i` score -inf, so their exp is +0, which changes neither the max
-                        // nor any lane's sum (see `kernels::math::workgroup_sum_of`); their
-                        // weights are set to 0 after, as the composition leaves them.
-                        let (len, span) = (i + 1, causal_span(i + 1, t));
-                        let row = &mut scores[i * t..][..span];
-                        row[len..].fill(f32::NEG_INFINITY);
-                        let out = &mut weights_h[i * t..][..span];
-                        softmax_row(row, out);
-                        out[len..].fill(0.0);
+                    for i0 in (0..t).step_by(QUERY_LANES) {
+                        softmax_in_lanes(scores_t, stride, i0, t, weights_h);
                     }
                 },
             )
         },
     )
+}
+
+/// The causal softmax rows of queries `i0..i0 + 16` (those below `time`) from their scores
+/// in `scores_t` (key `j`'s at `j * stride + i0`, one query to a lane), written into the
+/// head's weights `[time, time]`; the exps are left in `scores_t`.
+///
+/// Each lane computes what `softmax_row` computes for its row, in the same order: the row
+/// over `causal_span` keys, those past the query's own set to -inf; the max over them; the
+/// exps; their sum in `ROW_LANES` partial sums (key `j` into partial `j % ROW_LANES`, in
+/// ascending `j`, from +0) combined as `combine_as_tree` combines them; each exp times the
+/// sum's reciprocal. Partial sums that no key reaches stay +0, as `softmax_row`'s padding
+/// leaves them, and keys past a row's own are written as 0, as the row kernel leaves them.
+#[inline(always)]
+fn softmax_in_lanes(scores_t: &mut [f32], stride: usize, i0: usize, time: usize, out: &mut [f32]) {
+    const L: usize = QUERY_LANES;
+    // Every query of the block has the same span: `i0` is a multiple of 16.
+    let span = causal_span(i0 + 1, time);
+    let key = |j: usize| j * stride + i0;
+    let mut max = [f32::NEG_INFINITY; L];
+    for j in 0..span {
+        let s: &mut [f32; L] = (&mut scores_t[key(j)..][..L]).try_into().unwrap();
+        // Selects, not branches, so that the 16 lanes run as one vector: `f32::max` and a
+        // conditional store compiled to a scalar loop. No lane's max is NaN (it starts at
+        // -inf and a comparison with NaN keeps it), so the comparison is `f32::max`, but for
+        // which zero wins between -0.0 and +0.0, and `exp(x - ±0)` is the same for both.
+        let values = *s;
+        for (r, ((x, m), value)) in s.iter_mut().zip(&mut max).zip(values).enumerate() {
+            let masked = if j > i0 + r { f32::NEG_INFINITY } else { value };
+            *x = masked;
+            *m = if masked > *m { masked } else { *m };
+        }
+    }
+    let mut partial = [0.0f32; L * ROW_LANES];
+    for j in 0..span {
+        let s: &mut [f32; L] = (&mut scores_t[key(j)..][..L]).try_into().unwrap();
+        let p = &mut partial[j % ROW_LANES * L..][..L];
+        for ((x, m), p) in s.iter_mut().zip(&max).zip(p) {
+            *x = exp(*x - m);
+            *p += *x;
+        }
+    }
+    // Widths as constants, over one flat array: a loop over the widths, or arrays of lanes,
+    // compiled into gathers and scatters, a third of the time.
+    fold_half::<32>(&mut partial);
+    fold_half::<16>(&mut partial);
+    fold_half::<8>(&mut partial);
+    fold_half::<4>(&mut partial);
+    fold_half::<2>(&mut partial);
+    fold_half::<1>(&mut partial);
+    let inv: [f32; L] = std::array::from_fn(|r| 1.0 / partial[r]);
+    for (r, &inv) in inv.iter().enumerate().take(time - i0) {
+        let i = i0 + r;
+        for (j, w) in out[i * time..][..=i].iter_mut().enumerate() {
+            *w = scores_t[key(j) + r] * inv;
+        }
+    }
+}
+
+/// One level of `combine_as_tree` over `ROW_LANES` partial sums of 16 lanes each, laid end
+/// to end: partial `l` plus partial `l + W`, for `l` below `W`.
+#[inline(always)]
+fn fold_half<const W: usize>(partial: &mut [f32; QUERY_LANES * ROW_LANES]) {
+    let (low, high) = partial.split_at_mut(W * QUERY_LANES);
+    for (a, &b) in low.iter_mut().zip(&high[..W * QUERY_LANES]) {
+        *a += b;
+    }
 }
 
 /// The output `[batch, time, heads * width]`: each head's weights times its values.
@@ -225,7 +308,7 @@ pub fn weighted_values_backward(
                         causal_band(causal, Band::StepsFromRow),
                     );
                     for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
-                        transpose_head(v_z, h, sh, v_t);
+                        transpose_head(v_z, h, sh, v_t, t);
                         let dy_h = Strided::rows(dy_z, h * d, c);
                         banded_product(weights_band, t, t, d, dy_h, v_t, t, dw_h, t);
                         let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
