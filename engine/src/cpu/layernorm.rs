@@ -11,7 +11,7 @@ use super::elementwise::CHUNK;
 use super::output::Unwritten;
 use super::vector_unit::widest;
 use crate::kernels::column_sums::ColumnSums;
-use crate::kernels::math::{workgroup_sum_of, ROW_LANES};
+use crate::kernels::math::{sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE};
 
 /// `(y, stats)`: `y = (x - mean) * rstd * gamma + beta` per row, and `[mean, rstd]` per row.
 pub fn forward(
@@ -26,39 +26,75 @@ pub fn forward(
         gamma.len() == cols && beta.len() == cols,
         "gamma or beta not a row long"
     );
-    // SAFETY: the row function writes every slot of its row (`gamma` and `beta` are as long
-    // as a row, asserted).
+    // SAFETY: the group function writes every slot of its rows (`gamma` and `beta` are as
+    // long as a row, asserted).
     unsafe {
         by_rows(
             x,
             cols,
             #[inline(always)]
-            |row, scratch, out| {
-                let (mean, rstd) = row_stats(row, scratch, eps);
-                for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
-                    o.write((v - mean) * rstd * g + b);
+            |rows, scratch, out, stats| {
+                let [means, rstds] = if rows.len() == SIDE_BY_SIDE * cols {
+                    group_stats(rows, scratch, cols, eps)
+                } else {
+                    let mut stats = [[0.0; SIDE_BY_SIDE]; 2];
+                    for (r, row) in rows.chunks(cols).enumerate() {
+                        let room = &mut scratch[..cols];
+                        (stats[0][r], stats[1][r]) = row_stats(row, room, eps);
+                    }
+                    stats
+                };
+                let rows_and_outs = rows.chunks(cols).zip(out.chunks_mut(cols));
+                for (r, ((row, out), stat)) in rows_and_outs.zip(stats.chunks_mut(2)).enumerate() {
+                    let (mean, rstd) = (means[r], rstds[r]);
+                    for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
+                        o.write((v - mean) * rstd * g + b);
+                    }
+                    (stat[0], stat[1]) = (mean, rstd);
                 }
-                (mean, rstd)
             },
         )
     }
 }
 
-/// `(y, stats)`: each row of `x` (`cols` long) written into `y` by `row(row, scratch, out)`,
-/// which returns the row's `[mean, rstd]`, with `scratch` as long as a row; rows split
-/// between rayon's tasks. The outputs are written, not zero-filled first: that was 0.7% of a
-/// GPT step's samples (`perf report`, session 14).
+/// The `[means, rstds]` of 16 rows of `cols` values, one row to a vector lane: what
+/// [`row_stats`] computes for each, through [`sixteen_row_sums`]. `scratch` holds 16 rows.
+#[inline(always)]
+fn group_stats(
+    rows: &[f32],
+    scratch: &mut [f32],
+    cols: usize,
+    eps: f32,
+) -> [[f32; SIDE_BY_SIDE]; 2] {
+    let row = |r: usize| &rows[r * cols..][..cols];
+    let means = sixteen_row_sums(row).map(|sum| sum / cols as f32);
+    for (r, deviations) in scratch.chunks_mut(cols).take(SIDE_BY_SIDE).enumerate() {
+        let mean = means[r];
+        for (o, &v) in deviations.iter_mut().zip(row(r)) {
+            *o = (v - mean) * (v - mean);
+        }
+    }
+    let rstds = sixteen_row_sums(|r| &scratch[r * cols..][..cols])
+        .map(|sum| 1.0 / (sum / cols as f32 + eps).sqrt());
+    [means, rstds]
+}
+
+/// `(y, stats)`: the rows of `x` (`cols` long) in groups of 16 (fewer at a task's end),
+/// written into `y` by `group(rows, scratch, out, stats)`, which also writes each row's
+/// `[mean, rstd]` into `stats`, with `scratch` as long as 16 rows; groups split between
+/// rayon's tasks. The outputs are written, not zero-filled first: that was 0.7% of a GPT
+/// step's samples (`perf report`, session 14).
 ///
-/// The rows' loop is written inside the closure that `widest` inlines: kept in a closure of
+/// The groups' loop is written inside the closure that `widest` inlines: kept in a closure of
 /// its own, the compiler made that a function compiled for the baseline's SSE2 and called it
 /// from `widest`, so every row ran on 4-lane vectors (seen in a throwaway `perf annotate`).
 ///
 /// # Safety
-/// `row` must write every slot of `out`.
+/// `group` must write every slot of `out`.
 unsafe fn by_rows(
     x: &[f32],
     cols: usize,
-    row: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) -> (f32, f32) + Sync,
+    group: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>], &mut [f32]) + Sync,
 ) -> (Vec<f32>, Vec<f32>) {
     assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
     let rows = x.len() / cols;
@@ -71,23 +107,24 @@ unsafe fn by_rows(
         .zip(stats.par_chunks_mut(2 * rows_per_task))
         .enumerate()
         .for_each(|(t, (y, stats))| {
-            // The squared deviations' room, in cache for the row's second sum.
-            let mut scratch = vec![0.0; cols];
+            // The squared deviations' room, in cache for the rows' second sums.
+            let mut scratch = vec![0.0; SIDE_BY_SIDE * cols];
+            let x = &x[t * rows_per_task * cols..][..y.len()];
             widest(
                 #[inline(always)]
                 || {
-                    for (i, (out, stat)) in y.chunks_mut(cols).zip(stats.chunks_mut(2)).enumerate()
+                    let groups = x.chunks(SIDE_BY_SIDE * cols);
+                    let outs = y.chunks_mut(SIDE_BY_SIDE * cols);
+                    for ((rows, out), stats) in
+                        groups.zip(outs).zip(stats.chunks_mut(2 * SIDE_BY_SIDE))
                     {
-                        let x_row = &x[(t * rows_per_task + i) * cols..][..cols];
-                        let (mean, rstd) = row(x_row, &mut scratch, out);
-                        stat[0] = mean;
-                        stat[1] = rstd;
+                        group(rows, &mut scratch, out, stats);
                     }
                 },
             )
         });
-    // SAFETY: the chunks of `y` cover it, whole rows each (asserted), and the caller's `row`
-    // wrote every slot of each.
+    // SAFETY: the chunks of `y` cover it, whole rows each (asserted), and the caller's
+    // `group` wrote every slot of each.
     (unsafe { y.assume_init() }, stats)
 }
 
@@ -135,7 +172,15 @@ pub fn image_forward(
             x,
             cols,
             #[inline(always)]
-            |row, scratch, out| image_row(row, channel_gamma, channel_beta, scratch, eps, out),
+            |rows, scratch, out, stats| {
+                let rows_and_outs = rows.chunks(cols).zip(out.chunks_mut(cols));
+                for ((row, out), stat) in rows_and_outs.zip(stats.chunks_mut(2)) {
+                    let scratch = &mut scratch[..cols];
+                    let (mean, rstd) =
+                        image_row(row, channel_gamma, channel_beta, scratch, eps, out);
+                    (stat[0], stat[1]) = (mean, rstd);
+                }
+            },
         )
     }
 }
@@ -166,7 +211,7 @@ pub(crate) fn image_row(
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what
 /// `gamma_times(row, g, room)` writes into `g` for row `row` (`room`, as long as a row, is
-/// free for building it): by rows in parallel, the reference's arithmetic.
+/// free for building it): by groups of 16 rows in parallel, the reference's arithmetic.
 fn input_gradient(
     x: &[f32],
     stats: &[f32],
@@ -180,63 +225,99 @@ fn input_gradient(
         .par_chunks_mut(rows_per_task * cols)
         .enumerate()
         .for_each(|(t, dx)| {
-            // g = dy * gamma, then g * xhat, for the row's two sums.
-            let mut scratch = RowGradientScratch::new(cols);
+            // g = dy * gamma, then g * xhat, for the rows' two sums.
+            let mut scratch = GroupGradientScratch::new(cols);
             widest(
                 #[inline(always)]
                 || {
-                    for (i, out) in dx.chunks_mut(cols).enumerate() {
-                        let r = t * rows_per_task + i;
-                        // `gx` is free until `row_input_gradient` computes it.
-                        gamma_times(r, &mut scratch.g, &mut scratch.gx);
-                        let stat = (stats[2 * r], stats[2 * r + 1]);
-                        row_input_gradient(&x[r * cols..][..cols], stat, &mut scratch, out);
+                    for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
+                        let first = t * rows_per_task + k * SIDE_BY_SIDE;
+                        let group = first..first + out.len() / cols;
+                        group_input_gradient(x, stats, group, &gamma_times, &mut scratch, out);
                     }
                 },
             );
         });
-    // SAFETY: the chunks cover `dx`, whole rows each (asserted), and `row_input_gradient`
+    // SAFETY: the chunks cover `dx`, whole rows each (asserted), and `group_input_gradient`
     // wrote every slot of every row.
     unsafe { dx.assume_init() }
 }
 
-/// Room for one row of [`row_input_gradient`]: `g = dy * gamma`, and `g * xhat`.
-struct RowGradientScratch {
-    /// The row's output gradient times gamma, which the caller writes.
+/// Room for a group of [`group_input_gradient`]: `g = dy * gamma`, and `g * xhat`, 16 rows
+/// each.
+struct GroupGradientScratch {
+    /// The rows' output gradients times gamma, which the caller writes.
     g: Vec<f32>,
     gx: Vec<f32>,
 }
 
-impl RowGradientScratch {
-    /// Room for rows of `cols` values.
+impl GroupGradientScratch {
+    /// Room for 16 rows of `cols` values.
     fn new(cols: usize) -> Self {
-        RowGradientScratch {
-            g: vec![0.0; cols],
-            gx: vec![0.0; cols],
+        GroupGradientScratch {
+            g: vec![0.0; SIDE_BY_SIDE * cols],
+            gx: vec![0.0; SIDE_BY_SIDE * cols],
         }
     }
 }
 
-/// One row's input gradient into `out` (as long as the row, every slot written), from the
-/// row `xr`, its `(mean, rstd)`, and its output gradient times gamma in `scratch.g`: the
-/// reference's arithmetic. Always inlined, to run on the caller's vector unit.
+/// The input gradient of rows `group` (at most 16) into `out` (as long as the rows, every
+/// slot written), from `x`, the rows' `stats` and their output gradients times gamma, which
+/// `gamma_times` writes into the scratch: the reference's arithmetic, the rows' sums side by
+/// side ([`sixteen_row_sums`]) when the group is whole. Always inlined, to run on the
+/// caller's vector unit.
 #[inline(always)]
-fn row_input_gradient(
-    xr: &[f32],
-    (mean, rstd): (f32, f32),
-    scratch: &mut RowGradientScratch,
+fn group_input_gradient(
+    x: &[f32],
+    stats: &[f32],
+    group: std::ops::Range<usize>,
+    gamma_times: &impl Fn(usize, &mut [f32], &mut [f32]),
+    scratch: &mut GroupGradientScratch,
     out: &mut [MaybeUninit<f32>],
 ) {
-    let cols = xr.len();
-    assert_eq!(out.len(), cols, "an output row of another length");
-    let (g, gx) = (&scratch.g[..cols], &mut scratch.gx[..cols]);
-    for ((gx, &g), &v) in gx.iter_mut().zip(g).zip(xr) {
-        *gx = g * ((v - mean) * rstd);
+    let cols = out.len() / group.len();
+    let (g, gx) = (&mut scratch.g, &mut scratch.gx);
+    let row = |i: usize| &x[(group.start + i) * cols..][..cols];
+    let stat = |i: usize| {
+        (
+            stats[2 * (group.start + i)],
+            stats[2 * (group.start + i) + 1],
+        )
+    };
+    for (i, (g, gx)) in g
+        .chunks_mut(cols)
+        .zip(gx.chunks_mut(cols))
+        .take(group.len())
+        .enumerate()
+    {
+        // `gx` is free until it is computed below.
+        gamma_times(group.start + i, g, gx);
+        let (mean, rstd) = stat(i);
+        for ((gx, &g), &v) in gx.iter_mut().zip(&*g).zip(row(i)) {
+            *gx = g * ((v - mean) * rstd);
+        }
     }
-    let mean_g = workgroup_sum_of(g, ROW_LANES) / cols as f32;
-    let mean_gx = workgroup_sum_of(gx, ROW_LANES) / cols as f32;
-    for ((o, &g), &v) in out.iter_mut().zip(g).zip(xr) {
-        o.write(rstd * (g - mean_g - (v - mean) * rstd * mean_gx));
+    let (g, gx) = (&scratch.g, &scratch.gx);
+    let (g_row, gx_row) = (
+        |i: usize| &g[i * cols..][..cols],
+        |i: usize| &gx[i * cols..][..cols],
+    );
+    let (sums_g, sums_gx) = if group.len() == SIDE_BY_SIDE {
+        (sixteen_row_sums(g_row), sixteen_row_sums(gx_row))
+    } else {
+        let mut sums = ([0.0f32; SIDE_BY_SIDE], [0.0f32; SIDE_BY_SIDE]);
+        for i in 0..group.len() {
+            sums.0[i] = workgroup_sum_of(g_row(i), ROW_LANES);
+            sums.1[i] = workgroup_sum_of(gx_row(i), ROW_LANES);
+        }
+        sums
+    };
+    for (i, out) in out.chunks_mut(cols).enumerate() {
+        let (mean, rstd) = stat(i);
+        let (mean_g, mean_gx) = (sums_g[i] / cols as f32, sums_gx[i] / cols as f32);
+        for ((o, &g), &v) in out.iter_mut().zip(g_row(i)).zip(row(i)) {
+            o.write(rstd * (g - mean_g - (v - mean) * rstd * mean_gx));
+        }
     }
 }
 

@@ -247,6 +247,14 @@ pub fn workgroup_sum_of(values: &[f32], lanes: usize) -> f32 {
 #[inline(always)]
 fn sum_in_lanes<const L: usize>(values: &[f32]) -> f32 {
     let mut partial = [0.0f32; L];
+    partials_in_lanes(values, &mut partial);
+    combine_as_tree(&mut partial, |a, b| a + b)
+}
+
+/// The `L` partial sums of [`sum_in_lanes`], before their tree, added into `partial` (+0
+/// each). Written into the caller's array: returned, the array was copied with `memmove`.
+#[inline(always)]
+fn partials_in_lanes<const L: usize>(values: &[f32], partial: &mut [f32; L]) {
     let mut chunks = values.chunks_exact(L);
     for chunk in &mut chunks {
         for (p, &v) in partial.iter_mut().zip(chunk) {
@@ -263,7 +271,46 @@ fn sum_in_lanes<const L: usize>(values: &[f32]) -> f32 {
             *p += v;
         }
     }
-    combine_as_tree(&mut partial, |a, b| a + b)
+}
+
+/// Rows whose sums [`sixteen_row_sums`] takes side by side.
+pub const SIDE_BY_SIDE: usize = 16;
+
+/// [`workgroup_sum_of`] over [`ROW_LANES`] lanes of 16 rows at once (`row(r)` for `r` below
+/// 16), the same sums bit for bit. Each row's partial sums are [`sum_in_lanes`]' and the
+/// tree's first two levels (widths 32 and 16) run in the row's own lanes; its last four
+/// (widths 8 to 1) run across the rows, one row to a vector lane. A row at a time, those four
+/// levels were a chain of shuffles across one vector's lanes (or of stores and loads through
+/// the stack) with each row's next step waiting on them: a layer norm's rows of 64 took about
+/// 190 cycles each (probe, Zen 5).
+#[inline(always)]
+pub fn sixteen_row_sums<'a>(row: impl Fn(usize) -> &'a [f32]) -> [f32; SIDE_BY_SIDE] {
+    const N: usize = SIDE_BY_SIDE;
+    // Loops over arrays, not `array::from_fn`: that was called out of line, for the
+    // baseline's vector unit, with copies between its arrays.
+    let mut halves = [[0.0f32; 16]; N];
+    for (r, half) in halves.iter_mut().enumerate() {
+        let mut p = [0.0f32; ROW_LANES];
+        partials_in_lanes(row(r), &mut p);
+        for (l, h) in half.iter_mut().enumerate() {
+            *h = (p[l] + p[l + 32]) + (p[l + 16] + p[l + 48]);
+        }
+    }
+    let mut eighths = [[0.0f32; N]; 8];
+    for (l, eighth) in eighths.iter_mut().enumerate() {
+        for (r, e) in eighth.iter_mut().enumerate() {
+            *e = halves[r][l] + halves[r][l + 8];
+        }
+    }
+    for width in [4, 2, 1] {
+        let (low, high) = eighths.split_at_mut(width);
+        for (a, b) in low.iter_mut().zip(&high[..width]) {
+            for (a, &b) in a.iter_mut().zip(b) {
+                *a += b;
+            }
+        }
+    }
+    eighths[0]
 }
 
 /// The last stage of a workgroup's fold: lanes combine pairwise, `t` with `t + width`, for
@@ -284,6 +331,30 @@ pub(crate) fn combine_as_tree(partial: &mut [f32], combine: impl Fn(f32, f32) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows of every length class (shorter than the 64 lanes, a whole chunk, past it, several
+    /// chunks), with -0.0, infinities and NaN among them: each of the 16 sums is the bits of
+    /// `workgroup_sum_of` on its row.
+    #[test]
+    fn sixteen_row_sums_are_workgroup_sums() {
+        for cols in [1, 5, 33, 64, 65, 128, 300] {
+            let mut x: Vec<f32> = (0..SIDE_BY_SIDE * cols)
+                .map(|i| ((i * 7919 % 1999) as f32 - 999.0) * 0.013 + (i / cols) as f32)
+                .collect();
+            // Row 1 all -0.0 (its sum is +0 only through the lanes' +0 start), row 2 with
+            // an infinity, row 3 with a NaN, row 4 with opposite infinities.
+            x[cols..2 * cols].fill(-0.0);
+            x[2 * cols + cols / 2] = f32::INFINITY;
+            x[3 * cols] = f32::NAN;
+            x[4 * cols] = f32::INFINITY;
+            x[5 * cols - 1] = f32::NEG_INFINITY;
+            let got = sixteen_row_sums(|r| &x[r * cols..][..cols]);
+            for (r, got) in got.iter().enumerate() {
+                let want = workgroup_sum_of(&x[r * cols..][..cols], ROW_LANES);
+                assert_eq!(got.to_bits(), want.to_bits(), "[16, {cols}] row {r}");
+            }
+        }
+    }
 
     /// `exp` as it was written before it lost its branches (and as math.wgsl still is), with
     /// libm's floor.
