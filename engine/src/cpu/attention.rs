@@ -27,7 +27,7 @@
 //! look for first; such an entry takes every term, as the composition does (test).
 
 use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, zeroed_par_chunks_with};
-use super::rows::softmax_backward_row;
+use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
 use super::vector_unit::widest;
 use crate::kernels::math::{exp, ROW_LANES};
@@ -350,13 +350,7 @@ pub fn scores_backward(
                     for h in 0..sh.heads {
                         let at = (z * sh.heads + h) * t * t;
                         let (w_h, dw_h) = (&weights[at..][..t * t], &d_weights[at..][..t * t]);
-                        for ((w, dw), ds) in w_h
-                            .chunks_exact(t)
-                            .zip(dw_h.chunks_exact(t))
-                            .zip(d_scores.chunks_exact_mut(t))
-                        {
-                            softmax_backward_row(w, dw, ds);
-                        }
+                        softmax_backward_rows(w_h, dw_h, t, d_scores);
                         // `dq_i` over keys `0..=i`, `dk_j` from query `j` on: the other
                         // score gradients are masked.
                         let causal = finite_entry && finite(d_scores);

@@ -8,7 +8,9 @@ use rayon::prelude::*;
 
 use super::elementwise::{for_rows, CHUNK};
 use super::vector_unit::widest;
-use crate::kernels::math::{combine_as_tree, exp, ln, workgroup_sum_of, ROW_LANES};
+use crate::kernels::math::{
+    combine_as_tree, exp, ln, sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE,
+};
 
 /// The largest element of `row` (-inf when it is empty or every element is NaN), as
 /// the references' fold from -inf gives it, taken 16 lanes at a time so that it vectorises:
@@ -101,6 +103,35 @@ pub fn softmax_backward(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
         |r, out| softmax_backward_row(&y[r * cols..][..cols], &dy[r * cols..][..cols], out),
     );
     dx
+}
+
+/// [`softmax_backward_row`] for each `cols`-long row of `y`, `dy` and `out`, 16 rows at a
+/// time with their sums side by side ([`sixteen_row_sums`]), the rest one at a time.
+#[inline(always)]
+pub(super) fn softmax_backward_rows(y: &[f32], dy: &[f32], cols: usize, out: &mut [f32]) {
+    let group = SIDE_BY_SIDE * cols;
+    let done = out.len() - out.len() % group;
+    let mut groups = out.chunks_exact_mut(group);
+    for (k, out) in (&mut groups).enumerate() {
+        let (y, dy) = (&y[k * group..][..group], &dy[k * group..][..group]);
+        for ((o, &d), &p) in out.iter_mut().zip(dy).zip(y) {
+            *o = d * p;
+        }
+        let sums = sixteen_row_sums(|r| &out[r * cols..][..cols]);
+        let rows = out.chunks_exact_mut(cols).zip(dy.chunks_exact(cols));
+        for ((out, dy), (y, s)) in rows.zip(y.chunks_exact(cols).zip(sums)) {
+            for ((o, &d), &p) in out.iter_mut().zip(dy).zip(y) {
+                *o = p * (d - s);
+            }
+        }
+    }
+    let rest = out[done..].chunks_exact_mut(cols);
+    for ((out, y), dy) in rest
+        .zip(y[done..].chunks_exact(cols))
+        .zip(dy[done..].chunks_exact(cols))
+    {
+        softmax_backward_row(y, dy, out);
+    }
 }
 
 /// One row of [`softmax_backward`]: the products go into `out` first, for the sum.
