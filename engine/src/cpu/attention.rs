@@ -26,7 +26,9 @@
 //! infinite: a non-finite value or an overflow in a batch entry, which `finite` and `tame`
 //! look for first; such an entry takes every term, as the composition does (test).
 
-use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunks, zeroed_par_chunks_with};
+use super::output::{
+    zeroed_par_chunk_pairs, zeroed_par_chunk_triples, zeroed_par_chunks, zeroed_par_chunks_with,
+};
 use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
 use super::vector_unit::widest;
@@ -141,7 +143,7 @@ const QUERY_LANES: usize = 16;
 ///
 /// A head's scores are computed transposed, key by query (`k qᵀ`: each score is the same
 /// sum in the same order), so that 16 queries' scores for one key lie side by side and their
-/// softmax rows run one to a lane ([`softmax_in_lanes`]). A row at a time, each row's max,
+/// softmax rows run one to a lane (`softmax_in_lanes`). A row at a time, each row's max,
 /// exps, sum and normalisation were one chain of dependent steps whose reductions ran across
 /// a vector's lanes, and the GPT's short rows (16 to 64 keys) left the core waiting on them:
 /// the weights took 0.35 ms of a layer's 0.68 ms of attention (probe, Zen 5).
@@ -275,6 +277,74 @@ pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
     })
 }
 
+/// The gradients `[dq, dk, dv]` of [`weights`] followed by [`weighted_values`], with no
+/// dropout between them: the arithmetic of [`weighted_values_backward`] then
+/// [`scores_backward`], a batch entry per task, with each head's weight and score gradients
+/// in scratch (`[time, time]` each, 16 KiB at the GPT's 64 positions). Run as two passes,
+/// the weights' gradient was a `[batch, heads, time, time]` tensor (2 MiB a layer for the GPT)
+/// written by the first and read back by the second from beyond the core's cache: a GPT
+/// step's attention backward took 1.88 ms, 1.58 fused (a throwaway per-op timer, Zen 5); on
+/// hot caches the two are alike (probe: 0.27 and 0.26 ms a layer). With
+/// dropout, the gradient passes through the dropout kernel between the halves, so those run
+/// as two passes.
+pub fn backward(
+    weights: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dy: &[f32],
+    sh: HeadShape,
+) -> [Vec<f32>; 3] {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    if sh.numel() == 0 {
+        return [vec![], vec![], vec![]];
+    }
+    zeroed_par_chunk_triples(
+        (sh.numel(), sh.entry()),
+        || {
+            (
+                vec![0.0f32; d * t],
+                vec![0.0f32; t * t],
+                vec![0.0f32; t * t],
+            )
+        },
+        |(v_t, d_weights, d_scores), z, [dq_z, dk_z, dv_z]| {
+            let entry = z * sh.entry()..(z + 1) * sh.entry();
+            let (q_z, k_z) = (&q[entry.clone()], &k[entry.clone()]);
+            let (v_z, dy_z) = (&v[entry.clone()], &dy[entry]);
+            widest(
+                #[inline(always)]
+                || {
+                    // The bands as the two passes choose them, per batch entry.
+                    let causal = tame(dy_z, v_z, d);
+                    let (weights_band, values_band) = (
+                        causal_band(causal, Band::ColumnsThroughRow),
+                        causal_band(causal, Band::StepsFromRow),
+                    );
+                    let finite_entry = finite(q_z) && finite(k_z);
+                    for h in 0..sh.heads {
+                        let at = (z * sh.heads + h) * t * t;
+                        // The first half: the weights' gradient (its masked part 0, as the
+                        // zero-filled tensor leaves it) and the values'.
+                        if causal {
+                            d_weights.fill(0.0);
+                        }
+                        transpose_head(v_z, h, sh, v_t, t);
+                        let dy_h = Strided::rows(dy_z, h * d, c);
+                        banded_product(weights_band, t, t, d, dy_h, v_t, t, d_weights, t);
+                        let w_t = Strided::columns(weights, at, t);
+                        let (dy_h, dv_h) = (&dy_z[h * d..], &mut dv_z[h * d..]);
+                        banded_product(values_band, t, d, t, w_t, dy_h, c, dv_h, c);
+                        // The second half, from the weights' gradient.
+                        softmax_backward_rows(&weights[at..][..t * t], d_weights, t, d_scores);
+                        scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
+                    }
+                },
+            )
+        },
+    )
+}
+
 /// The first half of the backward pass, through the weights-times-values product: the
 /// gradient of the weights `[batch, heads, time, time]` (`dy vᵀ` per head) and of the values
 /// (`weightsᵀ dy` per head, in place in `[batch, time, heads * width]`).
@@ -331,7 +401,7 @@ pub fn scores_backward(
     k: &[f32],
     sh: HeadShape,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let t = sh.time;
     if sh.numel() == 0 {
         return (vec![], vec![]);
     }
@@ -351,20 +421,35 @@ pub fn scores_backward(
                         let at = (z * sh.heads + h) * t * t;
                         let (w_h, dw_h) = (&weights[at..][..t * t], &d_weights[at..][..t * t]);
                         softmax_backward_rows(w_h, dw_h, t, d_scores);
-                        // `dq_i` over keys `0..=i`, `dk_j` from query `j` on: the other
-                        // score gradients are masked.
-                        let causal = finite_entry && finite(d_scores);
-                        let ds = Strided::rows(d_scores, 0, t);
-                        let (k_h, dq_h) = (&k_z[h * d..], &mut dq_z[h * d..]);
-                        let band = causal_band(causal, Band::StepsThroughRow);
-                        banded_product(band, t, d, t, ds, k_h, c, dq_h, c);
-                        let ds_t = Strided::columns(d_scores, 0, t);
-                        let (q_h, dk_h) = (&q_z[h * d..], &mut dk_z[h * d..]);
-                        let band = causal_band(causal, Band::StepsFromRow);
-                        banded_product(band, t, d, t, ds_t, q_h, c, dk_h, c);
+                        scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
                     }
                 },
             )
         },
     )
+}
+
+/// Head `h`'s share of the queries' and keys' gradients from its score gradients `d_scores`
+/// (`[time, time]`): `dq_i` over keys `0..=i`, `dk_j` from query `j` on, the other score
+/// gradients being masked, where they and the entry's queries and keys are finite
+/// (`finite_entry`); every term otherwise.
+#[inline(always)]
+fn scores_products(
+    d_scores: &[f32],
+    finite_entry: bool,
+    (q_z, k_z): (&[f32], &[f32]),
+    h: usize,
+    sh: HeadShape,
+    (dq_z, dk_z): (&mut [f32], &mut [f32]),
+) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let causal = finite_entry && finite(d_scores);
+    let ds = Strided::rows(d_scores, 0, t);
+    let (k_h, dq_h) = (&k_z[h * d..], &mut dq_z[h * d..]);
+    let band = causal_band(causal, Band::StepsThroughRow);
+    banded_product(band, t, d, t, ds, k_h, c, dq_h, c);
+    let ds_t = Strided::columns(d_scores, 0, t);
+    let (q_h, dk_h) = (&q_z[h * d..], &mut dk_z[h * d..]);
+    let band = causal_band(causal, Band::StepsFromRow);
+    banded_product(band, t, d, t, ds_t, q_h, c, dk_h, c);
 }

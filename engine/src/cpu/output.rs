@@ -106,6 +106,35 @@ pub fn zeroed_par_chunks_with<S>(
     unsafe { out.assume_init() }
 }
 
+/// Three outputs of `len` values split into chunks of `chunk`, chunk `i` of each zero-filled
+/// by one rayon task that then runs `write(scratch, i, [chunk of each])`, with a scratch
+/// value made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's
+/// gradients of three operands.
+pub fn zeroed_par_chunk_triples<S>(
+    (len, chunk): (usize, usize),
+    init: impl Fn() -> S + Sync + Send,
+    write: impl Fn(&mut S, usize, [&mut [f32]; 3]) + Sync + Send,
+) -> [Vec<f32>; 3] {
+    use rayon::prelude::*;
+    assert!(chunk > 0, "chunks of no values");
+    let mut outs = [
+        Unwritten::new(len),
+        Unwritten::new(len),
+        Unwritten::new(len),
+    ];
+    let [a, b, c] = &mut outs;
+    a.slots()
+        .par_chunks_mut(chunk)
+        .zip(b.slots().par_chunks_mut(chunk))
+        .zip(c.slots().par_chunks_mut(chunk))
+        .enumerate()
+        .for_each_init(init, |scratch, (i, ((a, b), c))| {
+            write(scratch, i, [zeroed(a), zeroed(b), zeroed(c)])
+        });
+    // SAFETY: the three split into the same chunks, so the zip zero-fills every one of each.
+    outs.map(|out| unsafe { out.assume_init() })
+}
+
 /// Two outputs split into as many chunks each, chunk `i` of both zero-filled by one rayon
 /// task that then runs `write(scratch, i, chunk of a, chunk of b)`, with a scratch value
 /// made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's gradients of

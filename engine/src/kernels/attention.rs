@@ -117,6 +117,18 @@ pub fn causal_attention_backward(
         );
     }
     match q.device() {
+        Device::Cpu if mask.is_none() => {
+            let [dq, dk, dv] = cpu::backward(
+                values_of(weights),
+                values_of(q),
+                values_of(k),
+                values_of(v),
+                values_of(dy),
+                sh,
+            );
+            let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
+            Ok([out(dq)?, out(dk)?, out(dv)?])
+        }
         Device::Cpu => {
             let (d_dropped, dv) = cpu::weighted_values_backward(
                 values_of(&dropped(weights, mask)?),

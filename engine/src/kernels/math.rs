@@ -277,7 +277,7 @@ fn partials_in_lanes<const L: usize>(values: &[f32], partial: &mut [f32; L]) {
 pub const SIDE_BY_SIDE: usize = 16;
 
 /// [`workgroup_sum_of`] over [`ROW_LANES`] lanes of 16 rows at once (`row(r)` for `r` below
-/// 16), the same sums bit for bit. Each row's partial sums are [`sum_in_lanes`]' and the
+/// 16), the same sums bit for bit. Each row's partial sums are `sum_in_lanes`' and the
 /// tree's first two levels (widths 32 and 16) run in the row's own lanes; its last four
 /// (widths 8 to 1) run across the rows, one row to a vector lane. A row at a time, those four
 /// levels were a chain of shuffles across one vector's lanes (or of stores and loads through
