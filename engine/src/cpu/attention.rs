@@ -295,7 +295,7 @@ pub fn backward(
     dy: &[f32],
     sh: HeadShape,
 ) -> [Vec<f32>; 3] {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let (t, d) = (sh.time, sh.width);
     if sh.numel() == 0 {
         return [vec![], vec![], vec![]];
     }
@@ -315,26 +315,17 @@ pub fn backward(
             widest(
                 #[inline(always)]
                 || {
-                    // The bands as the two passes choose them, per batch entry.
-                    let causal = tame(dy_z, v_z, d);
-                    let (weights_band, values_band) = (
-                        causal_band(causal, Band::ColumnsThroughRow),
-                        causal_band(causal, Band::StepsFromRow),
-                    );
+                    let bands = value_bands(dy_z, v_z, d);
                     let finite_entry = finite(q_z) && finite(k_z);
                     for h in 0..sh.heads {
                         let at = (z * sh.heads + h) * t * t;
-                        // The first half: the weights' gradient (its masked part 0, as the
-                        // zero-filled tensor leaves it) and the values'.
-                        if causal {
+                        // The first half; the weights' gradient's masked part is 0, as the
+                        // zero-filled tensor of the two passes leaves it.
+                        if bands.0 != Band::Full {
                             d_weights.fill(0.0);
                         }
-                        transpose_head(v_z, h, sh, v_t, t);
-                        let dy_h = Strided::rows(dy_z, h * d, c);
-                        banded_product(weights_band, t, t, d, dy_h, v_t, t, d_weights, t);
-                        let w_t = Strided::columns(weights, at, t);
-                        let (dy_h, dv_h) = (&dy_z[h * d..], &mut dv_z[h * d..]);
-                        banded_product(values_band, t, d, t, w_t, dy_h, c, dv_h, c);
+                        let operands = (weights, v_z, dy_z);
+                        value_products(operands, (z, h), sh, bands, v_t, d_weights, dv_z);
                         // The second half, from the weights' gradient.
                         softmax_backward_rows(&weights[at..][..t * t], d_weights, t, d_scores);
                         scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
@@ -354,7 +345,7 @@ pub fn weighted_values_backward(
     dy: &[f32],
     sh: HeadShape,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let (t, d) = (sh.time, sh.width);
     if sh.numel() == 0 {
         return (vec![0.0f32; sh.weights_numel()], vec![]);
     }
@@ -369,21 +360,10 @@ pub fn weighted_values_backward(
             widest(
                 #[inline(always)]
                 || {
-                    // The weights' gradient only where they are not masked (the rest stay
-                    // 0), and the values' gradient `dv_j` from query `j` on (the terms
-                    // before it have masked weights).
-                    let causal = tame(dy_z, v_z, d);
-                    let (weights_band, values_band) = (
-                        causal_band(causal, Band::ColumnsThroughRow),
-                        causal_band(causal, Band::StepsFromRow),
-                    );
+                    let bands = value_bands(dy_z, v_z, d);
                     for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
-                        transpose_head(v_z, h, sh, v_t, t);
-                        let dy_h = Strided::rows(dy_z, h * d, c);
-                        banded_product(weights_band, t, t, d, dy_h, v_t, t, dw_h, t);
-                        let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
-                        let (dy_h, dv_h) = (&dy_z[h * d..], &mut dv_z[h * d..]);
-                        banded_product(values_band, t, d, t, w_t, dy_h, c, dv_h, c);
+                        let operands = (weights, v_z, dy_z);
+                        value_products(operands, (z, h), sh, bands, v_t, dw_h, dv_z);
                     }
                 },
             )
@@ -427,6 +407,42 @@ pub fn scores_backward(
             )
         },
     )
+}
+
+/// The bands of a batch entry's weights' and values' gradients (`value_products`): the
+/// weights' gradient only where they are not masked (the rest stay 0), and the values'
+/// gradient `dv_j` from query `j` on (the terms before it have masked weights), where the
+/// entry's gradient and values are tame; every term otherwise.
+#[inline(always)]
+fn value_bands(dy_z: &[f32], v_z: &[f32], width: usize) -> (Band, Band) {
+    let causal = tame(dy_z, v_z, width);
+    (
+        causal_band(causal, Band::ColumnsThroughRow),
+        causal_band(causal, Band::StepsFromRow),
+    )
+}
+
+/// Head `h` of batch entry `z`'s share of the first half of the backward pass: its weights'
+/// gradient `dy vᵀ` into `dw_h` (`[time, time]`) and its values' gradient `weightsᵀ dy` into
+/// the entry's `dv_z`, in the `bands` of [`value_bands`]; `v_t` is room for the head's values
+/// transposed.
+#[inline(always)]
+fn value_products(
+    (weights, v_z, dy_z): (&[f32], &[f32], &[f32]),
+    (z, h): (usize, usize),
+    sh: HeadShape,
+    (weights_band, values_band): (Band, Band),
+    v_t: &mut [f32],
+    dw_h: &mut [f32],
+    dv_z: &mut [f32],
+) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    transpose_head(v_z, h, sh, v_t, t);
+    let dy_h = Strided::rows(dy_z, h * d, c);
+    banded_product(weights_band, t, t, d, dy_h, v_t, t, dw_h, t);
+    let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
+    let (dy_h, dv_h) = (&dy_z[h * d..], &mut dv_z[h * d..]);
+    banded_product(values_band, t, d, t, w_t, dy_h, c, dv_h, c);
 }
 
 /// Head `h`'s share of the queries' and keys' gradients from its score gradients `d_scores`
