@@ -148,47 +148,93 @@ const QUERY_LANES: usize = 16;
 /// a vector's lanes, and the GPT's short rows (16 to 64 keys) left the core waiting on them:
 /// the weights took 0.35 ms of a layer's 0.68 ms of attention (probe, Zen 5).
 pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
-    // The queries padded to whole vectors; the padding's scores stay 0 and are never read
-    // out.
-    let stride = t.next_multiple_of(QUERY_LANES);
     zeroed_par_chunks_with(
         sh.weights_numel(),
         sh.square(),
-        || (vec![0.0f32; d * stride], vec![0.0f32; t * stride]),
-        |(q_t, scores_t), zh, weights_h| {
+        || WeightsScratch::new(sh),
+        |scratch, zh, weights_h| {
             let (z, h) = (zh / sh.heads, zh % sh.heads);
-            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
             widest(
                 #[inline(always)]
                 || {
-                    transpose_head(q_z, h, sh, q_t, stride);
-                    // Key `j`'s scores for the queries from its own block of lanes on (the
-                    // earlier queries never see it); a block of score rows never straddles
-                    // two blocks of lanes, as `SCORE_ROWS` divides `QUERY_LANES`.
-                    for j0 in (0..t).step_by(SCORE_ROWS) {
-                        let rows = SCORE_ROWS.min(t - j0);
-                        let first = j0 - j0 % QUERY_LANES;
-                        let k_rows = Strided::rows(k_z, j0 * c + h * d, c);
-                        let out = &mut scores_t[j0 * stride + first..];
-                        product(
-                            rows,
-                            t - first,
-                            d,
-                            k_rows,
-                            &q_t[first..],
-                            stride,
-                            out,
-                            stride,
-                        );
-                    }
-                    for i0 in (0..t).step_by(QUERY_LANES) {
-                        softmax_in_lanes(scores_t, stride, i0, t, weights_h);
-                    }
+                    head_weights(
+                        (entry_of(q, z, sh), entry_of(k, z, sh)),
+                        h,
+                        sh,
+                        scratch,
+                        weights_h,
+                    )
                 },
             )
         },
     )
+}
+
+/// Batch entry `z` of q, k, v or the output, `[time, heads * width]`.
+#[inline(always)]
+fn entry_of(x: &[f32], z: usize, sh: HeadShape) -> &[f32] {
+    &x[z * sh.entry()..][..sh.entry()]
+}
+
+/// Room for one head's weights: its queries transposed and its scores key by query, the
+/// queries padded to whole vectors (the padding's scores stay 0 and are never read out).
+struct WeightsScratch {
+    q_t: Vec<f32>,
+    scores_t: Vec<f32>,
+    stride: usize,
+}
+
+impl WeightsScratch {
+    fn new(sh: HeadShape) -> Self {
+        let stride = sh.time.next_multiple_of(QUERY_LANES);
+        WeightsScratch {
+            q_t: vec![0.0; sh.width * stride],
+            scores_t: vec![0.0; sh.time * stride],
+            stride,
+        }
+    }
+}
+
+/// Head `h`'s weights `[time, time]` into `weights_h` (zero-filled) from a batch entry's
+/// queries and keys.
+#[inline(always)]
+fn head_weights(
+    (q_z, k_z): (&[f32], &[f32]),
+    h: usize,
+    sh: HeadShape,
+    scratch: &mut WeightsScratch,
+    weights_h: &mut [f32],
+) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let WeightsScratch {
+        q_t,
+        scores_t,
+        stride,
+    } = scratch;
+    let stride = *stride;
+    transpose_head(q_z, h, sh, q_t, stride);
+    // Key `j`'s scores for the queries from its own block of lanes on (the earlier queries
+    // never see it); a block of score rows never straddles two blocks of lanes, as
+    // `SCORE_ROWS` divides `QUERY_LANES`.
+    for j0 in (0..t).step_by(SCORE_ROWS) {
+        let rows = SCORE_ROWS.min(t - j0);
+        let first = j0 - j0 % QUERY_LANES;
+        let k_rows = Strided::rows(k_z, j0 * c + h * d, c);
+        let out = &mut scores_t[j0 * stride + first..];
+        product(
+            rows,
+            t - first,
+            d,
+            k_rows,
+            &q_t[first..],
+            stride,
+            out,
+            stride,
+        );
+    }
+    for i0 in (0..t).step_by(QUERY_LANES) {
+        softmax_in_lanes(scores_t, stride, i0, t, weights_h);
+    }
 }
 
 /// The causal softmax rows of queries `i0..i0 + 16` (those below `time`) from their scores
@@ -259,22 +305,79 @@ fn fold_half<const W: usize>(partial: &mut [f32; QUERY_LANES * ROW_LANES]) {
 
 /// The output `[batch, time, heads * width]`: each head's weights times its values.
 pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
-    let (t, d, c) = (sh.time, sh.width, sh.features());
     zeroed_par_chunks(sh.numel(), sh.entry(), |z, y_z| {
-        let v_z = &v[z * sh.entry()..][..sh.entry()];
+        let v_z = entry_of(v, z, sh);
         widest(
             #[inline(always)]
             || {
-                // Row `i` over keys `0..=i` (the masked weights after them are +0).
-                let band = causal_band(finite(v_z), Band::StepsThroughRow);
-                for h in 0..sh.heads {
-                    let w_h = Strided::rows(weights, (z * sh.heads + h) * t * t, t);
-                    let y_h = &mut y_z[h * d..];
-                    banded_product(band, t, d, t, w_h, &v_z[h * d..], c, y_h, c);
+                let band = values_band(v_z);
+                let entry_weights = &weights[z * sh.heads * sh.square()..];
+                for (h, weights_h) in entry_weights
+                    .chunks_exact(sh.square())
+                    .take(sh.heads)
+                    .enumerate()
+                {
+                    head_values(weights_h, v_z, h, sh, band, y_z);
                 }
             },
         )
     })
+}
+
+/// The band of a batch entry's products with its values: row `i` over keys `0..=i` (the
+/// masked weights after them are +0) where the values are finite, every term otherwise.
+#[inline(always)]
+fn values_band(v_z: &[f32]) -> Band {
+    causal_band(finite(v_z), Band::StepsThroughRow)
+}
+
+/// Head `h`'s output, its weights `weights_h` (`[time, time]`) times its values, into its
+/// batch entry's `y_z`.
+#[inline(always)]
+fn head_values(
+    weights_h: &[f32],
+    v_z: &[f32],
+    h: usize,
+    sh: HeadShape,
+    band: Band,
+    y_z: &mut [f32],
+) {
+    let (t, d, c) = (sh.time, sh.width, sh.features());
+    let w_h = Strided::rows(weights_h, 0, t);
+    banded_product(band, t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
+}
+
+/// The output and the weights of [`weights`] followed by [`weighted_values`] with no dropout
+/// between them, a batch entry per task: each head's weights are multiplied by its values as
+/// soon as they are written, while they are in the core's cache. Run as two passes, the
+/// second read the `[batch, heads, time, time]` weights (2 MiB a layer for the GPT) back from
+/// beyond it: a GPT step's attention forward took 1.37 ms, 1.29 in one pass (a throwaway
+/// per-op timer, Zen 5). With dropout, the weights pass through the dropout kernel between
+/// the two passes.
+pub fn forward(q: &[f32], k: &[f32], v: &[f32], sh: HeadShape) -> (Vec<f32>, Vec<f32>) {
+    if sh.numel() == 0 {
+        // No output, but weights where heads of no width still have positions.
+        return (vec![], weights(q, k, sh));
+    }
+    let (y, weights) = zeroed_par_chunk_pairs(
+        (sh.numel(), sh.entry()),
+        (sh.weights_numel(), sh.heads * sh.square()),
+        || WeightsScratch::new(sh),
+        |scratch, z, y_z, weights_z| {
+            let (q_z, k_z, v_z) = (entry_of(q, z, sh), entry_of(k, z, sh), entry_of(v, z, sh));
+            widest(
+                #[inline(always)]
+                || {
+                    let band = values_band(v_z);
+                    for (h, weights_h) in weights_z.chunks_exact_mut(sh.square()).enumerate() {
+                        head_weights((q_z, k_z), h, sh, scratch, weights_h);
+                        head_values(weights_h, v_z, h, sh, band, y_z);
+                    }
+                },
+            )
+        },
+    );
+    (y, weights)
 }
 
 /// The gradients `[dq, dk, dv]` of [`weights`] followed by [`weighted_values`], with no
