@@ -4,15 +4,19 @@
 //! The composition moves every head of every batch entry through memory five times: a
 //! permutation of q, k and v into `[batch, heads, time, width]`, a product of `time` x
 //! `time` scores, their softmax, a second product and a permutation back. Here a task takes
-//! a head (for the weights) or a batch entry (for the rest), reads q, k and v where they lie
-//! in `[batch, time, heads * width]`, keeps a head's scores in cache from product to
-//! softmax, and writes its output rows in place: two passes, no permutation.
+//! a batch entry, reads q, k and v where they lie in `[batch, time, heads * width]`, and
+//! head by head computes the scores, their softmax, the weights after dropout and their
+//! product with the values while they are in cache ([`forward`]); the backward pass
+//! ([`backward`]) likewise keeps a head's gradients of the weights and scores in scratch. One
+//! pass each way, no permutation.
 //!
 //! Every value is computed as the composition computes it: a product's element is a sum
 //! from 0 over ascending `k` with a separately rounded multiply and add per term (as
 //! `cpu::gemm` and its reference do), the softmax rows are `cpu::rows`' arithmetic run 16
-//! rows side by side, one to a vector lane, and their gradient is `cpu::rows`' own. The probabilities are kept between the passes (the composition keeps
-//! them too), so dropout on them is the ordinary dropout kernel in between.
+//! rows side by side, one to a vector lane, and their gradient is `cpu::rows`' own. Dropout
+//! on the weights is the dropout kernel's arithmetic on each head's stretch of them
+//! (`kernels::dropout::apply_at`), drawn at the indices the whole tensor would draw; the
+//! weights are kept before dropout, as the composition keeps them.
 //!
 //! Terms under the causal mask are left out where they cannot change a bit: about half of
 //! every product but the scores' (throwaway probe on the GPT's shape, one layer: 2.45 ->
@@ -26,12 +30,11 @@
 //! infinite: a non-finite value or an overflow in a batch entry, which `finite` and `tame`
 //! look for first; such an entry takes every term, as the composition does (test).
 
-use super::output::{
-    zeroed_par_chunk_pairs, zeroed_par_chunk_triples, zeroed_par_chunks, zeroed_par_chunks_with,
-};
+use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunk_triples, zeroed_par_chunks_with};
 use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
 use super::vector_unit::widest;
+use crate::kernels::dropout::{apply_at, DropoutMask};
 use crate::kernels::math::{exp, ROW_LANES};
 
 /// The shape of one attention call: `batch` entries of `time` positions, `heads` heads of
@@ -138,16 +141,9 @@ fn causal_band(vanish: bool, band: Band) -> Band {
 /// Queries whose softmax rows run side by side, one to a vector lane (`weights`).
 const QUERY_LANES: usize = 16;
 
-/// The attention weights `[batch, heads, time, time]`: for each head, the causal softmax of
-/// `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
-///
-/// A head's scores are computed transposed, key by query (`k qᵀ`: each score is the same
-/// sum in the same order), so that 16 queries' scores for one key lie side by side and their
-/// softmax rows run one to a lane (`softmax_in_lanes`). A row at a time, each row's max,
-/// exps, sum and normalisation were one chain of dependent steps whose reductions ran across
-/// a vector's lanes, and the GPT's short rows (16 to 64 keys) left the core waiting on them:
-/// the weights took 0.35 ms of a layer's 0.68 ms of attention (probe, Zen 5).
-pub fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
+/// The attention weights `[batch, heads, time, time]` alone, a head per task: [`forward`]'s
+/// weights where it has no output to pair them with (heads of no width).
+fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
     zeroed_par_chunks_with(
         sh.weights_numel(),
         sh.square(),
@@ -182,6 +178,15 @@ struct WeightsScratch {
     q_t: Vec<f32>,
     scores_t: Vec<f32>,
     stride: usize,
+    /// The head's weights after dropout.
+    dropped: DropoutRoom,
+}
+
+/// Room for a head's weights (or their gradient) after dropout, and for the mask's words.
+#[derive(Default)]
+struct DropoutRoom {
+    values: Vec<f32>,
+    words: Vec<u32>,
 }
 
 impl WeightsScratch {
@@ -191,12 +196,52 @@ impl WeightsScratch {
             q_t: vec![0.0; sh.width * stride],
             scores_t: vec![0.0; sh.time * stride],
             stride,
+            dropped: DropoutRoom::default(),
+        }
+    }
+}
+
+/// Dropout on the attention weights: the mask, and the global index of the weights' first
+/// element (`DropoutMask::offset`), so that a head's stretch of them draws the words the
+/// whole tensor would.
+pub type WeightsDropout<'a> = Option<(&'a DropoutMask, u32)>;
+
+/// Head `h` of entry `z`'s weights `weights_h` as the product with the values sees them:
+/// themselves, or after `dropout` (into `room`).
+#[inline(always)]
+fn dropped<'w>(
+    weights_h: &'w [f32],
+    dropout: WeightsDropout,
+    (z, h): (usize, usize),
+    sh: HeadShape,
+    room: &'w mut DropoutRoom,
+) -> &'w [f32] {
+    match dropout {
+        None => weights_h,
+        Some((mask, first)) => {
+            let at = ((z * sh.heads + h) * sh.square()) as u32;
+            room.values.resize(weights_h.len(), 0.0);
+            apply_at(
+                mask,
+                first + at,
+                weights_h,
+                &mut room.values,
+                &mut room.words,
+            );
+            &room.values
         }
     }
 }
 
 /// Head `h`'s weights `[time, time]` into `weights_h` (zero-filled) from a batch entry's
-/// queries and keys.
+/// queries and keys: the causal softmax of `q kᵀ` (row `i` over keys `0..=i`, the rest 0).
+///
+/// The scores are computed transposed, key by query (`k qᵀ`: each score is the same sum in
+/// the same order), so that 16 queries' scores for one key lie side by side and their softmax
+/// rows run one to a lane (`softmax_in_lanes`). A row at a time, each row's max, exps, sum and
+/// normalisation were one chain of dependent steps whose reductions ran across a vector's
+/// lanes, and the GPT's short rows (16 to 64 keys) left the core waiting on them: the weights
+/// took 0.35 ms of a layer's 0.68 ms of attention (probe, Zen 5).
 #[inline(always)]
 fn head_weights(
     (q_z, k_z): (&[f32], &[f32]),
@@ -210,6 +255,7 @@ fn head_weights(
         q_t,
         scores_t,
         stride,
+        ..
     } = scratch;
     let stride = *stride;
     transpose_head(q_z, h, sh, q_t, stride);
@@ -303,27 +349,6 @@ fn fold_half<const W: usize>(partial: &mut [f32; QUERY_LANES * ROW_LANES]) {
     }
 }
 
-/// The output `[batch, time, heads * width]`: each head's weights times its values.
-pub fn weighted_values(weights: &[f32], v: &[f32], sh: HeadShape) -> Vec<f32> {
-    zeroed_par_chunks(sh.numel(), sh.entry(), |z, y_z| {
-        let v_z = entry_of(v, z, sh);
-        widest(
-            #[inline(always)]
-            || {
-                let band = values_band(v_z);
-                let entry_weights = &weights[z * sh.heads * sh.square()..];
-                for (h, weights_h) in entry_weights
-                    .chunks_exact(sh.square())
-                    .take(sh.heads)
-                    .enumerate()
-                {
-                    head_values(weights_h, v_z, h, sh, band, y_z);
-                }
-            },
-        )
-    })
-}
-
 /// The band of a batch entry's products with its values: row `i` over keys `0..=i` (the
 /// masked weights after them are +0) where the values are finite, every term otherwise.
 #[inline(always)]
@@ -347,14 +372,19 @@ fn head_values(
     banded_product(band, t, d, t, w_h, &v_z[h * d..], c, &mut y_z[h * d..], c);
 }
 
-/// The output and the weights of [`weights`] followed by [`weighted_values`] with no dropout
-/// between them, a batch entry per task: each head's weights are multiplied by its values as
-/// soon as they are written, while they are in the core's cache. Run as two passes, the
-/// second read the `[batch, heads, time, time]` weights (2 MiB a layer for the GPT) back from
-/// beyond it: a GPT step's attention forward took 1.37 ms, 1.29 in one pass (a throwaway
-/// per-op timer, Zen 5). With dropout, the weights pass through the dropout kernel between
-/// the two passes.
-pub fn forward(q: &[f32], k: &[f32], v: &[f32], sh: HeadShape) -> (Vec<f32>, Vec<f32>) {
+/// The output `[batch, time, heads * width]` (each head's weights, after `dropout`, times its
+/// values) and the weights `[batch, heads, time, time]` before dropout, a batch entry per
+/// task: each head's weights are multiplied by its values as soon as they are written, while
+/// they are in the core's cache. Run as two passes, the second read the weights (2 MiB a
+/// layer for the GPT) back from beyond it: a GPT step's attention forward took 1.37 ms, 1.29
+/// in one pass (a throwaway per-op timer, Zen 5).
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sh: HeadShape,
+    dropout: WeightsDropout,
+) -> (Vec<f32>, Vec<f32>) {
     if sh.numel() == 0 {
         // No output, but weights where heads of no width still have positions.
         return (vec![], weights(q, k, sh));
@@ -371,7 +401,8 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], sh: HeadShape) -> (Vec<f32>, Vec
                     let band = values_band(v_z);
                     for (h, weights_h) in weights_z.chunks_exact_mut(sh.square()).enumerate() {
                         head_weights((q_z, k_z), h, sh, scratch, weights_h);
-                        head_values(weights_h, v_z, h, sh, band, y_z);
+                        let w_h = dropped(weights_h, dropout, (z, h), sh, &mut scratch.dropped);
+                        head_values(w_h, v_z, h, sh, band, y_z);
                     }
                 },
             )
@@ -380,23 +411,20 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], sh: HeadShape) -> (Vec<f32>, Vec
     (y, weights)
 }
 
-/// The gradients `[dq, dk, dv]` of [`weights`] followed by [`weighted_values`], with no
-/// dropout between them: the arithmetic of [`weighted_values_backward`] then
-/// [`scores_backward`], a batch entry per task, with each head's weight and score gradients
-/// in scratch (`[time, time]` each, 16 KiB at the GPT's 64 positions). Run as two passes,
-/// the weights' gradient was a `[batch, heads, time, time]` tensor (2 MiB a layer for the GPT)
-/// written by the first and read back by the second from beyond the core's cache: a GPT
-/// step's attention backward took 1.88 ms, 1.58 fused (a throwaway per-op timer, Zen 5); on
-/// hot caches the two are alike (probe: 0.27 and 0.26 ms a layer). With
-/// dropout, the gradient passes through the dropout kernel between the halves, so those run
-/// as two passes.
+/// The gradients `[dq, dk, dv]` of [`forward`] from the output's gradient `dy`, given the
+/// weights before dropout: a batch entry per task, head by head, the weights' gradient
+/// (`dy vᵀ`, then through `dropout`'s mask as dropout's gradient is) and the scores' (the
+/// softmax's gradient) in `[time, time]` scratch, 16 KiB each at the GPT's 64 positions. Run
+/// as two passes, the weights' gradient was a `[batch, heads, time, time]` tensor (2 MiB a
+/// layer for the GPT) written by the first and read back by the second from beyond the core's
+/// cache: a GPT step's attention backward took 1.88 ms, 1.58 in one pass (a throwaway per-op
+/// timer, Zen 5); on hot caches the two are alike (probe: 0.27 and 0.26 ms a layer).
 pub fn backward(
     weights: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
     dy: &[f32],
     sh: HeadShape,
+    dropout: WeightsDropout,
 ) -> [Vec<f32>; 3] {
     let (t, d) = (sh.time, sh.width);
     if sh.numel() == 0 {
@@ -405,105 +433,34 @@ pub fn backward(
     zeroed_par_chunk_triples(
         (sh.numel(), sh.entry()),
         || {
+            let square = || vec![0.0f32; t * t];
             (
                 vec![0.0f32; d * t],
-                vec![0.0f32; t * t],
-                vec![0.0f32; t * t],
+                square(),
+                square(),
+                DropoutRoom::default(),
             )
         },
-        |(v_t, d_weights, d_scores), z, [dq_z, dk_z, dv_z]| {
-            let entry = z * sh.entry()..(z + 1) * sh.entry();
-            let (q_z, k_z) = (&q[entry.clone()], &k[entry.clone()]);
-            let (v_z, dy_z) = (&v[entry.clone()], &dy[entry]);
+        |(v_t, d_weights, d_scores, room), z, [dq_z, dk_z, dv_z]| {
+            let (q_z, k_z) = (entry_of(q, z, sh), entry_of(k, z, sh));
+            let (v_z, dy_z) = (entry_of(v, z, sh), entry_of(dy, z, sh));
             widest(
                 #[inline(always)]
                 || {
                     let bands = value_bands(dy_z, v_z, d);
                     let finite_entry = finite(q_z) && finite(k_z);
                     for h in 0..sh.heads {
-                        let at = (z * sh.heads + h) * t * t;
-                        // The first half; the weights' gradient's masked part is 0, as the
-                        // zero-filled tensor of the two passes leaves it.
+                        let w_h = &weights[(z * sh.heads + h) * t * t..][..t * t];
+                        // The weights' gradient and the values'; its masked part is 0, as a
+                        // zero-filled tensor would leave it.
                         if bands.0 != Band::Full {
                             d_weights.fill(0.0);
                         }
-                        let operands = (weights, v_z, dy_z);
-                        value_products(operands, (z, h), sh, bands, v_t, d_weights, dv_z);
-                        // The second half, from the weights' gradient.
-                        softmax_backward_rows(&weights[at..][..t * t], d_weights, t, d_scores);
-                        scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
-                    }
-                },
-            )
-        },
-    )
-}
-
-/// The first half of the backward pass, through the weights-times-values product: the
-/// gradient of the weights `[batch, heads, time, time]` (`dy vᵀ` per head) and of the values
-/// (`weightsᵀ dy` per head, in place in `[batch, time, heads * width]`).
-pub fn weighted_values_backward(
-    weights: &[f32],
-    v: &[f32],
-    dy: &[f32],
-    sh: HeadShape,
-) -> (Vec<f32>, Vec<f32>) {
-    let (t, d) = (sh.time, sh.width);
-    if sh.numel() == 0 {
-        return (vec![0.0f32; sh.weights_numel()], vec![]);
-    }
-    // A batch entry's chunk of each per task; a head's values transposed in the scratch.
-    zeroed_par_chunk_pairs(
-        (sh.weights_numel(), sh.heads * sh.square()),
-        (sh.numel(), sh.entry()),
-        || vec![0.0f32; d * t],
-        |v_t, z, d_weights_z, dv_z| {
-            let (v_z, dy_z) = (&v[z * sh.entry()..][..sh.entry()], &dy[z * sh.entry()..]);
-            let dy_z = &dy_z[..sh.entry()];
-            widest(
-                #[inline(always)]
-                || {
-                    let bands = value_bands(dy_z, v_z, d);
-                    for (h, dw_h) in d_weights_z.chunks_exact_mut(t * t).enumerate() {
-                        let operands = (weights, v_z, dy_z);
-                        value_products(operands, (z, h), sh, bands, v_t, dw_h, dv_z);
-                    }
-                },
-            )
-        },
-    )
-}
-
-/// The second half of the backward pass, from the gradient of the weights `d_weights`: the
-/// softmax's gradient per row (over whole rows, as the softmax backward kernel runs), then
-/// the gradients of the queries (`dscores k`) and keys (`dscoresᵀ q`) in place.
-pub fn scores_backward(
-    weights: &[f32],
-    d_weights: &[f32],
-    q: &[f32],
-    k: &[f32],
-    sh: HeadShape,
-) -> (Vec<f32>, Vec<f32>) {
-    let t = sh.time;
-    if sh.numel() == 0 {
-        return (vec![], vec![]);
-    }
-    // A batch entry's chunk of each per task; a head's score gradients in the scratch.
-    zeroed_par_chunk_pairs(
-        (sh.numel(), sh.entry()),
-        (sh.numel(), sh.entry()),
-        || vec![0.0f32; t * t],
-        |d_scores, z, dq_z, dk_z| {
-            let (q_z, k_z) = (&q[z * sh.entry()..][..sh.entry()], &k[z * sh.entry()..]);
-            let k_z = &k_z[..sh.entry()];
-            widest(
-                #[inline(always)]
-                || {
-                    let finite_entry = finite(q_z) && finite(k_z);
-                    for h in 0..sh.heads {
-                        let at = (z * sh.heads + h) * t * t;
-                        let (w_h, dw_h) = (&weights[at..][..t * t], &d_weights[at..][..t * t]);
-                        softmax_backward_rows(w_h, dw_h, t, d_scores);
+                        let seen = dropped(w_h, dropout, (z, h), sh, room);
+                        value_products((seen, v_z, dy_z), h, sh, bands, v_t, d_weights, dv_z);
+                        // The scores' gradient, from the weights' before dropout.
+                        let d_w_h = dropped(d_weights, dropout, (z, h), sh, room);
+                        softmax_backward_rows(w_h, d_w_h, t, d_scores);
                         scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
                     }
                 },
@@ -525,14 +482,14 @@ fn value_bands(dy_z: &[f32], v_z: &[f32], width: usize) -> (Band, Band) {
     )
 }
 
-/// Head `h` of batch entry `z`'s share of the first half of the backward pass: its weights'
-/// gradient `dy vᵀ` into `dw_h` (`[time, time]`) and its values' gradient `weightsᵀ dy` into
-/// the entry's `dv_z`, in the `bands` of [`value_bands`]; `v_t` is room for the head's values
-/// transposed.
+/// Head `h`'s share of the first half of the backward pass, given its weights `w_h` as the
+/// product saw them (`[time, time]`): its weights' gradient `dy vᵀ` into `dw_h` and its
+/// values' gradient `w_hᵀ dy` into the entry's `dv_z`, in the `bands` of [`value_bands`];
+/// `v_t` is room for the head's values transposed.
 #[inline(always)]
 fn value_products(
-    (weights, v_z, dy_z): (&[f32], &[f32], &[f32]),
-    (z, h): (usize, usize),
+    (w_h, v_z, dy_z): (&[f32], &[f32], &[f32]),
+    h: usize,
     sh: HeadShape,
     (weights_band, values_band): (Band, Band),
     v_t: &mut [f32],
@@ -543,7 +500,7 @@ fn value_products(
     transpose_head(v_z, h, sh, v_t, t);
     let dy_h = Strided::rows(dy_z, h * d, c);
     banded_product(weights_band, t, t, d, dy_h, v_t, t, dw_h, t);
-    let w_t = Strided::columns(weights, (z * sh.heads + h) * t * t, t);
+    let w_t = Strided::columns(w_h, 0, t);
     let (dy_h, dv_h) = (&dy_z[h * d..], &mut dv_z[h * d..]);
     banded_product(values_band, t, d, t, w_t, dy_h, c, dv_h, c);
 }

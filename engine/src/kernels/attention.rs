@@ -59,6 +59,16 @@ fn values_of(x: &Tensor) -> &[f32] {
     x.cpu_f32().expect("cpu")
 }
 
+/// The CPU path's dropout on the weights: the mask, checked, and where the weights start in
+/// the step's global batch, as the dropout kernel finds them.
+fn weights_dropout(mask: Option<&DropoutMask>, sh: HeadShape) -> Result<cpu::WeightsDropout<'_>> {
+    mask.map(|mask| {
+        mask.check()?;
+        Ok((mask, mask.offset(sh.weights_numel())?))
+    })
+    .transpose()
+}
+
 /// The weights after dropout, as the product with the values sees them.
 fn dropped(weights: &Tensor, mask: Option<&DropoutMask>) -> Result<Tensor> {
     match mask {
@@ -78,22 +88,15 @@ pub fn causal_attention(
 ) -> Result<(Tensor, Tensor)> {
     let sh = head_shape(q, k, v, heads)?;
     match q.device() {
-        Device::Cpu if mask.is_none() => {
-            let (y, weights) = cpu::forward(values_of(q), values_of(k), values_of(v), sh);
+        Device::Cpu => {
+            let values = (values_of(q), values_of(k), values_of(v));
+            let (y, weights) =
+                cpu::forward(values.0, values.1, values.2, sh, weights_dropout(mask, sh)?);
             let weights_shape = [sh.batch, sh.heads, sh.time, sh.time];
             Ok((
                 Tensor::from_vec(q.device(), q.shape(), y)?,
                 Tensor::from_vec(q.device(), &weights_shape, weights)?,
             ))
-        }
-        Device::Cpu => {
-            let weights = Tensor::from_vec(
-                q.device(),
-                &[sh.batch, sh.heads, sh.time, sh.time],
-                cpu::weights(values_of(q), values_of(k), sh),
-            )?;
-            let y = cpu::weighted_values(values_of(&dropped(&weights, mask)?), values_of(v), sh);
-            Ok((Tensor::from_vec(q.device(), q.shape(), y)?, weights))
         }
         Device::Gpu(_) => composed::forward(q, k, v, sh, mask),
     }
@@ -125,34 +128,13 @@ pub fn causal_attention_backward(
         );
     }
     match q.device() {
-        Device::Cpu if mask.is_none() => {
+        Device::Cpu => {
             let [dq, dk, dv] = cpu::backward(
                 values_of(weights),
-                values_of(q),
-                values_of(k),
-                values_of(v),
+                (values_of(q), values_of(k), values_of(v)),
                 values_of(dy),
                 sh,
-            );
-            let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
-            Ok([out(dq)?, out(dk)?, out(dv)?])
-        }
-        Device::Cpu => {
-            let (d_dropped, dv) = cpu::weighted_values_backward(
-                values_of(&dropped(weights, mask)?),
-                values_of(v),
-                values_of(dy),
-                sh,
-            );
-            // Dropout's gradient is the same mask applied to the gradient.
-            let d_dropped = Tensor::from_vec(q.device(), weights.shape(), d_dropped)?;
-            let d_weights = dropped(&d_dropped, mask)?;
-            let (dq, dk) = cpu::scores_backward(
-                values_of(weights),
-                values_of(&d_weights),
-                values_of(q),
-                values_of(k),
-                sh,
+                weights_dropout(mask, sh)?,
             );
             let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
             Ok([out(dq)?, out(dk)?, out(dv)?])

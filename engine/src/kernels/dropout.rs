@@ -31,7 +31,7 @@ pub struct DropoutMask {
 }
 
 impl DropoutMask {
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if !(0.0..1.0).contains(&self.rate) {
             return Err(Error::Config(format!(
                 "dropout rate {} must be in [0, 1)",
@@ -101,34 +101,41 @@ pub fn dropout_ref(x: &[f32], mask: &DropoutMask) -> Result<Vec<f32>> {
 /// (`rng::element_words`), where the reference draws a block of four words per element and
 /// keeps one. The same words, so the same bits (test).
 fn dropout_fast(x: &[f32], mask: &DropoutMask, offset: u32) -> Vec<f32> {
-    let scale = mask.scale();
     let mut out = vec![0.0; x.len()];
     crate::cpu::elementwise::for_chunks(
         &mut out,
         #[inline(always)]
         |start, chunk| {
-            // Words come in blocks of four: start at the block holding the chunk's first
-            // element.
-            let first = offset + start as u32;
-            let skip = (first % 4) as usize;
-            let mut words = vec![0u32; skip + chunk.len()];
-            element_words(
-                mask.seed,
-                mask.step,
-                mask.key,
-                first - skip as u32,
-                &mut words,
-            );
-            // Copies the loop owns: read through the closure's captures, the rate was reloaded
-            // for every element and the select ran one element at a time (`perf annotate`).
-            let (rate, scale) = (mask.rate, scale);
             let x = &x[start..][..chunk.len()];
-            for ((o, &v), &w) in chunk.iter_mut().zip(x).zip(&words[skip..]) {
-                *o = if unit_f32(w) >= rate { v * scale } else { 0.0 };
-            }
+            apply_at(mask, offset + start as u32, x, chunk, &mut Vec::new());
         },
     );
     out
+}
+
+/// The mask applied to `x` into `out` (as long), element `j` of `x` being element `first + j`
+/// of the global batch: [`dropout_fast`]'s arithmetic on any stretch of a tensor (a chunk of
+/// it, or one head's attention weights in `cpu::attention`). Always inlined, to run on the
+/// caller's vector unit. `words` is room for the mask's words, kept by a caller that applies
+/// it often.
+#[inline(always)]
+pub(crate) fn apply_at(
+    mask: &DropoutMask,
+    first: u32,
+    x: &[f32],
+    out: &mut [f32],
+    words: &mut Vec<u32>,
+) {
+    // Words come in blocks of four: start at the block holding the first element.
+    let skip = (first % 4) as usize;
+    words.resize(skip + x.len(), 0);
+    element_words(mask.seed, mask.step, mask.key, first - skip as u32, words);
+    // Copies the loop owns: read through the closure's captures, the rate was reloaded for
+    // every element and the select ran one element at a time (`perf annotate`).
+    let (rate, scale) = (mask.rate, mask.scale());
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(&words[skip..]) {
+        *o = if unit_f32(w) >= rate { v * scale } else { 0.0 };
+    }
 }
 
 /// Applies the mask to `x`: the forward pass on activations and, with the same mask, the
