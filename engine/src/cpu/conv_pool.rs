@@ -208,8 +208,9 @@ pub fn sums_from_winners(pool: &PoolGeometry) -> bool {
 /// column by zero adds ±0 to a sum from +0, which changes none of its bits; so this adds, per
 /// pixel, each column times the winning channels' gradients and zeros for the others. The
 /// caller sums from `dh` instead when `x` holds an infinity or a NaN (times zero, a NaN
-/// there). Each task takes a share of the weight's rows (the last one also the bias), so
-/// every sum keeps its one order.
+/// there). Each task takes a share of the weight's rows and of the bias's running sums
+/// ([`ColumnSums::round`]'s residues), so every sum keeps its one order: the last task took
+/// the whole bias until session 20, half again the others' time for the CNN's first layer.
 pub fn parameter_gradients(
     x: &[f32],
     argmax: &[u32],
@@ -226,30 +227,45 @@ pub fn parameter_gradients(
     assert!(argmax.len() == pool.out_shape().iter().product::<usize>() && dy.len() == argmax.len());
     let tasks = rayon::current_num_threads().clamp(1, patch.max(1));
     let rows_per_task = patch.div_ceil(tasks).max(1);
-    let shares: Vec<(Vec<f32>, Option<Vec<f32>>)> = (0..patch.div_ceil(rows_per_task).max(1))
+    let tasks = patch.div_ceil(rows_per_task).max(1);
+    let round = ColumnSums::new(g.n * out_h * out_w, oc).round();
+    let shares: Vec<_> = (0..tasks)
         .into_par_iter()
         .map(|t| {
             let rows = t * rows_per_task..((t + 1) * rows_per_task).min(patch);
-            let with_bias = bias && (t + 1) * rows_per_task >= patch;
+            let residues = bias.then(|| t * round / tasks..(t + 1) * round / tasks);
             widest(
                 #[inline(always)]
-                || share(x, argmax, dy, g, pool, rows, with_bias),
+                || share(x, argmax, dy, g, pool, rows, residues),
             )
         })
         .collect();
     let mut dw = Vec::with_capacity(patch * oc);
-    let mut db = None;
+    let mut db: Option<ColumnSums> = None;
     for (rows, sums) in shares {
         dw.extend_from_slice(&rows);
-        db = db.or(sums);
+        match (db.as_mut(), sums) {
+            (Some(db), Some((sums, residues))) => db.take_lanes(&sums, residues),
+            (None, sums) => db = sums.map(|(sums, _)| sums),
+            (Some(_), None) => unreachable!("every task sums the bias or none does"),
+        }
     }
+    let db = db.map(ColumnSums::finish);
     (dw, db)
 }
 
-/// Rows `rows` of the weight's gradient, and the bias's with `with_bias`: for each block of
-/// channels and group of at most [`ROWS`] rows, one pass over the convolution's output pixels
-/// in ascending order, the group's sums in registers. Always inlined, to run on the caller's
-/// vector unit.
+/// Rows `rows` of the weight's gradient, and the bias's running sums for the pixels whose
+/// index modulo [`ColumnSums::round`] lies in `bias`, if given: for each image and
+/// block of channels, the convolution's output gradient for the block is built in scratch
+/// from the winners ([`unpool`]), then each group of at most [`ROWS`] rows takes one pass
+/// over the image's pixels in ascending order, the group's sums in registers. Always
+/// inlined, to run on the caller's vector unit.
+///
+/// Built as it was read, each pixel's gradient cost its comparisons, its selection and its
+/// window's address for every group of rows on every thread, and the loop kept its sums on
+/// the stack: 0.53 ms for the CNN's first layer on a 2-core AVX-512 EPYC (`c1back` probe,
+/// session 20), for 29 MFLOP; 0.49 ms built once an image, 0.39 ms with the bias's sums
+/// shared between the tasks.
 #[inline(always)]
 fn share(
     x: &[f32],
@@ -258,35 +274,53 @@ fn share(
     g: &ConvGeometry,
     pool: &PoolGeometry,
     rows: std::ops::Range<usize>,
-    with_bias: bool,
-) -> (Vec<f32>, Option<Vec<f32>>) {
+    bias: Option<std::ops::Range<usize>>,
+) -> (Vec<f32>, Option<(ColumnSums, std::ops::Range<usize>)>) {
     let oc = pool.c;
     let blocks = oc.div_ceil(LANES);
+    let pixels = g.out_h() * g.out_w();
     let mut image = PaddedImage::new(g);
     let offsets = image.offsets[rows.clone()].to_vec();
     // acc[b * rows + r]: row rows.start + r's sums of block b's channels.
     let mut acc = vec![[0.0f32; LANES]; blocks * rows.len()];
-    let mut sums = with_bias.then(|| ColumnSums::new(g.n * g.out_h() * g.out_w(), oc));
+    let mut sums = bias.map(|residues| (ColumnSums::new(g.n * pixels, oc), residues));
+    // Zeroed once: `unpool` leaves the pixels in no window alone.
+    let mut dh = vec![[0.0f32; LANES]; pixels];
     for n in 0..g.n {
         image.load(x, g, n);
         for b in 0..blocks {
+            unpool(argmax, dy, pool, (n, b), &mut dh);
+            if let Some((sums, residues)) = sums.as_mut() {
+                let width = LANES.min(oc - b * LANES);
+                let (first, round) = (n * pixels, sums.round());
+                // The image's pixels `j` with `j % round` in the residues.
+                let starts = (first - first % round..first + pixels).step_by(round);
+                let share = starts.flat_map(|start| {
+                    (start + residues.start).max(first)..(start + residues.end).min(first + pixels)
+                });
+                for j in share {
+                    let (lane, d) = (&mut sums.lane_of(j)[b * LANES..], &dh[j - first]);
+                    // A whole block as fixed-size arrays, one vector: with the width known
+                    // only at run time, a loop of single lanes.
+                    if let Ok(lane) = <&mut [f32; LANES]>::try_from(&mut lane[..width]) {
+                        *lane = std::array::from_fn(|l| lane[l] + d[l]);
+                    } else {
+                        for (s, &d) in lane.iter_mut().zip(d) {
+                            *s += d;
+                        }
+                    }
+                }
+            }
             let acc = &mut acc[b * rows.len()..][..rows.len()];
-            let mut pass = Pass {
-                image: &image,
-                g,
-                pool,
-                argmax,
-                dy,
-                n,
-                block: b,
-                sums: sums.as_mut(),
-            };
             for (group, offsets) in acc.chunks_mut(ROWS).zip(offsets.chunks(ROWS)) {
                 // The group's size as a constant, so that its sums stay in registers.
                 macro_rules! rows {
                     ($($r:literal)*) => {
                         match group.len() {
-                            $($r => pass.accumulate::<$r>(
+                            $($r => accumulate::<$r>(
+                                &image,
+                                g,
+                                &dh,
                                 group.try_into().expect("the group's rows"),
                                 offsets.try_into().expect("the group's offsets"),
                             ),)*
@@ -295,8 +329,6 @@ fn share(
                     };
                 }
                 rows!(1 2 3 4 5 6 7 8);
-                // The bias's sums take one pass.
-                pass.sums = None;
             }
         }
     }
@@ -307,71 +339,108 @@ fn share(
             row[b * LANES..][..width].copy_from_slice(&sums[..width]);
         }
     }
-    (dw, sums.map(ColumnSums::finish))
+    (dw, sums)
 }
 
 /// Weight rows whose sums [`share`] keeps in registers at once (with AVX-512's 32 vector
 /// registers, 8 sums leave room for the pixel's values).
 const ROWS: usize = 8;
 
-/// One pass of [`share`] over image `n`'s pixels for channel block `block`.
-struct Pass<'a> {
-    image: &'a PaddedImage,
-    g: &'a ConvGeometry,
-    pool: &'a PoolGeometry,
-    argmax: &'a [u32],
-    dy: &'a [f32],
-    n: usize,
-    block: usize,
-    /// The bias's sums, to add each pixel's dh to.
-    sums: Option<&'a mut ColumnSums>,
+/// Image `n`'s gradient of the convolution's output for channel block `b`, `dh` (one lane
+/// array per output pixel): the window's gradient where the pixel won, 0 elsewhere. Pixels in
+/// no window are the same for every image and block and are not written: `dh` comes zeroed.
+/// A block's padded lanes have gradients of 0.
+#[inline(always)]
+fn unpool(
+    argmax: &[u32],
+    dy: &[f32],
+    pool: &PoolGeometry,
+    (n, b): (usize, usize),
+    dh: &mut [[f32; LANES]],
+) {
+    // A whole block's loads as fixed-size arrays: with the partial block's `in_lanes` in the
+    // same loop, the compiler built the lanes one at a time with shuffles, which took half of
+    // [`parameter_gradients`]'s time (`perf annotate` of the `c1back` probe, session 20).
+    if (b + 1) * LANES <= pool.c {
+        unpool_block::<true>(argmax, dy, pool, (n, b), dh)
+    } else {
+        unpool_block::<false>(argmax, dy, pool, (n, b), dh)
+    }
 }
 
-impl Pass<'_> {
-    /// `acc[r] += column value * dh` over the image's pixels inside windows in ascending
-    /// order, for the `R` rows whose columns read the padded image at `offsets` from each
-    /// pixel's window; dh is the window's gradient where the pixel won, 0 elsewhere (and in a
-    /// block's padded lanes, whose gradients are 0). A window's rows and columns ascend, and
-    /// with a stride of at least the window's side, windows further on start further on.
-    #[inline(always)]
-    fn accumulate<const R: usize>(&mut self, acc: &mut [[f32; LANES]; R], offsets: &[usize; R]) {
-        let (g, pool, oc) = (self.g, self.pool, self.pool.c);
-        let (out_h, out_w) = (g.out_h(), g.out_w());
-        let width = LANES.min(oc - self.block * LANES);
-        let mut sums = *acc;
-        for ph in 0..pool.out_h() {
-            for sub_h in 0..pool.k {
-                let oh = ph * pool.stride + sub_h;
-                for pw in 0..pool.out_w() {
-                    let window = ((self.n * pool.out_h() + ph) * pool.out_w() + pw) * oc;
-                    let channels = window + self.block * LANES;
-                    let winners = in_lanes(&self.argmax[channels..][..width]);
-                    let grads = in_lanes(&self.dy[channels..][..width]);
-                    for ow in pw * pool.stride..pw * pool.stride + pool.k {
-                        let p = (self.n * out_h + oh) * out_w + ow;
-                        let first = (p * oc + self.block * LANES) as u32;
-                        let mut dh = [0.0f32; LANES];
-                        for (l, ((d, &w), &grad)) in
-                            dh.iter_mut().zip(&winners).zip(&grads).enumerate()
-                        {
-                            *d = if w == first + l as u32 { grad } else { 0.0 };
-                        }
-                        let at = self.image.window(g, oh, ow);
-                        for (sum, &offset) in sums.iter_mut().zip(offsets) {
-                            // SAFETY: `at` is a window's; `offsets` are some of the image's.
-                            let v = unsafe { self.image.at_unchecked(at, offset) };
-                            *sum = std::array::from_fn(|l| sum[l] + v * dh[l]);
-                        }
-                        if let Some(bias) = self.sums.as_mut() {
-                            let lane = &mut bias.lane_of(p)[self.block * LANES..];
-                            for (s, &d) in lane.iter_mut().zip(&dh[..width]) {
-                                *s += d;
-                            }
-                        }
+/// [`unpool`] for pixels in windows; `WHOLE` when block `b` has all [`LANES`] channels.
+#[inline(always)]
+fn unpool_block<const WHOLE: bool>(
+    argmax: &[u32],
+    dy: &[f32],
+    pool: &PoolGeometry,
+    (n, b): (usize, usize),
+    dh: &mut [[f32; LANES]],
+) {
+    let (oc, out_w) = (pool.c, pool.w);
+    let width = if WHOLE { LANES } else { pool.c - b * LANES };
+    // The flat index of the image's first output element in the block: a pixel's winners
+    // are `q * oc` on from it, lane by lane.
+    let image_first = (n * pool.h * out_w * oc + b * LANES) as u32;
+    for ph in 0..pool.out_h() {
+        for oh in ph * pool.stride..ph * pool.stride + pool.k {
+            for pw in 0..pool.out_w() {
+                let window = ((n * pool.out_h() + ph) * pool.out_w() + pw) * oc + b * LANES;
+                let (winners, grads): ([u32; LANES], [f32; LANES]) = if WHOLE {
+                    let winners = &argmax[window..][..LANES];
+                    let grads = &dy[window..][..LANES];
+                    (
+                        *<&[u32; LANES]>::try_from(winners).expect("a block"),
+                        *<&[f32; LANES]>::try_from(grads).expect("a block"),
+                    )
+                } else {
+                    (
+                        in_lanes(&argmax[window..][..width]),
+                        in_lanes(&dy[window..][..width]),
+                    )
+                };
+                // Each lane's winner less its lane: the winning pixel's first index, compared
+                // with each pixel's as one broadcast value.
+                let winning: [u32; LANES] =
+                    std::array::from_fn(|l| winners[l].wrapping_sub(l as u32));
+                for ow in pw * pool.stride..pw * pool.stride + pool.k {
+                    let q = oh * out_w + ow;
+                    let first = image_first + (q * oc) as u32;
+                    for ((d, &w), &grad) in dh[q].iter_mut().zip(&winning).zip(&grads) {
+                        *d = if w == first { grad } else { 0.0 };
                     }
                 }
             }
         }
-        *acc = sums;
     }
+}
+
+/// `acc[r] += column value * dh` over the image's pixels in ascending order, for the `R` rows
+/// whose columns read the padded image at `offsets` from each pixel's window.
+#[inline(always)]
+fn accumulate<const R: usize>(
+    image: &PaddedImage,
+    g: &ConvGeometry,
+    dh: &[[f32; LANES]],
+    acc: &mut [[f32; LANES]; R],
+    offsets: &[usize; R],
+) {
+    let out_w = g.out_w();
+    if out_w == 0 {
+        return;
+    }
+    let mut sums = *acc;
+    for (oh, dh_row) in dh.chunks_exact(out_w).enumerate() {
+        let (first, step) = image.row_of_windows(g, oh);
+        for (ow, d) in dh_row.iter().enumerate() {
+            let at = first + ow * step;
+            for (sum, &offset) in sums.iter_mut().zip(offsets) {
+                // SAFETY: `at` is a window of a row `row_of_windows` checked; `offsets` are
+                // some of the image's.
+                let v = unsafe { image.at_unchecked(at, offset) };
+                *sum = std::array::from_fn(|l| sum[l] + v * d[l]);
+            }
+        }
+    }
+    *acc = sums;
 }

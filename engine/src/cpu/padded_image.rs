@@ -68,6 +68,15 @@ impl PaddedImage {
         at
     }
 
+    /// Where output row `oh`'s windows start: the first at `.0`, each next `.1` on. Panics
+    /// unless the row's last window lies wholly in the image, which makes every one of them a
+    /// window [`PaddedImage::at_unchecked`] can read.
+    #[inline(always)]
+    pub(super) fn row_of_windows(&self, g: &ConvGeometry, oh: usize) -> (usize, usize) {
+        self.window(g, oh, g.out_w().saturating_sub(1));
+        (self.window(g, oh, 0), g.stride * g.c)
+    }
+
     /// im2col's rows of the image, `[out_h * out_w, patch]`, as the left operand of a
     /// product, read where they lie: an output row of pixels is a line of rows, a window's
     /// row (`kw * c` values side by side) a segment of steps.
