@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::elementwise::zeroed_rows;
 use super::output::zeroed_par_chunks_with;
-use super::padded_image::PaddedImage;
+use super::padded_image::{PaddedBatch, PaddedImage};
 use super::strided_product::{product, Strided};
 use super::vector_unit::widest;
 use crate::kernels::conv_geometry::{window_reading, ConvGeometry};
@@ -212,22 +212,19 @@ pub fn forward(
     )
 }
 
-/// Output pixels [`weight_gradient`] builds the columns of at a time: 256 pixels of the CNN's
-/// second layer are 256 x 72 floats per thread (72 KB), in the second-level cache while the
-/// product reads them.
-const WEIGHT_GRADIENT_PIXELS: usize = 256;
-
 /// The gradient of a convolution's weight `[kh*kw*c, oc]` from its input `x [n, h, w, c]`
 /// and its output's gradient `dy [n * oh * ow, oc]`: `im2col(x)ᵀ dy` with the product's bits,
-/// without the im2col matrix in memory. Each thread takes a share of the weight's rows and
-/// walks the output pixels in spans: it builds the span's columns for its rows in cache and
-/// continues its sums over them ([`gemm::tall_continue`](super::gemm::tall_continue)), each
-/// element one sum over the pixels in ascending order, as the whole product takes it.
+/// without the im2col matrix in memory. The input is padded once, and each thread takes a
+/// share of the weight's rows and sums them over every output pixel in ascending order,
+/// reading each pixel's columns from its window in the padded input
+/// ([`gemm::tall_gathered`](super::gemm::tall_gathered)).
 ///
 /// The CNN's second layer kept 14 MB of columns from its forward pass to its backward, and the
 /// product read them back at a third of its rate on columns in cache (5.7 ms a step against
-/// 1.8 ms alone); its input is 1.6 MB. For few columns a pixel the building costs more than it
-/// saves: `kernels::conv::keeps_columns` decides.
+/// 1.8 ms alone); its input is 1.6 MB. Building 256 pixels' columns at a time in cache
+/// instead cost 1.03 ms against 0.60 for the product alone on a 2-core AVX-512 EPYC
+/// (`convparts` probe, session 20). For few columns a pixel the convolution keeps its
+/// columns instead: `kernels::conv::keeps_columns` decides.
 pub fn weight_gradient(x: &[f32], dy: &[f32], oc: usize, g: &ConvGeometry) -> Vec<f32> {
     let (pixels, patch) = (g.n * g.out_h() * g.out_w(), g.patch());
     assert!(x.len() == g.n * g.h * g.w * g.c && dy.len() == pixels * oc);
@@ -235,59 +232,17 @@ pub fn weight_gradient(x: &[f32], dy: &[f32], oc: usize, g: &ConvGeometry) -> Ve
     if dw.is_empty() {
         return dw;
     }
+    let padded = PaddedBatch::new(x, g);
+    let columns = padded.columns();
     let tasks = rayon::current_num_threads().min(patch).max(1);
     let rows_per_task = patch.div_ceil(tasks);
     dw.par_chunks_mut(rows_per_task * oc)
         .enumerate()
         .for_each(|(t, dw_rows)| {
             let rows = t * rows_per_task..t * rows_per_task + dw_rows.len() / oc;
-            let mut cols = vec![0.0f32; WEIGHT_GRADIENT_PIXELS * rows.len()];
-            for p0 in (0..pixels).step_by(WEIGHT_GRADIENT_PIXELS) {
-                let span = p0..(p0 + WEIGHT_GRADIENT_PIXELS).min(pixels);
-                let cols = &mut cols[..span.len() * rows.len()];
-                im2col_part(x, g, span.clone(), rows.clone(), cols);
-                let dy_span = &dy[span.start * oc..span.end * oc];
-                super::gemm::tall_continue(cols, dy_span, rows.len(), oc, dw_rows);
-            }
+            super::gemm::tall_gathered(&columns, dy, oc, rows, dw_rows);
         });
     dw
-}
-
-/// Columns `columns` of [`im2col`]'s rows `pixels`, into `out` (`pixels.len()` rows of
-/// `columns.len()`): the same values, padding as 0.
-fn im2col_part(
-    x: &[f32],
-    g: &ConvGeometry,
-    pixels: std::ops::Range<usize>,
-    columns: std::ops::Range<usize>,
-    out: &mut [f32],
-) {
-    let (out_h, out_w, c) = (g.out_h(), g.out_w(), g.c);
-    for (row, p) in out.chunks_exact_mut(columns.len()).zip(pixels) {
-        let (n, oh, ow) = (p / (out_h * out_w), p / out_w % out_h, p % out_w);
-        let (rows_inside, cols_inside) = (inside(oh, g, g.kh, g.h), inside(ow, g, g.kw, g.w));
-        // A window wholly inside the image copies every column; one that reads padding
-        // leaves zeros.
-        if rows_inside.len() < g.kh || cols_inside.len() < g.kw {
-            row.fill(0.0);
-        }
-        let run = cols_inside.len() * c;
-        if run == 0 {
-            continue;
-        }
-        let iw = ow * g.stride + cols_inside.start - g.pad;
-        for kh in rows_inside {
-            let ih = oh * g.stride + kh - g.pad;
-            let from = ((n * g.h + ih) * g.w + iw) * c;
-            // The window row's run is columns to..to + run of the full row.
-            let to = (kh * g.kw + cols_inside.start) * c;
-            let (low, high) = (to.max(columns.start), (to + run).min(columns.end));
-            if low < high {
-                row[low - columns.start..high - columns.start]
-                    .copy_from_slice(&x[from + low - to..from + high - to]);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -405,14 +360,27 @@ mod tests {
                 bits(&want),
                 "{g:?}, {oc} channels out"
             );
-            // Each micro-kernel, a span at a time, from zeros.
+            // Each micro-kernel, on shares of rows whose blocks lie side by side in the
+            // padded input (16 channels: window rows of 48) or cross window rows (the plain
+            // loop's), from C holding other values.
+            let padded = PaddedBatch::new(&x, &g);
+            let patch = g.patch();
             for isa in gemm::Isa::available() {
-                let cols = im2col(&x, &g);
-                let mut got = vec![0.0f32; g.patch() * oc];
-                for (a, b) in cols.chunks(100 * g.patch()).zip(dy.chunks(100 * oc)) {
-                    gemm::tall_continue_on(isa, a, b, g.patch(), oc, &mut got);
+                for split in [patch, patch / 2, 7.min(patch)] {
+                    for rows in [0..split, split..patch] {
+                        let mut got = vec![f32::NAN; rows.len() * oc];
+                        gemm::tall_gathered_on(
+                            isa,
+                            &padded.columns(),
+                            &dy,
+                            oc,
+                            rows.clone(),
+                            &mut got,
+                        );
+                        let want = &want[rows.start * oc..rows.end * oc];
+                        assert_eq!(bits(&got), bits(want), "{isa} on {g:?}, rows {rows:?}");
+                    }
                 }
-                assert_eq!(bits(&got), bits(&want), "{isa} on {g:?}");
             }
         }
     }

@@ -209,7 +209,7 @@ pub fn sums_from_winners(pool: &PoolGeometry) -> bool {
 /// pixel, each column times the winning channels' gradients and zeros for the others. The
 /// caller sums from `dh` instead when `x` holds an infinity or a NaN (times zero, a NaN
 /// there). Each task takes a share of the weight's rows and of the bias's running sums
-/// ([`ColumnSums::round`]'s residues), so every sum keeps its one order: the last task took
+/// (residues modulo the round of `ColumnSums`), so every sum keeps its one order: the last task took
 /// the whole bias until session 20, half again the others' time for the CNN's first layer.
 pub fn parameter_gradients(
     x: &[f32],

@@ -29,7 +29,7 @@ mod tall;
 
 #[cfg(target_arch = "x86_64")]
 use tall::{is_tall, tall};
-pub use tall::{tall_continue, tall_continue_on};
+pub use tall::{tall_gathered, tall_gathered_on, Gathered};
 
 /// How one term `acc + a * b` is rounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,9 @@
 //! where they lie (`cpu::conv_pool`'s loops, and `cpu::conv`'s products read it as their
 //! left operand).
 
+use rayon::prelude::*;
+
+use super::gemm::Gathered;
 use super::strided_product::Strided;
 use crate::kernels::conv_geometry::ConvGeometry;
 
@@ -51,11 +54,7 @@ impl PaddedImage {
 
     /// Holds image `n` of `x`; the padding stays 0.
     pub(super) fn load(&mut self, x: &[f32], g: &ConvGeometry, n: usize) {
-        let row = g.w * g.c;
-        for ih in 0..g.h {
-            let at = ((ih + g.pad) * self.wide + g.pad) * g.c;
-            self.values[at..][..row].copy_from_slice(&x[(n * g.h + ih) * row..][..row]);
-        }
+        load_into(&mut self.values, self.wide, x, g, n)
     }
 
     /// Where output pixel `(oh, ow)`'s window starts; panics unless the whole window, up to
@@ -88,5 +87,56 @@ impl PaddedImage {
             return a;
         }
         a.in_segments(g.kw * g.c, self.wide * g.c)
+    }
+}
+
+/// Image `n` of `x` into `values`, a padded image `wide` values a row; the padding stays as
+/// it is (0).
+fn load_into(values: &mut [f32], wide: usize, x: &[f32], g: &ConvGeometry, n: usize) {
+    let row = g.w * g.c;
+    for ih in 0..g.h {
+        let at = ((ih + g.pad) * wide + g.pad) * g.c;
+        values[at..][..row].copy_from_slice(&x[(n * g.h + ih) * row..][..row]);
+    }
+}
+
+/// Every image of a batch with its padding, one after the other, and where each output
+/// pixel's window starts in them: im2col's columns as a tall product's left operand
+/// ([`Gathered`]), for a weight gradient that reads them where they lie.
+pub(super) struct PaddedBatch {
+    values: Vec<f32>,
+    /// For each output pixel of the batch, where its window starts in `values`.
+    starts: Vec<usize>,
+    /// For each im2col column, where it lies from a window's start.
+    offsets: Vec<usize>,
+}
+
+impl PaddedBatch {
+    /// `x [n, h, w, c]` padded, an image per task.
+    pub(super) fn new(x: &[f32], g: &ConvGeometry) -> Self {
+        let image = PaddedImage::new(g);
+        let len = image.values.len();
+        let mut values = vec![0.0f32; g.n * len];
+        values
+            .par_chunks_mut(len.max(1))
+            .enumerate()
+            .for_each(|(n, v)| load_into(v, image.wide, x, g, n));
+        let mut starts = Vec::with_capacity(g.n * g.out_h() * g.out_w());
+        for n in 0..g.n {
+            for oh in 0..g.out_h() {
+                let (first, step) = image.row_of_windows(g, oh);
+                starts.extend((0..g.out_w()).map(|ow| n * len + first + ow * step));
+            }
+        }
+        PaddedBatch {
+            values,
+            starts,
+            offsets: image.offsets,
+        }
+    }
+
+    /// im2col's `[n * oh * ow, patch]` columns, read where they lie.
+    pub(super) fn columns(&self) -> Gathered<'_> {
+        Gathered::new(&self.values, &self.starts, &self.offsets)
     }
 }

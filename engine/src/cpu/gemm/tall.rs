@@ -1,7 +1,8 @@
 //! Tall products, `op(A)ᵀ B` with few rows and columns over a long `k`, as weight gradients
 //! are: both operands read in place on AVX-512, each element's sum taken a span of `k` at a
-//! time and carried in C between spans ([`tall`]), or continued by a caller that builds A a
-//! span at a time ([`tall_continue`]). The bits are [`matmul`](super::matmul)'s.
+//! time and carried in C between spans ([`tall`]), or, for a convolution's weight gradient,
+//! A's rows gathered from its padded input where they lie ([`tall_gathered`]). The bits are
+//! [`matmul`](super::matmul)'s.
 
 #[cfg(target_arch = "x86_64")]
 use std::mem::MaybeUninit;
@@ -62,8 +63,8 @@ const TALL_PREFETCH: usize = 16;
 /// A block kernel of [`tall`]: `(a, b, dims, rows, columns, (steps of k, resume), the block's
 /// rows of C)`; unsafe for the CPU features it needs.
 #[cfg(target_arch = "x86_64")]
-type TallBlock = unsafe fn(
-    &[f32],
+type TallBlock<L> = unsafe fn(
+    &L,
     &[f32],
     &MatmulDims,
     std::ops::Range<usize>,
@@ -103,7 +104,10 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f3
         for k0 in (0..k).step_by(TALL_STEPS) {
             let steps = k0..(k0 + TALL_STEPS).min(k);
             // SAFETY: `matmul_on` checked that this CPU has AVX-512F.
-            unsafe { blocks_over_span(a, b, d, t * rows_per_task, c_rows, (steps, k0 > 0), fused) };
+            unsafe {
+                let a = &Dense { a, m: d.m };
+                blocks_over_span(a, b, d, t * rows_per_task, c_rows, (steps, k0 > 0), fused)
+            };
         }
     };
     if parallel {
@@ -117,25 +121,117 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f3
 
 /// The block kernel of `R` accumulator rows for two vectors of columns or one, fused or not.
 #[cfg(target_arch = "x86_64")]
-fn block_kernel<const R: usize>(two: bool, fused: bool) -> TallBlock {
-    match (two, fused) {
-        (false, false) => x86::tall_block::<false, false, R>,
-        (false, true) => x86::tall_block::<false, true, R>,
-        (true, false) => x86::tall_block::<true, false, R>,
-        (true, true) => x86::tall_block::<true, true, R>,
+fn block_kernel<const R: usize, L: TallLeft>(two: bool, fused: bool, full: bool) -> TallBlock<L> {
+    match (two, fused, full) {
+        (false, false, false) => x86::tall_block::<false, false, R, false, L>,
+        (false, true, false) => x86::tall_block::<false, true, R, false, L>,
+        (true, false, false) => x86::tall_block::<true, false, R, false, L>,
+        (true, true, false) => x86::tall_block::<true, true, R, false, L>,
+        (false, false, true) => x86::tall_block::<false, false, R, true, L>,
+        (false, true, true) => x86::tall_block::<false, true, R, true, L>,
+        (true, false, true) => x86::tall_block::<true, false, R, true, L>,
+        (true, true, true) => x86::tall_block::<true, true, R, true, L>,
+    }
+}
+
+/// A tall product's left operand `A [k, m]`, read a block of columns at a time: for each step
+/// `p` of `k`, the block's columns lie side by side from [`TallLeft::at`].
+pub(super) trait TallLeft {
+    /// Panics unless, for every step `p < k`, columns `columns` lie side by side from
+    /// `at(p, columns.start)` within the values.
+    fn check(&self, k: usize, columns: std::ops::Range<usize>);
+
+    /// Where step `p`'s column `i` lies, for a read or a prefetch hint.
+    ///
+    /// # Safety
+    /// `p < k` and `i` in columns that passed [`TallLeft::check`] for `k`.
+    unsafe fn at(&self, p: usize, i: usize) -> *const f32;
+}
+
+/// `A [k, m]` stored row-major: a weight gradient's input, or columns built in cache.
+pub(super) struct Dense<'a> {
+    pub(super) a: &'a [f32],
+    pub(super) m: usize,
+}
+
+impl TallLeft for Dense<'_> {
+    fn check(&self, k: usize, columns: std::ops::Range<usize>) {
+        assert!(columns.end <= self.m && self.a.len() >= k * self.m);
+    }
+
+    #[inline(always)]
+    unsafe fn at(&self, p: usize, i: usize) -> *const f32 {
+        // SAFETY: the caller's `p < k`, `i < m` and `check` keep it inside `a`.
+        unsafe { self.a.as_ptr().add(p * self.m + i) }
+    }
+}
+
+/// `A [k, m]` whose step `p`'s column `i` is `values[starts[p] + offsets[i]]`: a
+/// convolution's im2col columns read from its padded input where they lie, a step an output
+/// pixel (`cpu::conv::weight_gradient`).
+pub struct Gathered<'a> {
+    values: &'a [f32],
+    starts: &'a [usize],
+    offsets: &'a [usize],
+    /// One past the largest of `starts`' values.
+    reach: usize,
+}
+
+impl<'a> Gathered<'a> {
+    /// Step `p`'s column `i` at `values[starts[p] + offsets[i]]`.
+    pub fn new(values: &'a [f32], starts: &'a [usize], offsets: &'a [usize]) -> Self {
+        let reach = starts.iter().max().map_or(0, |&s| s + 1);
+        Gathered {
+            values,
+            starts,
+            offsets,
+            reach,
+        }
+    }
+
+    /// Whether columns `columns` lie side by side at every step: a block of them can be read
+    /// as [`Dense`]'s are.
+    fn side_by_side(&self, columns: std::ops::Range<usize>) -> bool {
+        let first = self.offsets[columns.start];
+        self.offsets[columns]
+            .iter()
+            .enumerate()
+            .all(|(j, &o)| o == first + j)
+    }
+}
+
+impl TallLeft for Gathered<'_> {
+    fn check(&self, k: usize, columns: std::ops::Range<usize>) {
+        assert!(
+            k <= self.starts.len() && !columns.is_empty() && self.side_by_side(columns.clone())
+        );
+        let last = self.offsets[columns.end - 1];
+        assert!(self.reach.saturating_add(last) <= self.values.len());
+    }
+
+    #[inline(always)]
+    unsafe fn at(&self, p: usize, i: usize) -> *const f32 {
+        // SAFETY: the caller's `p < k <= starts.len()` and checked `i`; `check` bounded
+        // every start plus the block's offsets by the values' length.
+        unsafe {
+            let start = *self.starts.get_unchecked(p);
+            self.values
+                .as_ptr()
+                .add(start + *self.offsets.get_unchecked(i))
+        }
     }
 }
 
 /// Every block of [`TALL_ROWS`] rows and [`TALL_COLUMNS`] columns of `c_rows` (rows
 /// `first_row..` of the product `d`'s C) over the steps `span.0` of `k`, from the sums C holds
-/// when `span.1` and from 0 otherwise: what [`tall`]'s tasks run for each span, and
-/// [`tall_continue`] for all of its `k`.
+/// when `span.1` and from 0 otherwise: what [`tall`]'s and [`tall_gathered`]'s tasks run for
+/// each span.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
-unsafe fn blocks_over_span(
-    a: &[f32],
+unsafe fn blocks_over_span<L: TallLeft>(
+    a: &L,
     b: &[f32],
     d: &MatmulDims,
     first_row: usize,
@@ -152,9 +248,9 @@ unsafe fn blocks_over_span(
             let columns = j0..(j0 + TALL_COLUMNS).min(n);
             let two = columns.len() > 16;
             let kernel = if rows <= TALL_SHORT_ROWS {
-                block_kernel::<TALL_SHORT_ROWS>(two, fused)
+                block_kernel::<TALL_SHORT_ROWS, L>(two, fused, rows == TALL_SHORT_ROWS)
             } else {
-                block_kernel::<TALL_ROWS>(two, fused)
+                block_kernel::<TALL_ROWS, L>(two, fused, rows == TALL_ROWS)
             };
             // SAFETY: the caller guarantees AVX-512F.
             unsafe { kernel(a, b, d, i0..i0 + rows, columns, span.clone(), c_block) };
@@ -162,38 +258,64 @@ unsafe fn blocks_over_span(
     }
 }
 
-/// `C += Aᵀ B` for `A [k, m]` and `B [k, n]`, both stored with `k` outermost (a tall
-/// product's operands: a weight gradient's), on one thread: each element of C takes its terms in
-/// ascending `k`, continuing the sum C holds. A product taken a span of `k` at a time this
-/// way has the bits of the whole (an f32 stored and loaded is the same f32; from zeros, of
-/// [`matmul`](super::matmul)), so a caller can build A a span at a time in cache instead of
-/// all of it in memory (`cpu::conv::weight_gradient`). `k` is `a.len() / m`.
-pub fn tall_continue(a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
-    tall_continue_on(Isa::detect(), a, b, m, n, c)
+/// `C = Aᵀ B` for columns `rows` of a [`Gathered`] `A [k, m]` and `B [k, n]` (`k` is
+/// `b.len() / n`), into `c` (`rows.len()` rows of `n`), on one thread: each element one sum
+/// from 0 over ascending `k`, [`matmul`](super::matmul)'s bits for the product of the dense
+/// `A`. The AVX-512 block kernel reads `A` where it lies when each block of rows lies side by
+/// side at every step (a convolution's window rows of `kw * c` columns, blocks of
+/// `TALL_ROWS` that do not cross them); elsewhere a plain loop with the same terms.
+pub fn tall_gathered(
+    a: &Gathered,
+    b: &[f32],
+    n: usize,
+    rows: std::ops::Range<usize>,
+    c: &mut [f32],
+) {
+    tall_gathered_on(Isa::detect(), a, b, n, rows, c)
 }
 
-/// [`tall_continue`] on a given micro-kernel (for the tests; panics on one this CPU lacks).
-/// The tall block kernel where there is AVX-512, elsewhere a plain loop with the same terms.
-pub fn tall_continue_on(isa: Isa, a: &[f32], b: &[f32], m: usize, n: usize, c: &mut [f32]) {
+/// [`tall_gathered`] on a given micro-kernel (for the tests; panics on one this CPU lacks).
+pub fn tall_gathered_on(
+    isa: Isa,
+    a: &Gathered,
+    b: &[f32],
+    n: usize,
+    rows: std::ops::Range<usize>,
+    c: &mut [f32],
+) {
     assert!(
         Isa::available().contains(&isa),
         "this CPU cannot run the {isa} micro-kernel"
     );
-    let k = a.len().checked_div(m).unwrap_or(0);
-    assert!(a.len() == k * m && b.len() == k * n && c.len() == m * n);
-    if k == 0 || n == 0 {
+    let m = a.offsets.len();
+    let k = b.len().checked_div(n).unwrap_or(0);
+    assert!(b.len() == k * n && rows.end <= m && c.len() == rows.len() * n);
+    assert!(k <= a.starts.len());
+    c.fill(0.0);
+    if k == 0 || n == 0 || rows.is_empty() {
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        let (d, _) = MatmulDims::infer(&[k, m], &[k, n], true, false)
-            .expect("a tall product's operands, [k, m] and [k, n]");
-        // SAFETY: Isa::available() said this CPU has AVX-512F.
-        unsafe { blocks_over_span(a, b, &d, 0, c, (0..k, true), false) };
-        return;
+        // The blocks `blocks_over_span` takes, from the first row in steps of TALL_ROWS.
+        let blocks = (rows.start..rows.end).step_by(TALL_ROWS);
+        if blocks
+            .clone()
+            .all(|i0| a.side_by_side(i0..(i0 + TALL_ROWS).min(rows.end)))
+        {
+            let (d, _) = MatmulDims::infer(&[k, m], &[k, n], true, false)
+                .expect("a tall product's operands, [k, m] and [k, n]");
+            for k0 in (0..k).step_by(TALL_STEPS) {
+                let steps = k0..(k0 + TALL_STEPS).min(k);
+                // SAFETY: Isa::available() said this CPU has AVX-512F.
+                unsafe { blocks_over_span(a, b, &d, rows.start, c, (steps, k0 > 0), false) };
+            }
+            return;
+        }
     }
-    for (a_row, b_row) in a.chunks_exact(m).zip(b.chunks_exact(n)) {
-        for (&a_pi, c_row) in a_row.iter().zip(c.chunks_exact_mut(n)) {
+    for (p, b_row) in b.chunks_exact(n).enumerate() {
+        for (i, c_row) in rows.clone().zip(c.chunks_exact_mut(n)) {
+            let a_pi = a.values[a.starts[p] + a.offsets[i]];
             for (c_ij, &b_pj) in c_row.iter_mut().zip(b_row) {
                 *c_ij += a_pi * b_pj;
             }
@@ -216,8 +338,14 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tall_block<const TWO: bool, const FUSED: bool, const R: usize>(
-        a: &[f32],
+    pub(super) unsafe fn tall_block<
+        const TWO: bool,
+        const FUSED: bool,
+        const R: usize,
+        const FULL: bool,
+        L: super::TallLeft,
+    >(
+        a: &L,
         b: &[f32],
         d: &super::MatmulDims,
         block_rows: std::ops::Range<usize>,
@@ -231,9 +359,10 @@ mod x86 {
         let (steps, resume) = span;
         let (j0, width) = (columns.start, columns.len());
         const { assert!(R <= TALL_ROWS) };
-        assert!((1..=R).contains(&rows) && i0 + rows <= m);
+        assert!((1..=R).contains(&rows) && i0 + rows <= m && (!FULL || rows == R));
         assert!((1..=TALL_COLUMNS).contains(&width) && columns.end <= n);
-        assert!(steps.end <= k && a.len() >= k * m && b.len() >= k * n);
+        assert!(steps.end <= k && b.len() >= k * n);
+        a.check(k, block_rows.clone());
         assert!(c_rows.len() >= rows * n);
         let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
         let (mask0, mask1) = (lanes(width), lanes(width.saturating_sub(16)));
@@ -261,7 +390,8 @@ mod x86 {
                 if TWO {
                     _mm_prefetch::<_MM_HINT_T0>(b_ahead.wrapping_add(64));
                 }
-                _mm_prefetch::<_MM_HINT_T0>(a.as_ptr().wrapping_add(ahead * m + i0).cast::<i8>());
+                // SAFETY: ahead < k, and row i0 passed `check`.
+                _mm_prefetch::<_MM_HINT_T0>(unsafe { a.at(ahead, i0) }.cast::<i8>());
             }
             // SAFETY: row p of B holds n floats from p * n < k * n, the columns from j0
             // width of them; lanes past them are masked off (a masked load does not touch
@@ -275,10 +405,14 @@ mod x86 {
                 };
                 (_mm512_maskz_loadu_ps(mask0, row), b1)
             };
-            let a_row = p * m + i0;
+            // SAFETY: p < k, and the block's rows passed `check` above.
+            let a_row = unsafe { a.at(p, i0) };
             for (i, acc_i) in acc.iter_mut().enumerate() {
-                // SAFETY: a_row + rows - 1 < p * m + m <= k * m, asserted above.
-                let av = _mm512_set1_ps(unsafe { *a.get_unchecked(a_row + i.min(rows - 1)) });
+                // SAFETY: p < k, and the block's rows passed `check` above.
+                // A full block's rows at offsets known when compiling: with the clamp to the
+                // last row, each broadcast took its offset from the stack.
+                let row = if FULL { i } else { i.min(rows - 1) };
+                let av = _mm512_set1_ps(unsafe { *a_row.add(row) });
                 if FUSED {
                     acc_i[0] = _mm512_fmadd_ps(av, b0, acc_i[0]);
                     if TWO {
