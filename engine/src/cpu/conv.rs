@@ -66,28 +66,40 @@ pub fn col2im(cols: &[f32], g: &ConvGeometry) -> Vec<f32> {
     )
 }
 
-/// For each input coordinate along an axis and each offset in the window, the output
-/// coordinate whose window reads it there, if any ([`window_reading`]): looked up, where
-/// col2im divided by the stride twelve times a pixel (3 x 3 windows).
+/// For each input row and column, where the columns that read it lie in an image's columns
+/// (`[oh, ow, kh*kw*c]`), from the windows that read it ([`window_reading`]): a term's
+/// columns start at a row's offset plus a column's, and the terms go in (kh, kw) order,
+/// rows outermost. Looked up, where col2im divided by the stride twelve times a pixel (3 x 3
+/// windows), and then built each term's place from two options a term (a third of the
+/// CNN's input gradient, `ig` probe, session 20).
 struct Readers {
-    /// `[h, kh]`: the output row reading input row `ih` at window row `kh`.
-    rows: Vec<Option<usize>>,
-    /// `[w, kw]`: the output column reading input column `iw` at window column `kw`.
-    columns: Vec<Option<usize>>,
+    /// `[h]`: for input row `ih`, `oh * out_w * patch + kh * kw * c` for each window row
+    /// `kh` whose output row `oh` reads it, in `kh` order.
+    rows: Vec<Vec<usize>>,
+    /// `[w]`: for input column `iw`, `ow * patch + kw * c` likewise.
+    columns: Vec<Vec<usize>>,
 }
 
 impl Readers {
     fn new(g: &ConvGeometry) -> Self {
-        let table = |size: usize, len: usize, windows: usize| {
-            (0..size)
-                .flat_map(|i| {
-                    (0..len).map(move |k| window_reading(i + g.pad, k, g.stride, windows))
-                })
-                .collect()
-        };
+        let (out_w, patch) = (g.out_w(), g.patch());
+        let terms =
+            |size: usize, len: usize, windows: usize, place: &dyn Fn(usize, usize) -> usize| {
+                (0..size)
+                    .map(|i| {
+                        (0..len)
+                            .filter_map(|k| {
+                                Some(place(window_reading(i + g.pad, k, g.stride, windows)?, k))
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
         Readers {
-            rows: table(g.h, g.kh, g.out_h()),
-            columns: table(g.w, g.kw, g.out_w()),
+            rows: terms(g.h, g.kh, g.out_h(), &|oh, kh| {
+                oh * out_w * patch + kh * g.kw * g.c
+            }),
+            columns: terms(g.w, g.kw, out_w, &|ow, kw| ow * patch + kw * g.c),
         }
     }
 }
@@ -102,36 +114,34 @@ const CHANNELS: usize = 16;
 /// one before (a quarter of a CNN input gradient's time, `perf annotate`, session 17).
 #[inline(always)]
 fn col2im_row(cols: &[f32], g: &ConvGeometry, readers: &Readers, ih: usize, row: &mut [f32]) {
-    let (out_w, c, patch) = (g.out_w(), g.c, g.patch());
-    let reading_rows = &readers.rows[ih * g.kh..][..g.kh];
+    let c = g.c;
+    let reading_rows = &readers.rows[ih];
     for (iw, pixel) in row.chunks_exact_mut(c).enumerate() {
-        let reading_columns = &readers.columns[iw * g.kw..][..g.kw];
-        // Where each term's channels start, in (kh, kw) order.
-        let terms = reading_rows.iter().enumerate().flat_map(|(kh, oh)| {
-            reading_columns
-                .iter()
-                .enumerate()
-                .filter_map(move |(kw, ow)| {
-                    Some(((*oh)? * out_w + (*ow)?) * patch + (kh * g.kw + kw) * c)
-                })
-        });
+        let reading_columns = &readers.columns[iw];
         for c0 in (0..c).step_by(CHANNELS) {
+            let terms = reading_rows
+                .iter()
+                .flat_map(|&r| reading_columns.iter().map(move |&col| r + col + c0));
             let lanes = CHANNELS.min(c - c0);
             let mut acc = [0.0f32; CHANNELS];
+            // A whole block's loads and store as fixed-size arrays: with the width known only
+            // at run time, a loop of single lanes and a `memcpy` call a pixel.
             if lanes == CHANNELS {
-                for at in terms.clone() {
-                    let v: &[f32; CHANNELS] =
-                        cols[at + c0..][..CHANNELS].try_into().expect("a block");
+                for at in terms {
+                    let v: &[f32; CHANNELS] = cols[at..][..CHANNELS].try_into().expect("a block");
                     acc = std::array::from_fn(|l| acc[l] + v[l]);
                 }
+                let out: &mut [f32; CHANNELS] =
+                    (&mut pixel[c0..c0 + CHANNELS]).try_into().expect("a block");
+                *out = acc;
             } else {
-                for at in terms.clone() {
-                    for (a, &v) in acc.iter_mut().zip(&cols[at + c0..][..lanes]) {
+                for at in terms {
+                    for (a, &v) in acc.iter_mut().zip(&cols[at..][..lanes]) {
                         *a += v;
                     }
                 }
+                pixel[c0..c0 + lanes].copy_from_slice(&acc[..lanes]);
             }
-            pixel[c0..c0 + lanes].copy_from_slice(&acc[..lanes]);
         }
     }
 }
