@@ -106,23 +106,26 @@ unsafe fn by_rows(
         .par_chunks_mut(rows_per_task * cols)
         .zip(stats.par_chunks_mut(2 * rows_per_task))
         .enumerate()
-        .for_each(|(t, (y, stats))| {
-            // The squared deviations' room, in cache for the rows' second sums.
-            let mut scratch = vec![0.0; SIDE_BY_SIDE * cols];
-            let x = &x[t * rows_per_task * cols..][..y.len()];
-            widest(
-                #[inline(always)]
-                || {
-                    let groups = x.chunks(SIDE_BY_SIDE * cols);
-                    let outs = y.chunks_mut(SIDE_BY_SIDE * cols);
-                    for ((rows, out), stats) in
-                        groups.zip(outs).zip(stats.chunks_mut(2 * SIDE_BY_SIDE))
-                    {
-                        group(rows, &mut scratch, out, stats);
-                    }
-                },
-            )
-        });
+        .for_each_init(
+            // The squared deviations' room, in cache for the rows' second sums: a group's,
+            // made once a worker's run of tasks (see `input_gradient`).
+            || vec![0.0; SIDE_BY_SIDE.min(rows_per_task) * cols],
+            |scratch, (t, (y, stats))| {
+                let x = &x[t * rows_per_task * cols..][..y.len()];
+                widest(
+                    #[inline(always)]
+                    || {
+                        let groups = x.chunks(SIDE_BY_SIDE * cols);
+                        let outs = y.chunks_mut(SIDE_BY_SIDE * cols);
+                        for ((rows, out), stats) in
+                            groups.zip(outs).zip(stats.chunks_mut(2 * SIDE_BY_SIDE))
+                        {
+                            group(rows, scratch, out, stats);
+                        }
+                    },
+                )
+            },
+        );
     // SAFETY: the chunks of `y` cover it, whole rows each (asserted), and the caller's
     // `group` wrote every slot of each.
     (unsafe { y.assume_init() }, stats)
@@ -221,23 +224,29 @@ fn input_gradient(
     assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
     let rows_per_task = (CHUNK / cols).max(1);
     let mut dx = Unwritten::new(x.len());
+    // g = dy * gamma, then g * xhat, for the rows' two sums: room for a group, made once a
+    // worker's run of tasks. Made for 16 rows in every task, the image norm's rows of 6272
+    // values (two to a task) cost 51 MB of zeros a CNN step, a quarter of its backward pass
+    // (`np` probe, session 20).
+    let group_rows = SIDE_BY_SIDE.min(rows_per_task);
     dx.slots()
         .par_chunks_mut(rows_per_task * cols)
         .enumerate()
-        .for_each(|(t, dx)| {
-            // g = dy * gamma, then g * xhat, for the rows' two sums.
-            let mut scratch = GroupGradientScratch::new(cols);
-            widest(
-                #[inline(always)]
-                || {
-                    for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
-                        let first = t * rows_per_task + k * SIDE_BY_SIDE;
-                        let group = first..first + out.len() / cols;
-                        group_input_gradient(x, stats, group, &gamma_times, &mut scratch, out);
-                    }
-                },
-            );
-        });
+        .for_each_init(
+            || GroupGradientScratch::new(group_rows, cols),
+            |scratch, (t, dx)| {
+                widest(
+                    #[inline(always)]
+                    || {
+                        for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
+                            let first = t * rows_per_task + k * SIDE_BY_SIDE;
+                            let group = first..first + out.len() / cols;
+                            group_input_gradient(x, stats, group, &gamma_times, scratch, out);
+                        }
+                    },
+                );
+            },
+        );
     // SAFETY: the chunks cover `dx`, whole rows each (asserted), and `group_input_gradient`
     // wrote every slot of every row.
     unsafe { dx.assume_init() }
@@ -252,11 +261,11 @@ struct GroupGradientScratch {
 }
 
 impl GroupGradientScratch {
-    /// Room for 16 rows of `cols` values.
-    fn new(cols: usize) -> Self {
+    /// Room for `rows` rows (at most 16) of `cols` values.
+    fn new(rows: usize, cols: usize) -> Self {
         GroupGradientScratch {
-            g: vec![0.0; SIDE_BY_SIDE * cols],
-            gx: vec![0.0; SIDE_BY_SIDE * cols],
+            g: vec![0.0; rows * cols],
+            gx: vec![0.0; rows * cols],
         }
     }
 }
