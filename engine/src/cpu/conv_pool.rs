@@ -124,11 +124,15 @@ fn convolve_block<const WHOLE: bool>(
 ) {
     let out_w = g.out_w();
     for (oh, row) in out.chunks_exact_mut(out_w * oc).enumerate() {
-        // Four pixels at a time, whose sums are independent chains of additions.
+        // Eight pixels at a time, whose sums are independent chains of additions, then four.
         let mut ow = 0;
         for group in row.chunks_exact_mut(PIXELS * oc) {
             convolve_pixels::<PIXELS, WHOLE>(image, block, bias, g, (oh, ow), b, oc, group);
             ow += PIXELS;
+        }
+        for group in row[ow * oc..].chunks_exact_mut(PIXELS / 2 * oc) {
+            convolve_pixels::<{ PIXELS / 2 }, WHOLE>(image, block, bias, g, (oh, ow), b, oc, group);
+            ow += PIXELS / 2;
         }
         for y in row[ow * oc..].chunks_exact_mut(oc) {
             convolve_pixels::<1, WHOLE>(image, block, bias, g, (oh, ow), b, oc, y);
@@ -138,7 +142,7 @@ fn convolve_block<const WHOLE: bool>(
 }
 
 /// Output pixels whose sums [`convolve_image`] takes side by side.
-const PIXELS: usize = 4;
+const PIXELS: usize = 8;
 
 /// Block `b`'s channels of `P` neighbouring output pixels from `(oh, ow)` on, into `out`
 /// (`P * oc` floats); `WHOLE` as for [`convolve_block`].
