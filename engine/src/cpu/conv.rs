@@ -151,9 +151,15 @@ fn col2im_row(cols: &[f32], g: &ConvGeometry, readers: &Readers, ih: usize, row:
 /// values and sums of the two steps, one image at a time, so that an image's columns (the
 /// CNN's second layer: 196 x 144 floats) stay in cache between the product and col2im
 /// instead of going through memory for the whole batch.
+///
+/// A convolution of stride 1 with a finite weight takes one pass over its padded output
+/// gradient instead, with the same bits (`cpu::transposed_conv`).
 pub fn input_gradient(dy: &[f32], weight: &[f32], oc: usize, g: &ConvGeometry) -> Vec<f32> {
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(dy.len() == g.n * pixels * oc && weight.len() == patch * oc);
+    if super::transposed_conv::applies(g, weight) {
+        return super::transposed_conv::input_gradient(dy, weight, oc, g);
+    }
     // weightᵀ, [oc, patch]: the product's right operand, rows of `patch` columns.
     let mut weight_t = vec![0.0f32; oc * patch];
     for (col, w_row) in weight.chunks_exact(oc).enumerate() {

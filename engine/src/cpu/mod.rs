@@ -15,4 +15,5 @@ mod padded_image;
 pub mod pool;
 pub mod rows;
 pub mod strided_product;
+pub mod transposed_conv;
 pub mod vector_unit;
