@@ -148,7 +148,8 @@ pub(super) trait TallLeft {
     unsafe fn at(&self, p: usize, i: usize) -> *const f32;
 }
 
-/// `A [k, m]` stored row-major: a weight gradient's input, or columns built in cache.
+/// `A [k, m]` stored row-major, as [`tall`]'s operands are: a layer's input, for its weight
+/// gradient.
 pub(super) struct Dense<'a> {
     pub(super) a: &'a [f32],
     pub(super) m: usize,
