@@ -141,7 +141,8 @@ fn convolve_block<const WHOLE: bool>(
     }
 }
 
-/// Output pixels whose sums [`convolve_image`] takes side by side.
+/// Output pixels whose sums [`convolve_image`] takes side by side: the CNN's first layer took
+/// 0.36 ms with eight against 0.375 with four (`c1f` probe, session 20).
 const PIXELS: usize = 8;
 
 /// Block `b`'s channels of `P` neighbouring output pixels from `(oh, ow)` on, into `out`

