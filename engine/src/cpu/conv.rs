@@ -203,6 +203,9 @@ pub fn forward(
     oc: usize,
     g: &ConvGeometry,
 ) -> Vec<f32> {
+    if super::planar_conv::applies(g) {
+        return super::planar_conv::forward(x, weight, bias, oc, g);
+    }
     let (pixels, patch) = (g.out_h() * g.out_w(), g.patch());
     assert!(x.len() == g.n * g.h * g.w * g.c && weight.len() == patch * oc);
     assert!(bias.is_none_or(|b| b.len() == oc));
@@ -314,6 +317,8 @@ mod tests {
             (1, 6, 7, 5, 5, 2, 3, 2, 40),
             (1, 1, 1, 1, 1, 1, 1, 0, 1),
             (4, 9, 8, 3, 2, 2, 2, 0, 17),
+            // Stride 1 with three blocks of outputs, the last partial, and rows of 13 pixels.
+            (2, 7, 13, 5, 3, 3, 1, 1, 40),
         ]
         .into_iter()
         .map(|(n, h, w, c, kh, kw, stride, pad, oc)| {

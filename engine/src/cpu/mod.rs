@@ -12,6 +12,7 @@ pub mod layernorm;
 pub mod norm_pool;
 pub mod output;
 mod padded_image;
+pub mod planar_conv;
 pub mod pool;
 pub mod rows;
 pub mod strided_product;
