@@ -30,6 +30,7 @@
 //! infinite: a non-finite value or an overflow in a batch entry, which `finite` and `tame`
 //! look for first; such an entry takes every term, as the composition does (test).
 
+use super::elementwise::{finite, largest_bits};
 use super::output::{zeroed_par_chunk_pairs, zeroed_par_chunk_triples, zeroed_par_chunks_with};
 use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
@@ -97,23 +98,6 @@ const SCORE_ROWS: usize = 8;
 /// 4 lanes and 1 lane at a time) cost causal rows of every length more than their vectors.
 fn causal_span(len: usize, time: usize) -> usize {
     len.next_multiple_of(16).min(time)
-}
-
-/// The largest magnitude in `values` as f32 bits without the sign: below `f32::INFINITY`'s
-/// bits when every value is finite, and then the largest finite magnitude's. An integer
-/// maximum, so that the loop runs whole vectors (a loop that stops at the first non-finite
-/// value runs one value a step).
-#[inline(always)]
-fn largest_bits(values: &[f32]) -> u32 {
-    values
-        .iter()
-        .fold(0, |m, x| m.max(x.to_bits() & 0x7fff_ffff))
-}
-
-/// Every value finite: a masked term `±0 * x` is then ±0.
-#[inline(always)]
-fn finite(values: &[f32]) -> bool {
-    largest_bits(values) < f32::INFINITY.to_bits()
 }
 
 /// For the backward pass through a batch entry's values: `dy` and `v` finite, and every

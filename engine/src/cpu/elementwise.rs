@@ -9,6 +9,34 @@ use rayon::prelude::*;
 use super::output::{zeroed, Unwritten};
 use super::vector_unit::widest;
 
+/// The largest magnitude in `values` as f32 bits without the sign: below `f32::INFINITY`'s
+/// bits when every value is finite, and then the largest finite magnitude's. An integer
+/// maximum, so that the loop runs whole vectors (a loop that stops at the first non-finite
+/// value runs one value a step).
+#[inline(always)]
+pub(crate) fn largest_bits(values: &[f32]) -> u32 {
+    values
+        .iter()
+        .fold(0, |m, x| m.max(x.to_bits() & 0x7fff_ffff))
+}
+
+/// Every value finite: a masked term `±0 * x` is then ±0.
+#[inline(always)]
+pub(crate) fn finite(values: &[f32]) -> bool {
+    largest_bits(values) < f32::INFINITY.to_bits()
+}
+
+/// Whether every value is finite, on the widest vector unit: the check before a kernel that
+/// leaves out terms a non-finite value would make NaN. `iter().all(f32::is_finite)` stops
+/// at the first non-finite value and so runs one value a step: 24 µs for the CNN's first
+/// layer's input (100,352 values) on a 2-core AVX-512 EPYC (session 21).
+pub fn all_finite(values: &[f32]) -> bool {
+    widest(
+        #[inline(always)]
+        || finite(values),
+    )
+}
+
 /// Elements per rayon task: below this, handing work to another thread costs more than it
 /// saves.
 pub const CHUNK: usize = 1 << 14;

@@ -123,7 +123,7 @@ pub fn backward(
         );
     }
     let x_values = x.cpu_f32().filter(|_| !wanted.x && sums_from_winners(pool));
-    if let Some(x_values) = x_values.filter(|x| x.iter().all(|v| v.is_finite())) {
+    if let Some(x_values) = x_values.filter(|x| crate::cpu::elementwise::all_finite(x)) {
         let (dw, db) = parameter_gradients(
             x_values,
             saved.argmax.cpu_u32().expect("cpu"),
