@@ -299,8 +299,9 @@ fn parameter_gradients_in(
 /// index modulo [`ColumnSums::round`] lies in `bias`, if given: for each image and
 /// block of channels, the convolution's output gradient for the block is built in scratch
 /// from the winners ([`unpool`]), then each group of at most [`ROWS`] rows takes one pass
-/// over the image's pixels in ascending order, the group's sums in registers. Always
-/// inlined, to run on the caller's vector unit.
+/// over the image's pixels in ascending order, the group's sums in registers; `in_pairs`,
+/// each group takes a term per window row instead (`pairs::accumulate`), the first group the
+/// bias's sums too, and nothing is built. Always inlined, to run on the caller's vector unit.
 ///
 /// Built as it was read, each pixel's gradient cost its comparisons, its selection and its
 /// window's address for every group of rows on every thread, and the loop kept its sums on
@@ -332,28 +333,23 @@ fn share(
     for n in 0..g.n {
         image.load(x, g, n);
         for b in 0..blocks {
+            let acc = &mut acc[b * rows.len()..][..rows.len()];
+            let groups = acc.chunks_mut(ROWS).zip(offsets.chunks(ROWS));
             if in_pairs {
-                let acc = &mut acc[b * rows.len()..][..rows.len()];
-                for (i, (group, offsets)) in
-                    acc.chunks_mut(ROWS).zip(offsets.chunks(ROWS)).enumerate()
-                {
-                    // The first group's pass sums the bias too.
-                    let bias = sums.as_mut().filter(|_| i == 0).map(|(s, r)| (s, &*r));
-                    // The group's size as a constant, so that its sums stay in registers.
-                    macro_rules! rows {
-                        ($($r:literal)*) => {
-                            match group.len() {
-                                $($r => pairs::accumulate::<$r>(
-                                    &image, g, pool, argmax, dy, (n, b),
-                                    group.try_into().expect("the group's rows"),
-                                    offsets.try_into().expect("the group's offsets"),
-                                    bias,
-                                ),)*
-                                _ => unreachable!("groups of 1 to ROWS rows"),
-                            }
-                        };
-                    }
-                    rows!(1 2 3 4 5 6 7 8);
+                // The first group's pass sums the bias too.
+                let mut bias = sums.as_mut().map(|(sums, residues)| (sums, &*residues));
+                for (group, offsets) in groups {
+                    with_group_size!(group.len(), R => pairs::accumulate::<R>(
+                        &image,
+                        g,
+                        pool,
+                        argmax,
+                        dy,
+                        (n, b),
+                        group.try_into().expect("the group's rows"),
+                        offsets.try_into().expect("the group's offsets"),
+                        bias.take(),
+                    ));
                 }
                 continue;
             }
@@ -379,24 +375,14 @@ fn share(
                     }
                 }
             }
-            let acc = &mut acc[b * rows.len()..][..rows.len()];
-            for (group, offsets) in acc.chunks_mut(ROWS).zip(offsets.chunks(ROWS)) {
-                // The group's size as a constant, so that its sums stay in registers.
-                macro_rules! rows {
-                    ($($r:literal)*) => {
-                        match group.len() {
-                            $($r => accumulate::<$r>(
-                                &image,
-                                g,
-                                &dh,
-                                group.try_into().expect("the group's rows"),
-                                offsets.try_into().expect("the group's offsets"),
-                            ),)*
-                            _ => unreachable!("groups of 1 to ROWS rows"),
-                        }
-                    };
-                }
-                rows!(1 2 3 4 5 6 7 8);
+            for (group, offsets) in groups {
+                with_group_size!(group.len(), R => accumulate::<R>(
+                    &image,
+                    g,
+                    &dh,
+                    group.try_into().expect("the group's rows"),
+                    offsets.try_into().expect("the group's offsets"),
+                ));
             }
         }
     }
@@ -413,6 +399,24 @@ fn share(
 /// Weight rows whose sums [`share`] keeps in registers at once (with AVX-512's 32 vector
 /// registers, 8 sums leave room for the pixel's values).
 const ROWS: usize = 8;
+
+/// `$body` with `$r` a constant, the size `$len` of a group of 1 to [`ROWS`] weight rows: as
+/// a constant, the group's sums stay in registers.
+macro_rules! with_group_size {
+    ($len:expr, $r:ident => $body:expr) => {
+        with_group_size!(@sizes $len, $r, $body, 1 2 3 4 5 6 7 8)
+    };
+    (@sizes $len:expr, $r:ident, $body:expr, $($size:literal)*) => {
+        match $len {
+            $($size => {
+                const $r: usize = $size;
+                $body
+            })*
+            _ => unreachable!("groups of 1 to ROWS rows"),
+        }
+    };
+}
+use with_group_size;
 
 /// Image `n`'s gradient of the convolution's output for channel block `b`, `dh` (one lane
 /// array per output pixel): the window's gradient where the pixel won, 0 elsewhere. Pixels in

@@ -85,9 +85,9 @@ pub fn forward(
     assert!(bias.is_none_or(|b| b.len() == oc));
     let pixels = out_h * out_w;
     // The bias in whole vectors, a last partial block padded with 0.
-    let mut lanes = vec![0.0f32; oc.div_ceil(LANES) * LANES];
+    let mut padded_bias = vec![0.0f32; oc.div_ceil(LANES) * LANES];
     if let Some(bias) = bias {
-        lanes[..oc].copy_from_slice(bias);
+        padded_bias[..oc].copy_from_slice(bias);
     }
     zeroed_par_chunks_with(
         g.n * pixels * oc,
@@ -101,7 +101,7 @@ pub fn forward(
             let kernel = Kernel {
                 planar,
                 weight,
-                bias: bias.map(|_| lanes.as_slice()),
+                bias: bias.map(|_| padded_bias.as_slice()),
                 oc,
                 g,
             };
@@ -190,6 +190,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Kernel, LANES};
+    use crate::cpu::vector_unit::first_lanes;
 
     /// [`Kernel::block`]: each output's sum from 0 over the window's columns in im2col's
     /// order, a separately rounded multiply and add a term, then the bias.
@@ -207,10 +208,7 @@ mod x86 {
     ) {
         let (g, oc, wide) = (kernel.g, kernel.oc, kernel.planar.wide);
         // The lanes of each block that hold output channels.
-        let masks: [__mmask16; B] = std::array::from_fn(|i| {
-            let width = LANES.min(oc - (b + i) * LANES);
-            ((1u32 << width) - 1) as __mmask16
-        });
+        let masks: [__mmask16; B] = std::array::from_fn(|i| first_lanes(oc - (b + i) * LANES));
         let values = kernel.planar.values.as_ptr();
         let weights = kernel.weight.as_ptr().add(b * LANES);
         let mut acc = [[_mm512_setzero_ps(); B]; P];

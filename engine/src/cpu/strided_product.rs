@@ -284,6 +284,8 @@ fn portable(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::cpu::vector_unit::first_lanes;
+
     use std::ops::Range;
 
     use super::{Band, Strided, BLOCK_LANES, BLOCK_ROWS, WIDE_MIN_STEPS, WIDE_ROWS};
@@ -376,8 +378,10 @@ mod x86 {
     ) {
         let live = rows.len();
         let starts: [usize; R] = std::array::from_fn(|i| a.at(rows.start + i.min(live - 1), 0));
-        let mask = |count: usize| ((1u32 << count.min(BLOCK_LANES)) - 1) as __mmask16;
-        let (mask0, mask1) = (mask(lanes), mask(lanes.saturating_sub(BLOCK_LANES)));
+        let (mask0, mask1) = (
+            first_lanes(lanes),
+            first_lanes(lanes.saturating_sub(BLOCK_LANES)),
+        );
         // The sums continued over `steps`, row `i`'s term `s` at `a.values[starts[i] + s *
         // a.step]`: a closure, compiled for this function's vector unit and inlined.
         let steps_of = |mut acc: [[__m512; 2]; R], starts: &[usize; R], steps: Range<usize>| {

@@ -139,6 +139,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Image, LANES};
+    use crate::cpu::vector_unit::first_lanes;
 
     /// [`Image::pixels`]: each offset's sums over the output channels in registers from 0,
     /// a separately rounded multiply and add a term, then added to the pixel's sums.
@@ -178,7 +179,7 @@ mod x86 {
                 }
             }
         }
-        let mask = ((1u32 << width) - 1) as __mmask16;
+        let mask = first_lanes(width);
         for (p, a) in acc.into_iter().enumerate() {
             // SAFETY: the pixel's block lies in `out` (asserted above); masked lanes are not
             // written.

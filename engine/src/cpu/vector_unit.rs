@@ -24,6 +24,14 @@ pub fn widest<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The mask of an AVX-512 vector's first `count` lanes (all 16 from 16 on): a partial
+/// block's loads and stores in the CPU path's intrinsic kernels.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn first_lanes(count: usize) -> std::arch::x86_64::__mmask16 {
+    ((1u32 << count.min(16)) - 1) as std::arch::x86_64::__mmask16
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     /// # Safety

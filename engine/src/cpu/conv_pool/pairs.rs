@@ -83,11 +83,11 @@ pub(super) fn forward_image(
         for ph in 0..pool.out_h() {
             // Where each of the window row's two convolution rows has its windows start
             // (every window of both checked), and the step from one pixel's to the next.
-            let rows = [
-                image.row_of_windows(g, 2 * ph).0,
-                image.row_of_windows(g, 2 * ph + 1).0,
-            ];
-            let step = g.stride * g.c;
+            let ((first, step), (second, _)) = (
+                image.row_of_windows(g, 2 * ph),
+                image.row_of_windows(g, 2 * ph + 1),
+            );
+            let rows = [first, second];
             let mut pw = 0;
             while pw < pool.out_w() {
                 let count = WINDOWS.min(pool.out_w() - pw);
@@ -146,12 +146,8 @@ pub(super) fn accumulate<const R: usize>(
     assert!(n < g.n && b * LANES < pool.c);
     let len = pool.out_shape().iter().product::<usize>();
     assert!(argmax.len() == len && dy.len() == len);
-    for oh in 0..2 * pool.out_h() {
-        // Checks every window of the rows read below.
-        image.row_of_windows(g, oh);
-    }
-    // SAFETY: `applies` checked for AVX-512, the rows' windows were checked above, `offsets`
-    // are the image's, and the windows' lanes lie in `argmax` and `dy` (asserted).
+    // SAFETY: `applies` checked for AVX-512, `offsets` are the image's, and the windows' lanes
+    // lie in `argmax` and `dy` (asserted); the kernel checks each row's windows.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         x86::accumulate(image, g, pool, argmax, dy, (n, b), acc, offsets, bias)
@@ -168,6 +164,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{pixel_index, Place, IOTA, LANES};
+    use crate::cpu::vector_unit::first_lanes;
     use crate::kernels::column_sums::ColumnSums;
     use crate::kernels::conv_geometry::ConvGeometry;
     use crate::kernels::pool::PoolGeometry;
@@ -177,8 +174,7 @@ mod x86 {
     /// The lanes of block `b` that hold channels: all 16 but in a last partial block.
     #[inline(always)]
     fn lanes_of(pool: &PoolGeometry, b: usize) -> __mmask16 {
-        let width = LANES.min(pool.c - b * LANES);
-        ((1u32 << width) - 1) as __mmask16
+        first_lanes(pool.c - b * LANES)
     }
 
     /// `W` windows from `place`: the convolution's four values of each (from 0, a
@@ -290,9 +286,11 @@ mod x86 {
 
     /// [`super::accumulate`].
     ///
+    /// Each convolution row's windows are checked (`row_of_windows`) before they are read.
+    ///
     /// # Safety
-    /// As [`super::accumulate`] checks: AVX-512F, every window of the image's rows checked,
-    /// `offsets` the image's, and the windows' lanes in `argmax` and `dy`.
+    /// As [`super::accumulate`] checks: AVX-512F, `offsets` the image's, and the windows'
+    /// lanes in `argmax` and `dy`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn accumulate<const R: usize>(
@@ -314,10 +312,9 @@ mod x86 {
                 _mm512_loadu_si512(IOTA.as_ptr().cast()),
             )
         };
-        let step = g.stride * g.c;
         for ph in 0..pool.out_h() {
             for oh in [2 * ph, 2 * ph + 1] {
-                let first = image.row_of_windows(g, oh).0;
+                let (first, step) = image.row_of_windows(g, oh);
                 for pw in 0..pool.out_w() {
                     // SAFETY: the caller's.
                     let (winning, grads) =

@@ -328,6 +328,8 @@ pub fn tall_gathered_on(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::cpu::vector_unit::first_lanes;
+
     /// `block_rows` (at most `R`, itself at most `TALL_ROWS`) and `columns` (at most
     /// `TALL_COLUMNS`) of a tall product's C over the steps `span.0` of `k` in registers,
     /// starting from the sums C holds when `span.1` (a later span) and from 0 otherwise: each
@@ -365,8 +367,7 @@ mod x86 {
         assert!(steps.end <= k && b.len() >= k * n);
         a.check(k, block_rows.clone());
         assert!(c_rows.len() >= rows * n);
-        let lanes = |count: usize| -> __mmask16 { ((1u32 << count.min(16)) - 1) as __mmask16 };
-        let (mask0, mask1) = (lanes(width), lanes(width.saturating_sub(16)));
+        let (mask0, mask1) = (first_lanes(width), first_lanes(width.saturating_sub(16)));
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if resume {
             for (i, acc_i) in acc.iter_mut().enumerate().take(rows) {
