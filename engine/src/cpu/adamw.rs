@@ -249,7 +249,18 @@ mod tests {
 
     #[test]
     fn the_f64_way_gives_the_f32_bits_across_the_range() {
-        // Compared as bits, NaN with NaN: both ways must make the same NaN.
+        // Compared as bits, but any NaN with any NaN: a sum of two NaNs gives its first
+        // operand's on x86, and the compiler may swap a sum's operands (Rust promises no
+        // NaN's sign or payload). The test once compared NaNs' bits too, and a change
+        // elsewhere in the crate (session 22) left the two ways with NaNs of opposite signs
+        // for w = -inf, g and m NaN.
+        let bits = |x: f32| {
+            if x.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                x.to_bits()
+            }
+        };
         let mut rng = Rng::new(24, 0);
         for k in constants(&mut rng) {
             let wide = WideConstants::new(&k);
@@ -273,8 +284,8 @@ mod tests {
                 let (mut w64, mut m64, mut v64) = (w, m, v);
                 element_without_assists(&mut w64, g, &mut m64, &mut v64, &k, &wide);
                 assert_eq!(
-                    [w32.to_bits(), m32.to_bits(), v32.to_bits()],
-                    [w64.to_bits(), m64.to_bits(), v64.to_bits()],
+                    [bits(w32), bits(m32), bits(v32)],
+                    [bits(w64), bits(m64), bits(v64)],
                     "w {w:e} g {g:e} m {m:e} v {v:e}, {k:?}"
                 );
             }
