@@ -237,7 +237,7 @@ impl Classifier {
         labels: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        on_pool(|| {
+        on_pool(!self.device.is_gpu(), || {
             let (g, loss) = self.loss_graph(x, labels, first_sample)?;
             g.loss_and_grads(loss, &self.model.parameters())
         })
@@ -278,7 +278,7 @@ impl Classifier {
     /// Applies gradients with the optimizer, after clipping them and setting the step's
     /// learning rate when the config asks for either.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<()> {
-        on_pool(|| {
+        on_pool(!self.device.is_gpu(), || {
             let mut grads = host_update::grads(&self.host, grads)?;
             if let Some(max_norm) = self.config.clip {
                 clip_global_norm(&mut grads, max_norm)?;
@@ -307,7 +307,7 @@ impl Classifier {
 
     /// Predicted classes of `x [n, features]`.
     pub fn predict(&self, x: &[f32], n: usize) -> Result<Vec<u32>> {
-        on_pool(|| {
+        on_pool(!self.device.is_gpu(), || {
             let xt = Tensor::from_vec(&self.device, &[n, self.inputs], x.to_vec())?;
             let g = Graph::new(&self.device);
             let input = g.input(&xt);

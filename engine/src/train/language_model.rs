@@ -156,7 +156,7 @@ impl LanguageModel {
         targets: &[u32],
         first_sample: usize,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        on_pool(|| {
+        on_pool(!self.device.is_gpu(), || {
             let (g, loss) = self.loss_graph(ids, targets, first_sample)?;
             g.loss_and_grads(loss, &self.model.parameters())
         })
@@ -219,7 +219,7 @@ impl LanguageModel {
     /// the global norm before clipping and the learning rate.
     pub fn apply(&mut self, grads: &[Tensor]) -> Result<(Tensor, f32)> {
         let lr = self.config.schedule.lr(self.steps);
-        let grad_norm = on_pool(|| {
+        let grad_norm = on_pool(!self.device.is_gpu(), || {
             let mut grads = host_update::grads(&self.host, grads)?;
             let grad_norm = clip_global_norm(&mut grads, self.config.clip)?;
             self.optimizer.set_lr(lr);
@@ -265,7 +265,9 @@ impl LanguageModel {
         for chunk in picked.chunks(batch.max(1)) {
             let ids = chunk.iter().flat_map(|(i, _)| i.iter().copied()).collect();
             let targets = chunk.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-            let (g, loss) = on_pool(|| self.loss(ids, targets, chunk.len(), None))?;
+            let (g, loss) = on_pool(!self.device.is_gpu(), || {
+                self.loss(ids, targets, chunk.len(), None)
+            })?;
             sums.push((g.value(loss), chunk.len()));
         }
         let values = Tensor::read_many(&sums.iter().map(|(t, _)| t).collect::<Vec<_>>())?;
