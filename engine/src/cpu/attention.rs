@@ -36,7 +36,7 @@ use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
 use super::vector_unit::widest;
 use crate::kernels::dropout::{apply_at, DropoutMask};
-use crate::kernels::math::{exp, ROW_LANES};
+use crate::kernels::math::{exp_block, EXP_BLOCK, ROW_LANES};
 
 /// The shape of one attention call: `batch` entries of `time` positions, `heads` heads of
 /// `width` features each, side by side in the feature axis.
@@ -124,6 +124,9 @@ fn causal_band(vanish: bool, band: Band) -> Band {
 
 /// Queries whose softmax rows run side by side, one to a vector lane (`weights`).
 const QUERY_LANES: usize = 16;
+
+/// Keys whose exps `softmax_in_lanes` takes a block at a time.
+const KEYS_PER_BLOCK: usize = EXP_BLOCK / QUERY_LANES;
 
 /// The attention weights `[batch, heads, time, time]` alone, a head per task: [`forward`]'s
 /// weights where it has no output to pair them with (heads of no width).
@@ -297,13 +300,25 @@ fn softmax_in_lanes(scores_t: &mut [f32], stride: usize, i0: usize, time: usize,
             *m = if masked > *m { masked } else { *m };
         }
     }
+    // The exps a stage at a time over `KEYS_PER_BLOCK` keys' lanes (`exp_block`), then
+    // into the partial sums in ascending `j`.
     let mut partial = [0.0f32; L * ROW_LANES];
-    for j in 0..span {
-        let s: &mut [f32; L] = (&mut scores_t[key(j)..][..L]).try_into().unwrap();
-        let p = &mut partial[j % ROW_LANES * L..][..L];
-        for ((x, m), p) in s.iter_mut().zip(&max).zip(p) {
-            *x = exp(*x - m);
-            *p += *x;
+    for j0 in (0..span).step_by(KEYS_PER_BLOCK) {
+        let keys = KEYS_PER_BLOCK.min(span - j0);
+        let mut block = [0.0f32; EXP_BLOCK];
+        for (j, shifted) in (j0..j0 + keys).zip(block.chunks_exact_mut(L)) {
+            for ((e, &x), m) in shifted.iter_mut().zip(&scores_t[key(j)..][..L]).zip(&max) {
+                *e = x - m;
+            }
+        }
+        exp_block(&mut block);
+        for (j, exps) in (j0..j0 + keys).zip(block.chunks_exact(L)) {
+            let p = &mut partial[j % ROW_LANES * L..][..L];
+            let s = &mut scores_t[key(j)..][..L];
+            for ((x, p), &e) in s.iter_mut().zip(p).zip(exps) {
+                *x = e;
+                *p += e;
+            }
         }
     }
     // Widths as constants, over one flat array: a loop over the widths, or arrays of lanes,

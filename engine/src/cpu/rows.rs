@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::elementwise::{for_rows, CHUNK};
 use super::vector_unit::widest;
 use crate::kernels::math::{
-    combine_as_tree, exp, ln, sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE,
+    combine_as_tree, exp_each, ln, sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE,
 };
 
 /// The largest element of `row` (-inf when it is empty or every element is NaN), as
@@ -37,32 +37,16 @@ fn max_of(row: &[f32]) -> f32 {
 }
 
 /// Writes `exp(x - max)` of `row` into `out` and returns `(max, sum)`, the sum in the
-/// workgroup's lane order.
+/// workgroup's lane order. The exps a stage at a time over the row (`exp_each`): a GPT
+/// step's cross-entropy over [2048, 256] logits took 0.35 ms element by element.
 #[inline(always)]
 fn exp_shifted(row: &[f32], out: &mut [f32]) -> (f32, f32) {
-    const LANES: usize = 16;
     let m = max_of(row);
     let out = &mut out[..row.len()];
-    let mut values = row.chunks_exact(LANES);
-    let mut exps = out.chunks_exact_mut(LANES);
-    for (vs, es) in (&mut values).zip(&mut exps) {
-        for (e, &v) in es.iter_mut().zip(vs) {
-            *e = exp(v - m);
-        }
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = v - m;
     }
-    // The last, shorter chunk in a whole vector too (exp of each lane on its own, so the
-    // padding changes nothing): the compiler's epilogue for it ran exp 4 lanes and 1 lane
-    // at a time, which causal attention's short rows paid on every row.
-    let rest = values.remainder();
-    if !rest.is_empty() {
-        let mut padded = [m; LANES];
-        for (p, &v) in padded.iter_mut().zip(rest) {
-            *p = v;
-        }
-        for (e, &p) in exps.into_remainder().iter_mut().zip(&padded) {
-            *e = exp(p - m);
-        }
-    }
+    exp_each(out);
     (m, workgroup_sum_of(out, ROW_LANES))
 }
 
