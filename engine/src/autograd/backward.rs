@@ -7,7 +7,7 @@ use crate::error::{shape_err, Result};
 use crate::kernels::binary::{broadcast_to, Binary};
 use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
-use crate::kernels::unary::{gelu_backward_with_gate, unary, unary_backward, Unary};
+use crate::kernels::unary::{times_derivative, unary, unary_backward, Unary};
 use crate::kernels::{
     attention, conv, conv_pool, dropout, embedding, image_norm, layernorm, norm_pool, permute,
     pool, softmax,
@@ -105,15 +105,15 @@ pub(super) fn run(
                 bias,
                 activation,
                 pre_activation,
-                gelu_gate,
+                derivative,
             } => {
                 // The rules of the composition it replaces, in its order: the activation's,
                 // the addition's (the bias sums dz over the rows), the product's.
                 let z = pre_activation.as_ref().unwrap_or(&node.value);
-                let dz = match (activation, gelu_gate) {
+                let dz = match (activation, derivative) {
                     (None, _) => dy.clone(),
-                    (Some(Unary::Gelu), Some(gate)) => gelu_backward_with_gate(z, gate, &dy)?,
-                    (Some(f), _) => unary_backward(z, &dy, *f)?,
+                    (Some(_), Some(derivative)) => times_derivative(derivative, &dy)?,
+                    (Some(f), None) => unary_backward(z, &dy, *f)?,
                 };
                 let mut out = vec![];
                 if let Some(b) = bias.filter(|b| needs(*b)) {

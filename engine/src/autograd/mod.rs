@@ -46,14 +46,14 @@ pub(crate) enum Op {
         trans_b: bool,
     },
     /// `f(x weight + bias)` (`kernels::linear`); keeps `x weight + bias` where `f`'s
-    /// derivative needs it, and GELU's gate where the CPU path kept it.
+    /// derivative needs it, or the derivative itself where the CPU path kept it (GELU).
     Linear {
         x: Var,
         weight: Var,
         bias: Option<Var>,
         activation: Option<Unary>,
         pre_activation: Option<Tensor>,
-        gelu_gate: Option<Tensor>,
+        derivative: Option<Tensor>,
     },
     /// Add, Sub, Mul or Div with broadcasting.
     Binary {
@@ -311,7 +311,7 @@ impl Graph {
             bias,
             activation,
             pre_activation: out.pre_activation,
-            gelu_gate: out.gelu_gate,
+            derivative: out.derivative,
         };
         let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
         Ok(self.record(out.y, op, &inputs))

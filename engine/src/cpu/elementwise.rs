@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::output::{zeroed, Unwritten};
+use super::output::{write_slice, zeroed, Unwritten};
 use super::vector_unit::widest;
 
 /// The largest magnitude in `values` as f32 bits without the sign: below `f32::INFINITY`'s
@@ -143,20 +143,39 @@ pub fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     unsafe { out.assume_init() }
 }
 
-/// `f(x)`'s two values for every element, into two vectors, in parallel when large: a
-/// function and a factor of it that its derivative reads again (GELU and its gate).
-pub fn map_pair(x: &[f32], f: impl Fn(f32) -> (f32, f32) + Sync) -> (Vec<f32>, Vec<f32>) {
+/// Two values for every element of `x`, into two vectors, in parallel when large, a block of
+/// `B` elements at a time: `f(x, firsts, seconds)` fills both blocks from `x`'s, for
+/// functions computed a stage at a time over a block (`kernels::math::exp_block`; GELU and
+/// its derivative). A last short block is padded with zeros, whose values are dropped.
+pub fn map_pair_in_blocks<const B: usize>(
+    x: &[f32],
+    f: impl Fn(&[f32; B], &mut [f32; B], &mut [f32; B]) + Sync,
+) -> (Vec<f32>, Vec<f32>) {
     #[inline(always)]
-    fn fill(
+    fn fill<const B: usize>(
         x: &[f32],
         firsts: &mut [MaybeUninit<f32>],
         seconds: &mut [MaybeUninit<f32>],
-        f: &impl Fn(f32) -> (f32, f32),
+        f: &impl Fn(&[f32; B], &mut [f32; B], &mut [f32; B]),
     ) {
-        for ((a, b), &v) in firsts.iter_mut().zip(seconds).zip(x) {
-            let (p, q) = f(v);
-            a.write(p);
-            b.write(q);
+        let (mut a, mut b) = ([0.0f32; B], [0.0f32; B]);
+        let whole = firsts.len() / B * B;
+        for ((xs, fs), ss) in x[..whole]
+            .chunks_exact(B)
+            .zip(firsts.chunks_exact_mut(B))
+            .zip(seconds.chunks_exact_mut(B))
+        {
+            f(xs.try_into().unwrap(), &mut a, &mut b);
+            write_slice(fs, &a);
+            write_slice(ss, &b);
+        }
+        let rest = firsts.len() - whole;
+        if rest > 0 {
+            let mut padded = [0.0f32; B];
+            padded[..rest].copy_from_slice(&x[whole..][..rest]);
+            f(&padded, &mut a, &mut b);
+            write_slice(&mut firsts[whole..], &a[..rest]);
+            write_slice(&mut seconds[whole..], &b[..rest]);
         }
     }
     let (mut first, mut second) = (Unwritten::new(x.len()), Unwritten::new(x.len()));
@@ -178,37 +197,9 @@ pub fn map_pair(x: &[f32], f: impl Fn(f32) -> (f32, f32) + Sync) -> (Vec<f32>, V
                 )
             });
     }
-    // SAFETY: the chunks of both outputs pair up and cover them, and the task writes each
-    // slot of both (`x` is as long as the outputs).
+    // SAFETY: the chunks of both outputs pair up and cover them, and `fill` writes each
+    // slot of both, whole blocks and the rest.
     unsafe { (first.assume_init(), second.assume_init()) }
-}
-
-/// `f(x, y, z)` for every triple of elements of three equally long slices, in parallel when
-/// large.
-pub fn zip3_map(
-    x: &[f32],
-    y: &[f32],
-    z: &[f32],
-    f: impl Fn(f32, f32, f32) -> f32 + Sync,
-) -> Vec<f32> {
-    assert!(
-        x.len() == y.len() && x.len() == z.len(),
-        "zip3_map operands differ in length"
-    );
-    let mut out = Unwritten::new(x.len());
-    for_chunks(
-        out.slots(),
-        #[inline(always)]
-        |start, chunk| {
-            let operands = x[start..].iter().zip(&y[start..]).zip(&z[start..]);
-            for (o, ((&a, &b), &c)) in chunk.iter_mut().zip(operands) {
-                o.write(f(a, b, c));
-            }
-        },
-    );
-    // SAFETY: `for_chunks` hands every slot to the closure, which writes each one (the
-    // operands are as long as the output).
-    unsafe { out.assume_init() }
 }
 
 /// `f(x, y)` for every pair of elements of two equally long slices, in parallel when large.

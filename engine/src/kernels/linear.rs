@@ -10,7 +10,7 @@
 use super::binary::{binary, Binary};
 use super::matmul::matmul;
 use super::matmul_dims::MatmulDims;
-use super::unary::{gelu_and_gate, unary, Unary};
+use super::unary::{gelu_and_derivative, unary, Unary};
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
 
@@ -18,13 +18,14 @@ use crate::tensor::{DType, Device, Tensor};
 pub struct Affine {
     /// `f(x W + b)`.
     pub y: Tensor,
-    /// `x W + b` where `f`'s derivative cannot be read from `y` (GELU, tanh, ...); `None`
-    /// without an activation, for ReLU (whose output is positive exactly where its input
-    /// is) and for an affine activation (whose derivative is a constant).
+    /// `x W + b` where `f`'s derivative cannot be read from `y` (tanh, ..., and GELU on
+    /// the GPU); `None` without an activation, for ReLU (whose output is positive exactly
+    /// where its input is), for an affine activation (whose derivative is a constant) and
+    /// where `derivative` is kept instead.
     pub pre_activation: Option<Tensor>,
-    /// GELU's gate for each element where the CPU path kept it
-    /// ([`gelu_and_gate`]), for the backward pass to read.
-    pub gelu_gate: Option<Tensor>,
+    /// `f'(x W + b)` for each element where the CPU path kept it (GELU,
+    /// [`gelu_and_derivative`]), for the backward pass to multiply by.
+    pub derivative: Option<Tensor>,
 }
 
 /// Whether `f'(z)` can be computed from `f(z)` in its place, with the same bits: `unary_
@@ -72,17 +73,17 @@ pub fn forward(
                 None => Affine {
                     y: z,
                     pre_activation: None,
-                    gelu_gate: None,
+                    derivative: None,
                 },
                 Some(f) if derivative_reads_output(f) => Affine {
                     y: unary(&z, f)?,
                     pre_activation: None,
-                    gelu_gate: None,
+                    derivative: None,
                 },
                 Some(f) => Affine {
                     y: unary(&z, f)?,
                     pre_activation: Some(z),
-                    gelu_gate: None,
+                    derivative: None,
                 },
             })
         }
@@ -123,11 +124,11 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
     Ok(match f {
         Some(Unary::Gelu) => {
             let z = Tensor::from_vec(x.device(), &shape, z_of(None))?;
-            let (y, gate) = gelu_and_gate(&z)?;
+            let (y, derivative) = gelu_and_derivative(&z)?;
             Affine {
                 y,
-                pre_activation: Some(z),
-                gelu_gate: Some(gate),
+                pre_activation: None,
+                derivative: Some(derivative),
             }
         }
         Some(f) if !derivative_reads_output(f) => {
@@ -135,13 +136,13 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
             Affine {
                 y: unary(&z, f)?,
                 pre_activation: Some(z),
-                gelu_gate: None,
+                derivative: None,
             }
         }
         f => Affine {
             y: Tensor::from_vec(x.device(), &shape, z_of(f))?,
             pre_activation: None,
-            gelu_gate: None,
+            derivative: None,
         },
     })
 }

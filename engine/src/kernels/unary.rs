@@ -38,7 +38,7 @@ pub enum Unary {
     },
 }
 
-use super::math::{exp, ln, sigmoid, tanh};
+use super::math::{exp, exp_block, ln, sigmoid, tanh, EXP_BLOCK};
 
 /// sqrt(2 / pi) and the cubic coefficient; the WGSL spells out the same f32 values.
 const GELU_C: f32 = f32::from_bits(0x3f4c_422a);
@@ -232,57 +232,72 @@ pub fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
     }
 }
 
-/// GELU of a CPU tensor, and its gate for each element ([`gelu_backward_with_gate`]'s
-/// second operand): the values of [`unary`] for GELU. The gate is GELU's exp and division,
-/// and they bound its loop (`perf annotate`: the division's result is where the samples
-/// wait); kept, the backward pass reads it instead of computing them again. A GPT step's
-/// four GELU backward passes took 0.49 ms each on [2048, 256] computing it; whole GPT steps
-/// with the gate kept, alternating in one process: +4.1, 0.0 and +4.3% (docs/benchmarks.md,
-/// session 14). It costs a [2048, 256] tensor per GELU layer, kept until the backward pass.
-pub fn gelu_and_gate(x: &Tensor) -> Result<(Tensor, Tensor)> {
-    x.expect_dtype("gelu_and_gate", DType::F32)?;
+/// GELU of a CPU tensor, and its derivative at each element ([`times_derivative`]'s
+/// operand): the values of [`unary`] and the factors [`unary_backward`] multiplies by, for
+/// GELU, with their bits.
+///
+/// The derivative is kept in place of the input: the backward pass reads one tensor, not
+/// the input and the gate (GELU's exp and division) it computed the derivative from
+/// (session 14 kept the gate: a GPT step's four GELU backward passes had taken 0.49 ms each
+/// computing it). A GELU layer keeps two [2048, 256] tensors for the GPT, not three.
+///
+/// The exps run a stage at a time over blocks (`exp_block`): element by element a GELU of
+/// [2048, 256] took 0.17 ms on 2 cores (Zen 5), 0.117 ms in blocks.
+pub fn gelu_and_derivative(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    x.expect_dtype("gelu_and_derivative", DType::F32)?;
     let Some(xs) = x.cpu_f32() else {
-        return shape_err("gelu_and_gate", "the gate is kept on the CPU path only");
+        return shape_err(
+            "gelu_and_derivative",
+            "the derivative is kept on the CPU path only",
+        );
     };
-    let (y, gate) = crate::cpu::elementwise::map_pair(
+    let (y, derivative) = crate::cpu::elementwise::map_pair_in_blocks(
         xs,
         #[inline(always)]
-        |v| {
-            let s = gelu_gate(v);
-            (v * s, s)
+        |x: &[f32; EXP_BLOCK], y, derivative| {
+            // `gelu_gate`'s steps, a stage at a time: exp's argument, exp, the sigmoid; then
+            // GELU and its derivative from the gate.
+            let mut gate = [0.0f32; EXP_BLOCK];
+            for (g, &v) in gate.iter_mut().zip(x) {
+                *g = -(2.0 * GELU_C * (v + GELU_A * v * v * v));
+            }
+            exp_block(&mut gate);
+            for (((g, y), d), &v) in gate.iter_mut().zip(y.iter_mut()).zip(derivative).zip(x) {
+                let s = 1.0 / (1.0 + *g);
+                *y = v * s;
+                *d = gelu_derivative(v, s);
+            }
         },
     );
     Ok((
         Tensor::from_vec(x.device(), x.shape(), y)?,
-        Tensor::from_vec(x.device(), x.shape(), gate)?,
+        Tensor::from_vec(x.device(), x.shape(), derivative)?,
     ))
 }
 
-/// `dx = dy * GELU'(x)` from the gate [`gelu_and_gate`] kept: the bits of
-/// [`unary_backward`] for GELU.
-pub fn gelu_backward_with_gate(x: &Tensor, gate: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    let (Some(xs), Some(gs), Some(ds)) = (x.cpu_f32(), gate.cpu_f32(), dy.cpu_f32()) else {
-        return shape_err("gelu_backward_with_gate", "CPU f32 tensors only");
+/// `dx = dy * f'(x)` from the derivative an activation's forward pass kept
+/// ([`gelu_and_derivative`]): the bits of [`unary_backward`].
+pub fn times_derivative(derivative: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let (Some(fs), Some(ds)) = (derivative.cpu_f32(), dy.cpu_f32()) else {
+        return shape_err("times_derivative", "CPU f32 tensors only");
     };
-    if x.shape() != dy.shape() || gate.shape() != dy.shape() {
+    if derivative.shape() != dy.shape() {
         return shape_err(
-            "gelu_backward_with_gate",
+            "times_derivative",
             format!(
-                "x {:?}, gate {:?} and dy {:?}",
-                x.shape(),
-                gate.shape(),
+                "derivative {:?} and dy {:?}",
+                derivative.shape(),
                 dy.shape()
             ),
         );
     }
-    let dx = crate::cpu::elementwise::zip3_map(
-        xs,
-        gs,
+    let dx = crate::cpu::elementwise::zip_map(
         ds,
+        fs,
         #[inline(always)]
-        |v, s, d| d * gelu_derivative(v, s),
+        |d, f| d * f,
     );
-    Tensor::from_vec(x.device(), x.shape(), dx)
+    Tensor::from_vec(dy.device(), dy.shape(), dx)
 }
 
 /// `dx = dy * f'(x)` elementwise.
@@ -341,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn the_kept_gate_gives_gelus_bits_forward_and_backward() {
+    fn the_kept_derivative_gives_gelus_bits_forward_and_backward() {
         // One chunk and several (`cpu::elementwise::CHUNK`), with the edges: zeros of both
         // signs, infinities, NaN, subnormals, values where the gate's exp over- and
         // underflows.
@@ -375,14 +390,14 @@ mod tests {
                     .map(|v| v.to_bits())
                     .collect::<Vec<_>>()
             };
-            let (y, gate) = gelu_and_gate(&x).unwrap();
+            let (y, derivative) = gelu_and_derivative(&x).unwrap();
             assert_eq!(
                 bits(&y),
                 bits(&unary(&x, Unary::Gelu).unwrap()),
                 "GELU, {len}"
             );
             assert_eq!(
-                bits(&gelu_backward_with_gate(&x, &gate, &dy).unwrap()),
+                bits(&times_derivative(&derivative, &dy).unwrap()),
                 bits(&unary_backward(&x, &dy, Unary::Gelu).unwrap()),
                 "GELU's gradient, {len}"
             );
@@ -390,8 +405,8 @@ mod tests {
         let short = Tensor::from_vec(&Device::Cpu, &[2], vec![1.0, 2.0]).unwrap();
         let x = Tensor::from_vec(&Device::Cpu, &[3], vec![1.0; 3]).unwrap();
         assert!(
-            gelu_backward_with_gate(&x, &short, &x).is_err(),
-            "a gate of another shape"
+            times_derivative(&short, &x).is_err(),
+            "a derivative of another shape"
         );
     }
 }
