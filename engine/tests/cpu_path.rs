@@ -91,15 +91,20 @@ fn products_give_the_references_bits_on_awkward_shapes() {
                         let got = matmul_on(isa, &a, &b, &d, Arithmetic::Exact);
                         assert_eq!(bits(&got), want, "{isa}: {d:?}");
                     }
+                    // A bias by column and a value by row of C (a residual's): every row
+                    // finished once, with its own index.
                     let bias = values(n, 200 + seed as u64);
-                    let finish = |first_column: usize, row: &mut [f32]| {
+                    let by_row = values(batch * m, 300 + seed as u64);
+                    let finish = |i: usize, first_column: usize, row: &mut [f32]| {
                         assert!(first_column + row.len() <= n, "a finished row is inside C");
                         for (v, b) in row.iter_mut().zip(&bias[first_column..]) {
-                            *v = (*v + b).max(0.0);
+                            *v = (*v + b).max(0.0) + by_row[i];
                         }
                     };
                     let mut finished = reference.clone();
-                    finished.chunks_mut(n).for_each(|row| finish(0, row));
+                    for (i, row) in finished.chunks_mut(n).enumerate() {
+                        finish(i, 0, row);
+                    }
                     for &isa in &isas {
                         let got = matmul_on_then(isa, &a, &b, &d, Arithmetic::Exact, finish);
                         assert_eq!(bits(&got), bits(&finished), "finished, {isa}: {d:?}");
@@ -124,9 +129,14 @@ fn empty_and_zero_k_products_are_zeros() {
     };
     assert_eq!(matmul(&[], &[], &d), vec![0.0; 24]);
     // With no terms, the finish still runs on every row: a layer's output is its bias.
-    let finished = matmul_on_then(Isa::detect(), &[], &[], &d, Arithmetic::Exact, |_, row| {
-        row.iter_mut().for_each(|v| *v += 1.5)
-    });
+    let finished = matmul_on_then(
+        Isa::detect(),
+        &[],
+        &[],
+        &d,
+        Arithmetic::Exact,
+        |_, _, row| row.iter_mut().for_each(|v| *v += 1.5),
+    );
     assert_eq!(finished, vec![1.5; 24]);
     let d = MatmulDims { m: 0, k: 5, ..d };
     assert!(matmul(&[], &values(40, 1), &d).is_empty());

@@ -106,9 +106,12 @@ pub(super) fn run(
                 activation,
                 pre_activation,
                 derivative,
+                residual,
             } => {
-                // The rules of the composition it replaces, in its order: the activation's,
-                // the addition's (the bias sums dz over the rows), the product's.
+                // The rules of the composition it replaces, in its order: the residual
+                // addition's (its operand first, as `add(residual, y)` gives it), the
+                // activation's, the bias addition's (the bias sums dz over the rows), the
+                // product's.
                 let z = pre_activation.as_ref().unwrap_or(&node.value);
                 let dz = match (activation, derivative) {
                     (None, _) => dy.clone(),
@@ -116,6 +119,9 @@ pub(super) fn run(
                     (Some(f), None) => unary_backward(z, &dy, *f)?,
                 };
                 let mut out = vec![];
+                if let Some(r) = residual.filter(|r| needs(*r)) {
+                    out.push((r, dy.clone()));
+                }
                 if let Some(b) = bias.filter(|b| needs(*b)) {
                     out.push((b, sum_to_shape(&dz, value(b).shape())?));
                 }

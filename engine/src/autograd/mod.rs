@@ -54,6 +54,8 @@ pub(crate) enum Op {
         activation: Option<Unary>,
         pre_activation: Option<Tensor>,
         derivative: Option<Tensor>,
+        /// The residual stream the layer's output was added onto (no activation then).
+        residual: Option<Var>,
     },
     /// Add, Sub, Mul or Div with broadcasting.
     Binary {
@@ -312,9 +314,40 @@ impl Graph {
             activation,
             pre_activation: out.pre_activation,
             derivative: out.derivative,
+            residual: None,
         };
         let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
         Ok(self.record(out.y, op, &inputs))
+    }
+
+    /// `residual + (x weight + bias)`: a layer added onto a residual stream as one operation
+    /// (`kernels::linear::forward_onto`), the same values and gradients as [`Graph::linear`]
+    /// and an addition.
+    pub fn linear_onto(
+        &self,
+        x: Var,
+        weight: Var,
+        bias: Option<Var>,
+        residual: Var,
+    ) -> Result<Var> {
+        let bias_value = bias.map(|b| self.value(b));
+        let y = linear::forward_onto(
+            &self.value(x),
+            &self.value(weight),
+            bias_value.as_ref(),
+            &self.value(residual),
+        )?;
+        let op = Op::Linear {
+            x,
+            weight,
+            bias,
+            activation: None,
+            pre_activation: None,
+            derivative: None,
+            residual: Some(residual),
+        };
+        let inputs: Vec<Var> = [x, weight, residual].into_iter().chain(bias).collect();
+        Ok(self.record(y, op, &inputs))
     }
 
     fn binary(&self, a: Var, b: Var, op: Binary) -> Result<Var> {

@@ -68,20 +68,28 @@ pub fn matmul_on(
     d: &MatmulDims,
     arithmetic: Arithmetic,
 ) -> Vec<f32> {
-    matmul_on_then(isa, a, b, d, arithmetic, |_: usize, _: &mut [f32]| {})
+    matmul_on_then(
+        isa,
+        a,
+        b,
+        d,
+        arithmetic,
+        |_: usize, _: usize, _: &mut [f32]| {},
+    )
 }
 
-/// `C = op(A) * op(B)` with the reference's bits, then `finish(j, values)` on each row of C
-/// as soon as its sums are complete, while the row is still in cache: a layer's bias and
-/// activation (`kernels::linear`), without another pass over C in memory. `values` are the
-/// row's from column `j` on: the whole row (`j` = 0), or a block of its columns when the
-/// product splits its columns between tasks. `finish` runs on the widest vector unit; write
+/// `C = op(A) * op(B)` with the reference's bits, then `finish(i, j, values)` on each row
+/// `i` of C (counted through the batch, C seen as `[batch * m, n]`) as soon as its sums are
+/// complete, while the row is still in cache: a layer's bias, activation and residual
+/// (`kernels::linear`), without another pass over C in memory. `values` are the row's from
+/// column `j` on: the whole row (`j` = 0), or a block of its columns when the product splits
+/// its columns between tasks. `finish` runs on the widest vector unit; write
 /// it `#[inline(always)]` so that it is compiled there.
 pub fn matmul_then(
     a: &[f32],
     b: &[f32],
     d: &MatmulDims,
-    finish: impl Fn(usize, &mut [f32]) + Sync,
+    finish: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     matmul_on_then(Isa::detect(), a, b, d, Arithmetic::Exact, finish)
 }
@@ -93,7 +101,7 @@ pub fn matmul_on_then(
     b: &[f32],
     d: &MatmulDims,
     arithmetic: Arithmetic,
-    finish: impl Fn(usize, &mut [f32]) + Sync,
+    finish: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let finish = &finish;
     assert!(
@@ -106,7 +114,7 @@ pub fn matmul_on_then(
     }
     if d.k == 0 {
         let mut c = vec![0.0f32; len];
-        finish_rows(&mut c, d.n, finish);
+        finish_rows(&mut c, 0, d.n, finish);
         return c;
     }
     // A stack of row-major A's times one shared B is one tall product: [batch * m, k] x
@@ -137,7 +145,7 @@ pub fn matmul_on_then(
         let mut c = unsafe { unwritten.assume_init() };
         // A tall product's rows are complete only after its last span of k, and it is a
         // weight's gradient, which nothing finishes: no need to finish them in cache.
-        crate::cpu::elementwise::for_rows(&mut c, d.n, |_, row| finish(0, row));
+        crate::cpu::elementwise::for_rows(&mut c, d.n, |i, row| finish(i, 0, row));
         return c;
     }
     // At most 16 columns (attention's per-head values, a convolution of 16 channels) fill
@@ -481,7 +489,7 @@ fn product<const MR: usize, const NR: usize>(
     c: &mut [MaybeUninit<f32>],
     kernel: PanelKernel,
     a_in_place: bool,
-    finish: &(impl Fn(usize, &mut [f32]) + Sync),
+    finish: &(impl Fn(usize, usize, &mut [f32]) + Sync),
 ) {
     let (m, n, k) = (d.m, d.n, d.k);
     let panels = n.div_ceil(NR);
@@ -524,7 +532,12 @@ fn product<const MR: usize, const NR: usize>(
         let b_z = &b_packed[if d.b_batched { z * panels * k * NR } else { 0 }..][..panels * k * NR];
         kernel.run(z, ip, b_z, &mut Block::rows_of(c_rows, n));
         // SAFETY: the panel kernel wrote every value of the panel's rows.
-        finish_rows(unsafe { assume_written(c_rows) }, n, finish);
+        finish_rows(
+            unsafe { assume_written(c_rows) },
+            z * m + ip * MR,
+            n,
+            finish,
+        );
     };
     if parallel && by_entry_alone {
         c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
@@ -591,7 +604,7 @@ fn column_blocks<const MR: usize, const NR: usize>(
     b: &[f32],
     c: &mut [MaybeUninit<f32>],
     threads: usize,
-    finish: &(impl Fn(usize, &mut [f32]) + Sync),
+    finish: &(impl Fn(usize, usize, &mut [f32]) + Sync),
 ) {
     let d = kernel.d;
     let (m, n, k) = (d.m, d.n, d.k);
@@ -613,14 +626,15 @@ fn column_blocks<const MR: usize, const NR: usize>(
             let rows = z * m + ip * MR..z * m + m.min((ip + 1) * MR);
             // SAFETY: each task has its own (entry, column block), and each of its blocks its
             // own rows: no two blocks share a value.
-            let mut block = unsafe { output.block(rows, cols.clone()) };
+            let mut block = unsafe { output.block(rows.clone(), cols.clone()) };
             kernel.run(z, ip, b_block, &mut block);
             widest(
                 #[inline(always)]
                 || {
                     for i in 0..block.rows() {
                         // SAFETY: the panel kernel wrote every value of the block.
-                        finish(cols.start, unsafe { assume_written(block.row(i)) });
+                        let row = unsafe { assume_written(block.row(i)) };
+                        finish(rows.start + i, cols.start, row);
                     }
                 },
             );
@@ -629,12 +643,22 @@ fn column_blocks<const MR: usize, const NR: usize>(
     });
 }
 
-/// `finish` on each `n`-long row of `c_rows`, compiled for the widest vector unit.
+/// `finish` on each `n`-long row of `c_rows`, which are C's from row `first` on, compiled
+/// for the widest vector unit.
 #[inline(always)]
-fn finish_rows(c_rows: &mut [f32], n: usize, finish: &(impl Fn(usize, &mut [f32]) + Sync)) {
+fn finish_rows(
+    c_rows: &mut [f32],
+    first: usize,
+    n: usize,
+    finish: &(impl Fn(usize, usize, &mut [f32]) + Sync),
+) {
     widest(
         #[inline(always)]
-        || c_rows.chunks_exact_mut(n).for_each(|row| finish(0, row)),
+        || {
+            for (i, row) in c_rows.chunks_exact_mut(n).enumerate() {
+                finish(first + i, 0, row);
+            }
+        },
     );
 }
 

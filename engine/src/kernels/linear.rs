@@ -42,26 +42,9 @@ pub fn forward(
     f: Option<Unary>,
 ) -> Result<Affine> {
     if let Some(b) = bias {
-        b.expect_dtype("linear", DType::F32)?;
         x.same_device("linear", b)?;
-        let outputs = weight.shape().last().copied().unwrap_or(0);
-        if b.shape() != [outputs] {
-            return shape_err(
-                "linear",
-                format!(
-                    "bias {:?} must be [{outputs}] for weight {:?}",
-                    b.shape(),
-                    weight.shape()
-                ),
-            );
-        }
     }
-    if weight.shape().len() != 2 {
-        return shape_err(
-            "linear",
-            format!("weight must be [inputs, outputs], is {:?}", weight.shape()),
-        );
-    }
+    check_bias(weight, bias)?;
     match x.device() {
         Device::Cpu => cpu_forward(x, weight, bias, f),
         Device::Gpu(_) => {
@@ -90,6 +73,31 @@ pub fn forward(
     }
 }
 
+/// The weight is a matrix and the bias, if any, an f32 vector of its outputs.
+fn check_bias(weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+    if let Some(b) = bias {
+        b.expect_dtype("linear", DType::F32)?;
+        let outputs = weight.shape().last().copied().unwrap_or(0);
+        if b.shape() != [outputs] {
+            return shape_err(
+                "linear",
+                format!(
+                    "bias {:?} must be [{outputs}] for weight {:?}",
+                    b.shape(),
+                    weight.shape()
+                ),
+            );
+        }
+    }
+    if weight.shape().len() != 2 {
+        return shape_err(
+            "linear",
+            format!("weight must be [inputs, outputs], is {:?}", weight.shape()),
+        );
+    }
+    Ok(())
+}
+
 fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) -> Result<Affine> {
     x.expect_dtype("linear", DType::F32)?;
     w.expect_dtype("linear", DType::F32)?;
@@ -101,12 +109,12 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
     // with the product and whose gradient needs no `z` (see `derivative_reads_output`).
     let z_of = |in_rows: Option<Unary>| -> Vec<f32> {
         match in_rows {
-            None => with_bias(xs, ws, &dims, b, |z| z),
+            None => with_bias(xs, ws, &dims, (b, None), |z| z),
             Some(Unary::Relu) => with_bias(
                 xs,
                 ws,
                 &dims,
-                b,
+                (b, None),
                 #[inline(always)]
                 |z| Unary::Relu.apply(z),
             ),
@@ -114,7 +122,7 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
                 xs,
                 ws,
                 &dims,
-                b,
+                (b, None),
                 #[inline(always)]
                 move |z| Unary::Affine { alpha, beta }.apply(z),
             ),
@@ -147,28 +155,71 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
     })
 }
 
-/// The product with `f(z + b_j)` applied to each row as it completes (`f(z)` without a bias).
+/// The product with `f(z + b_j)` applied to each row as it completes (`f(z)` without a bias),
+/// then `residual + that` where there is a residual (of the product's shape).
 #[inline(always)]
 fn with_bias(
     x: &[f32],
     w: &[f32],
     dims: &MatmulDims,
-    bias: Option<&[f32]>,
+    (bias, residual): (Option<&[f32]>, Option<&[f32]>),
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
+    let n = dims.n;
     crate::cpu::gemm::matmul_then(
         x,
         w,
         dims,
         #[inline(always)]
-        |first_column: usize, row: &mut [f32]| match bias {
-            Some(b) => row
-                .iter_mut()
-                .zip(&b[first_column..])
-                .for_each(|(v, &b)| *v = f(*v + b)),
-            None => row.iter_mut().for_each(|v| *v = f(*v)),
+        |i: usize, first_column: usize, row: &mut [f32]| {
+            match bias {
+                Some(b) => row
+                    .iter_mut()
+                    .zip(&b[first_column..])
+                    .for_each(|(v, &b)| *v = f(*v + b)),
+                None => row.iter_mut().for_each(|v| *v = f(*v)),
+            }
+            if let Some(r) = residual {
+                row.iter_mut()
+                    .zip(&r[i * n + first_column..])
+                    .for_each(|(v, &r)| *v += r);
+            }
         },
     )
+}
+
+/// `residual + (x W + b)`, the layer added onto a residual stream of its output's shape, as
+/// one operation: the same bits as [`forward`] and an addition after it (test). The CPU
+/// path adds the residual's row to each row of the product while it is in cache: a GPT
+/// step's residual additions were each a pass of their own, over a product written to memory
+/// and read back.
+pub fn forward_onto(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    residual: &Tensor,
+) -> Result<Tensor> {
+    residual.expect_dtype("linear", DType::F32)?;
+    x.same_device("linear", residual)?;
+    if let Some(b) = bias {
+        x.same_device("linear", b)?;
+    }
+    match (x.cpu_f32(), weight.cpu_f32(), residual.cpu_f32()) {
+        (Some(xs), Some(ws), Some(rs)) => {
+            check_bias(weight, bias)?;
+            let (dims, shape) = MatmulDims::infer(x.shape(), weight.shape(), false, false)?;
+            if residual.shape() != shape.as_slice() {
+                return shape_err(
+                    "linear",
+                    format!("residual {:?} for an output of {shape:?}", residual.shape()),
+                );
+            }
+            let b = bias.map(|b| b.cpu_f32().expect("cpu"));
+            let y = with_bias(xs, ws, &dims, (b, Some(rs)), |z| z);
+            Tensor::from_vec(x.device(), &shape, y)
+        }
+        _ => binary(residual, &forward(x, weight, bias, None)?.y, Binary::Add),
+    }
 }
 
 #[cfg(test)]
@@ -264,6 +315,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `residual + layer(x)` and the gradients of `sum(y * s)` for x, the weight, the bias
+    /// and the residual: as one operation, or as the layer and an addition.
+    fn onto(params: &[&Tensor], s: &Tensor, fused: bool) -> (Tensor, Vec<Tensor>) {
+        let g = Graph::new(&Device::Cpu);
+        let (x, w, r) = (g.param(params[0]), g.param(params[1]), g.param(params[2]));
+        let b = params.get(3).map(|b| g.param(b));
+        let y = if fused {
+            g.linear_onto(x, w, b, r).unwrap()
+        } else {
+            let y = g.linear(x, w, b, None).unwrap();
+            g.add(r, y).unwrap()
+        };
+        let loss = g.sum_all(g.mul(y, g.input(s)).unwrap()).unwrap();
+        let value = g.value(y);
+        (value, g.loss_and_grads(loss, params).unwrap().1)
+    }
+
+    #[test]
+    fn onto_a_residual_gives_the_layer_and_additions_bits() {
+        // Rows of whole tiles and not, a stack sharing the weight, a product few rows tall
+        // enough to split its columns between tasks (row indices from a column block), a
+        // narrow one; with a bias and without.
+        for (seed, (x_shape, outputs)) in [
+            (vec![1, 1], 1),
+            (vec![5, 7], 3),
+            (vec![2, 13, 17], 33),
+            (vec![40, 64], 70),
+            (vec![50, 40], 9),
+            (vec![300, 64], 64),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let seed = seed as u64;
+            let inputs = *x_shape.last().unwrap();
+            let x = tensor(&x_shape, seed, 1.0);
+            let w = tensor(&[inputs, outputs], seed + 10, 0.5);
+            let b = tensor(&[outputs], seed + 20, 0.5);
+            let mut y_shape = x_shape.clone();
+            *y_shape.last_mut().unwrap() = outputs;
+            let r = tensor(&y_shape, seed + 30, 3.0);
+            let s = tensor(&y_shape, seed + 40, 1.0);
+            for params in [vec![&x, &w, &r, &b], vec![&x, &w, &r]] {
+                let what = format!(
+                    "{x_shape:?} x [{inputs}, {outputs}], bias {}",
+                    params.len() == 4
+                );
+                let (y, grads) = onto(&params, &s, true);
+                let (y_ref, grads_ref) = onto(&params, &s, false);
+                assert_eq!(y.shape(), y_ref.shape(), "{what}");
+                assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
+                for (i, (g, g_ref)) in grads.iter().zip(&grads_ref).enumerate() {
+                    assert_eq!(bits(g), bits(g_ref), "gradient {i}, {what}");
+                }
+            }
+        }
+        let (x, w) = (tensor(&[4, 3], 1, 1.0), tensor(&[3, 2], 2, 1.0));
+        assert!(
+            forward_onto(&x, &w, None, &tensor(&[4, 3], 3, 1.0)).is_err(),
+            "a residual of another shape"
+        );
+        assert!(forward_onto(
+            &x,
+            &w,
+            Some(&tensor(&[3], 4, 1.0)),
+            &tensor(&[4, 2], 5, 1.0)
+        )
+        .is_err());
     }
 
     #[test]

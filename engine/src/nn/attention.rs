@@ -52,6 +52,24 @@ impl DropoutPlan {
     }
 }
 
+/// `residual + dropout(layer(x))`: one operation where there is no dropout
+/// ([`Linear::forward_onto`]), the same bits as the layer and an addition.
+fn onto_residual(
+    g: &Graph,
+    layer: &Linear,
+    x: Var,
+    residual: Var,
+    dropout: Option<DropoutMask>,
+) -> Result<Var> {
+    match dropout {
+        None => layer.forward_onto(g, x, residual),
+        Some(mask) => {
+            let y = g.dropout(layer.forward(g, x)?, mask)?;
+            g.add(residual, y)
+        }
+    }
+}
+
 /// `softmax(q k^T / sqrt(d) + causal mask) v` over `heads` heads of width `dim / heads`.
 pub struct CausalSelfAttention {
     /// Projection of the input to the queries, `[dim, dim]`.
@@ -93,6 +111,35 @@ impl CausalSelfAttention {
     /// `x [batch, time, dim]` to `[batch, time, dim]`; `dropout` (sites `key_base` and
     /// `key_base + 1`) drops attention weights and the output.
     pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
+        let y = self.heads(g, x, dropout)?;
+        let mut y = self.proj.forward(g, y)?;
+        if let Some((plan, key)) = dropout {
+            y = g.dropout(y, plan.mask(key + 1))?;
+        }
+        Ok(y)
+    }
+
+    /// `residual + forward(x)`, the output projection added onto the residual as one
+    /// operation where no dropout comes between them.
+    pub fn forward_onto(
+        &self,
+        g: &Graph,
+        x: Var,
+        residual: Var,
+        dropout: Option<(DropoutPlan, u32)>,
+    ) -> Result<Var> {
+        let y = self.heads(g, x, dropout)?;
+        onto_residual(
+            g,
+            &self.proj,
+            y,
+            residual,
+            dropout.map(|(p, key)| p.mask(key + 1)),
+        )
+    }
+
+    /// The heads' outputs side by side, before the output projection.
+    fn heads(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
         let shape = g.shape(x);
         let &[_, _, c] = shape.as_slice() else {
             return shape_err(
@@ -109,12 +156,7 @@ impl CausalSelfAttention {
         let k = self.key.forward(g, x)?;
         let v = self.value.forward(g, x)?;
         let mask = dropout.map(|(plan, key)| plan.mask(key));
-        let y = g.causal_attention(q, k, v, self.heads, mask)?;
-        let mut y = self.proj.forward(g, y)?;
-        if let Some((plan, key)) = dropout {
-            y = g.dropout(y, plan.mask(key + 1))?;
-        }
-        Ok(y)
+        g.causal_attention(q, k, v, self.heads, mask)
     }
 }
 
@@ -181,16 +223,14 @@ impl Block {
 
     /// Dropout sites `key_base .. key_base + 3`.
     pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
-        let a = self.attn.forward(g, self.ln1.forward(g, x)?, dropout)?;
-        let x = g.add(x, a)?;
+        let x = self
+            .attn
+            .forward_onto(g, self.ln1.forward(g, x)?, x, dropout)?;
         let m = self
             .fc
             .forward_then(g, self.ln2.forward(g, x)?, Unary::Gelu)?;
-        let mut m = self.fc_proj.forward(g, m)?;
-        if let Some((plan, key)) = dropout {
-            m = g.dropout(m, plan.mask(key + 2))?;
-        }
-        g.add(x, m)
+        let mask = dropout.map(|(plan, key)| plan.mask(key + 2));
+        onto_residual(g, &self.fc_proj, m, x, mask)
     }
 }
 

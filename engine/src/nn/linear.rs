@@ -44,6 +44,13 @@ impl Linear {
         self.layer(g, x, Some(f))
     }
 
+    /// `residual + (x W + b)`: the layer added onto a residual stream as one operation of
+    /// the graph ([`Graph::linear_onto`]).
+    pub fn forward_onto(&self, g: &Graph, x: Var, residual: Var) -> Result<Var> {
+        let bias = self.bias.as_ref().map(|b| g.param(b));
+        g.linear_onto(x, g.param(&self.weight), bias, residual)
+    }
+
     fn layer(&self, g: &Graph, x: Var, f: Option<Unary>) -> Result<Var> {
         let bias = self.bias.as_ref().map(|b| g.param(b));
         g.linear(x, g.param(&self.weight), bias, f)
