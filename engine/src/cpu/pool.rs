@@ -13,7 +13,7 @@
 //! after a gap of a few tens of µs paid a wake-up through the kernel before its other half
 //! could start (a futex wake, and in a virtual machine an interrupt to a halted virtual CPU).
 //! So for the length of a step the other threads stay awake: each runs a job that takes the
-//! step's work as soon as it is there ([`stay_awake`]).
+//! step's work as soon as it is there.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -239,6 +239,23 @@ mod tests {
         t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
+    /// A layer's input of `x_shape`, weight and bias for `outputs`, and a tensor of the
+    /// output's shape; and the number of inputs.
+    fn operands(seed: u64, x_shape: &[usize], outputs: usize) -> (usize, [Tensor; 4]) {
+        let inputs = *x_shape.last().unwrap();
+        let mut y_shape = x_shape.to_vec();
+        *y_shape.last_mut().unwrap() = outputs;
+        (
+            inputs,
+            [
+                tensor(x_shape, seed, 1.0),
+                tensor(&[inputs, outputs], seed + 10, 0.5),
+                tensor(&[outputs], seed + 20, 0.5),
+                tensor(&y_shape, seed + 30, 1.0),
+            ],
+        )
+    }
+
     /// The layer's output and the gradients of `sum(y * r)` for `x`, the weight and the bias:
     /// through the one operation, or through the product, the addition and the activation.
     fn layer(
@@ -291,14 +308,7 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let seed = seed as u64;
-            let inputs = *x_shape.last().unwrap();
-            let x = tensor(&x_shape, seed, 1.0);
-            let w = tensor(&[inputs, outputs], seed + 10, 0.5);
-            let b = tensor(&[outputs], seed + 20, 0.5);
-            let mut y_shape = x_shape.clone();
-            *y_shape.last_mut().unwrap() = outputs;
-            let r = tensor(&y_shape, seed + 30, 1.0);
+            let (inputs, [x, w, b, r]) = operands(seed as u64, &x_shape, outputs);
             for f in activations {
                 for params in [vec![&x, &w, &b], vec![&x, &w]] {
                     let what = format!(
@@ -350,15 +360,8 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let seed = seed as u64;
-            let inputs = *x_shape.last().unwrap();
-            let x = tensor(&x_shape, seed, 1.0);
-            let w = tensor(&[inputs, outputs], seed + 10, 0.5);
-            let b = tensor(&[outputs], seed + 20, 0.5);
-            let mut y_shape = x_shape.clone();
-            *y_shape.last_mut().unwrap() = outputs;
-            let r = tensor(&y_shape, seed + 30, 3.0);
-            let s = tensor(&y_shape, seed + 40, 1.0);
+            let (inputs, [x, w, b, s]) = operands(seed as u64, &x_shape, outputs);
+            let r = s.scale(-3.0).unwrap();
             for params in [vec![&x, &w, &r, &b], vec![&x, &w, &r]] {
                 let what = format!(
                     "{x_shape:?} x [{inputs}, {outputs}], bias {}",
