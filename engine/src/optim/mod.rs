@@ -109,6 +109,41 @@ impl Sgd {
     }
 }
 
+/// `update(param, grad, its state tensors)` for every parameter: on the CPU, parameters side
+/// by side on rayon's pool (each update is its own, so the bits are those of one after
+/// another), on a GPU one after another, as their kernels are queued. A GPT's tensors are at
+/// most 16,384 floats, each below an update's own split into parallel chunks, so the whole
+/// step ran on one thread: 0.33 ms of a 14.5 ms step (the per-op timer, session 22).
+fn each_parameter<const S: usize>(
+    params: &mut [&mut Tensor],
+    grads: &[Tensor],
+    state: [&mut Vec<Tensor>; S],
+    update: impl Fn(&mut Tensor, &Tensor, [&mut Tensor; S]) -> Result<()> + Sync,
+) -> Result<()> {
+    // The state of parameter `i`: its tensor in each of the `S` lists.
+    let mut per_param: Vec<[&mut Tensor; S]> = Vec::with_capacity(params.len());
+    let mut lists = state.map(|list| list.iter_mut());
+    for _ in 0..params.len() {
+        let next = lists.each_mut().map(|list| list.next());
+        if next.iter().any(Option::is_none) {
+            return shape_err("optimizer step", "fewer state tensors than parameters");
+        }
+        per_param.push(next.map(|t| t.expect("checked")));
+    }
+    if params.iter().any(|p| p.device().is_gpu()) {
+        for ((p, g), s) in params.iter_mut().zip(grads).zip(per_param) {
+            update(p, g, s)?;
+        }
+        return Ok(());
+    }
+    use rayon::prelude::*;
+    params
+        .par_iter_mut()
+        .zip(grads)
+        .zip(per_param)
+        .try_for_each(|((p, g), s)| update(p, g, s))
+}
+
 fn check_pairs(params: &[&mut Tensor], grads: &[Tensor], state: &[Tensor]) -> Result<()> {
     if params.len() != grads.len() || (!state.is_empty() && state.len() != params.len()) {
         return shape_err(
@@ -146,9 +181,9 @@ impl Optimizer for Sgd {
             nesterov: c.nesterov,
             first: self.steps == 0,
         };
-        for ((p, g), b) in params.iter_mut().zip(grads).zip(&mut self.buffers) {
-            sgd_step(p, g, b, &s)?;
-        }
+        each_parameter(params, grads, [&mut self.buffers], |p, g, [b]| {
+            sgd_step(p, g, b, &s)
+        })?;
         self.steps += 1;
         Ok(())
     }
@@ -246,9 +281,9 @@ impl Optimizer for AdamW {
             weight_decay: c.weight_decay,
             step: self.steps,
         };
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            adamw_step(p, g, &mut self.m[i], &mut self.v[i], &s)?;
-        }
+        each_parameter(params, grads, [&mut self.m, &mut self.v], |p, g, [m, v]| {
+            adamw_step(p, g, m, v, &s)
+        })?;
         Ok(())
     }
 
@@ -280,5 +315,59 @@ impl Optimizer for AdamW {
         self.v = v;
         self.steps = state.steps;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Device;
+
+    /// Parameters updated side by side give the bits of each updated alone, with its own
+    /// moments, step after step.
+    #[test]
+    fn parameters_updated_side_by_side_are_each_updated_alone() {
+        let cpu = Device::Cpu;
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 * 1e-3 - 1.0)
+                .collect()
+        };
+        // Sizes below and above an update's own parallel chunks, and one of a single float.
+        let sizes = [1usize, 4096, 16_384, 40_000, 300];
+        let mut together: Vec<Tensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Tensor::from_vec(&cpu, &[n], values(n, i)).unwrap())
+            .collect();
+        let mut alone = together.clone();
+        let mut optimizer = AdamW::new(AdamWConfig::default());
+        let mut singles: Vec<AdamW> = sizes
+            .iter()
+            .map(|_| AdamW::new(AdamWConfig::default()))
+            .collect();
+        for step in 0..3 {
+            let grads: Vec<Tensor> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| Tensor::from_vec(&cpu, &[n], values(n, 10 * step + i + 7)).unwrap())
+                .collect();
+            optimizer
+                .step(&mut together.iter_mut().collect::<Vec<_>>(), &grads)
+                .unwrap();
+            for ((p, g), single) in alone.iter_mut().zip(&grads).zip(&mut singles) {
+                single.step(&mut [p], std::slice::from_ref(g)).unwrap();
+            }
+            for (a, b) in together.iter().zip(&alone) {
+                let bits = |t: &Tensor| {
+                    t.to_vec()
+                        .unwrap()
+                        .into_iter()
+                        .map(f32::to_bits)
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(a), bits(b), "step {step}, {:?}", a.shape());
+            }
+        }
     }
 }
