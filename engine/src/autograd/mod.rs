@@ -307,17 +307,7 @@ impl Graph {
             bias_value.as_ref(),
             activation,
         )?;
-        let op = Op::Linear {
-            x,
-            weight,
-            bias,
-            activation,
-            pre_activation: out.pre_activation,
-            derivative: out.derivative,
-            residual: None,
-        };
-        let inputs: Vec<Var> = [x, weight].into_iter().chain(bias).collect();
-        Ok(self.record(out.y, op, &inputs))
+        Ok(self.record_linear((x, weight, bias), activation, out, None))
     }
 
     /// `residual + (x weight + bias)`: a layer added onto a residual stream as one operation
@@ -337,17 +327,37 @@ impl Graph {
             bias_value.as_ref(),
             &self.value(residual),
         )?;
+        let out = linear::Affine {
+            y,
+            pre_activation: None,
+            derivative: None,
+        };
+        Ok(self.record_linear((x, weight, bias), None, out, Some(residual)))
+    }
+
+    /// The node of a layer's output, `out`, with what its gradient reads.
+    fn record_linear(
+        &self,
+        (x, weight, bias): (Var, Var, Option<Var>),
+        activation: Option<Unary>,
+        out: linear::Affine,
+        residual: Option<Var>,
+    ) -> Var {
         let op = Op::Linear {
             x,
             weight,
             bias,
-            activation: None,
-            pre_activation: None,
-            derivative: None,
-            residual: Some(residual),
+            activation,
+            pre_activation: out.pre_activation,
+            derivative: out.derivative,
+            residual,
         };
-        let inputs: Vec<Var> = [x, weight, residual].into_iter().chain(bias).collect();
-        Ok(self.record(y, op, &inputs))
+        let inputs: Vec<Var> = [x, weight]
+            .into_iter()
+            .chain(residual)
+            .chain(bias)
+            .collect();
+        self.record(out.y, op, &inputs)
     }
 
     fn binary(&self, a: Var, b: Var, op: Binary) -> Result<Var> {

@@ -41,10 +41,7 @@ pub fn forward(
     bias: Option<&Tensor>,
     f: Option<Unary>,
 ) -> Result<Affine> {
-    if let Some(b) = bias {
-        x.same_device("linear", b)?;
-    }
-    check_bias(weight, bias)?;
+    check_layer(x, weight, bias)?;
     match x.device() {
         Device::Cpu => cpu_forward(x, weight, bias, f),
         Device::Gpu(_) => {
@@ -73,9 +70,10 @@ pub fn forward(
     }
 }
 
-/// The weight is a matrix and the bias, if any, an f32 vector of its outputs.
-fn check_bias(weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+/// The weight is a matrix and the bias, if any, an f32 vector of its outputs on `x`'s device.
+fn check_layer(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
     if let Some(b) = bias {
+        x.same_device("linear", b)?;
         b.expect_dtype("linear", DType::F32)?;
         let outputs = weight.shape().last().copied().unwrap_or(0);
         if b.shape() != [outputs] {
@@ -199,21 +197,19 @@ pub fn forward_onto(
     bias: Option<&Tensor>,
     residual: &Tensor,
 ) -> Result<Tensor> {
+    check_layer(x, weight, bias)?;
     residual.expect_dtype("linear", DType::F32)?;
     x.same_device("linear", residual)?;
-    if let Some(b) = bias {
-        x.same_device("linear", b)?;
+    let (dims, shape) = MatmulDims::infer(x.shape(), weight.shape(), false, false)?;
+    // Checked on both paths: the GPU's addition would broadcast a residual of another shape.
+    if residual.shape() != shape.as_slice() {
+        return shape_err(
+            "linear",
+            format!("residual {:?} for an output of {shape:?}", residual.shape()),
+        );
     }
     match (x.cpu_f32(), weight.cpu_f32(), residual.cpu_f32()) {
         (Some(xs), Some(ws), Some(rs)) => {
-            check_bias(weight, bias)?;
-            let (dims, shape) = MatmulDims::infer(x.shape(), weight.shape(), false, false)?;
-            if residual.shape() != shape.as_slice() {
-                return shape_err(
-                    "linear",
-                    format!("residual {:?} for an output of {shape:?}", residual.shape()),
-                );
-            }
             let b = bias.map(|b| b.cpu_f32().expect("cpu"));
             let y = with_bias(xs, ws, &dims, (b, Some(rs)), |z| z);
             Tensor::from_vec(x.device(), &shape, y)
@@ -380,6 +376,10 @@ mod tests {
         assert!(
             forward_onto(&x, &w, None, &tensor(&[4, 3], 3, 1.0)).is_err(),
             "a residual of another shape"
+        );
+        assert!(
+            forward_onto(&x, &w, None, &tensor(&[1, 2], 6, 1.0)).is_err(),
+            "a residual that an addition would broadcast"
         );
         assert!(forward_onto(
             &x,

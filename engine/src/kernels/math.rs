@@ -115,11 +115,11 @@ pub const EXP_BLOCK: usize = 128;
 /// taken a stage at a time over the block (the argument's reduction, the polynomial, the
 /// scaling and the edge cases).
 ///
-/// Element by element, exp is a chain of about 30 dependent operations whose latencies add
-/// to some 100 cycles, and a loop of such chains keeps only the few iterations that fit in
-/// the core's scheduler in flight: GELU's loop ran one 16-lane vector per 41 cycles on Zen 5,
-/// whatever its division cost (replaced by a product, the same). A stage at a time, each
-/// loop's iterations are short and independent and the core overlaps many: 27 cycles.
+/// Element by element, exp is a chain of about 30 dependent operations, and a loop of such
+/// chains keeps only the few iterations that fit in the core's scheduler in flight. GELU on
+/// [64, 256] (1,024 vectors of 16 lanes) took 10.3 µs on one Zen 5 core, and as long with
+/// its division replaced by a product; a stage at a time, each loop's iterations are short
+/// and independent and the core overlaps many: 6.6 µs (docs/benchmarks.md, session 22).
 #[inline(always)]
 pub fn exp_block<const N: usize>(v: &mut [f32; N]) {
     let mut k = [0.0f32; N];
@@ -250,6 +250,19 @@ pub fn tanh(x: f32) -> f32 {
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
+}
+
+/// [`sigmoid`] of every element of `v`, in place, with its bits: the exps a stage at a time
+/// ([`exp_block`]).
+#[inline(always)]
+pub fn sigmoid_block<const N: usize>(v: &mut [f32; N]) {
+    for x in v.iter_mut() {
+        *x = -*x;
+    }
+    exp_block(v);
+    for e in v.iter_mut() {
+        *e = 1.0 / (1.0 + *e);
+    }
 }
 
 /// Invocations per row in the row-reduction kernels (`ROW_LANES` in shaders/common/rows.wgsl).

@@ -38,7 +38,7 @@ pub enum Unary {
     },
 }
 
-use super::math::{exp, exp_block, ln, sigmoid, tanh, EXP_BLOCK};
+use super::math::{exp, ln, sigmoid, sigmoid_block, tanh, EXP_BLOCK};
 
 /// sqrt(2 / pi) and the cubic coefficient; the WGSL spells out the same f32 values.
 const GELU_C: f32 = f32::from_bits(0x3f4c_422a);
@@ -134,7 +134,13 @@ impl Unary {
 /// GELU's gate `sigmoid(2u)`: GELU is `x` times it, and its derivative reads it again.
 #[inline(always)]
 fn gelu_gate(x: f32) -> f32 {
-    sigmoid(2.0 * GELU_C * (x + GELU_A * x * x * x))
+    sigmoid(gelu_gate_argument(x))
+}
+
+/// `2u`, the gate's argument.
+#[inline(always)]
+fn gelu_gate_argument(x: f32) -> f32 {
+    2.0 * GELU_C * (x + GELU_A * x * x * x)
 }
 
 /// GELU's derivative at `x`, whose gate is `s`.
@@ -255,15 +261,10 @@ pub fn gelu_and_derivative(x: &Tensor) -> Result<(Tensor, Tensor)> {
         xs,
         #[inline(always)]
         |x: &[f32; EXP_BLOCK], y, derivative| {
-            // `gelu_gate`'s steps, a stage at a time: exp's argument, exp, the sigmoid; then
-            // GELU and its derivative from the gate.
-            let mut gate = [0.0f32; EXP_BLOCK];
-            for (g, &v) in gate.iter_mut().zip(x) {
-                *g = -(2.0 * GELU_C * (v + GELU_A * v * v * v));
-            }
-            exp_block(&mut gate);
-            for (((g, y), d), &v) in gate.iter_mut().zip(y.iter_mut()).zip(derivative).zip(x) {
-                let s = 1.0 / (1.0 + *g);
+            // `gelu_gate` a block at a time, then GELU and its derivative from the gate.
+            let mut gate = x.map(gelu_gate_argument);
+            sigmoid_block(&mut gate);
+            for (((&s, y), d), &v) in gate.iter().zip(y.iter_mut()).zip(derivative).zip(x) {
                 *y = v * s;
                 *d = gelu_derivative(v, s);
             }

@@ -63,10 +63,16 @@ fn onto_residual(
 ) -> Result<Var> {
     match dropout {
         None => layer.forward_onto(g, x, residual),
-        Some(mask) => {
-            let y = g.dropout(layer.forward(g, x)?, mask)?;
-            g.add(residual, y)
-        }
+        Some(_) => g.add(residual, dropped(g, layer, x, dropout)?),
+    }
+}
+
+/// `dropout(layer(x))`, or the layer alone without dropout.
+fn dropped(g: &Graph, layer: &Linear, x: Var, dropout: Option<DropoutMask>) -> Result<Var> {
+    let y = layer.forward(g, x)?;
+    match dropout {
+        Some(mask) => g.dropout(y, mask),
+        None => Ok(y),
     }
 }
 
@@ -112,11 +118,7 @@ impl CausalSelfAttention {
     /// `key_base + 1`) drops attention weights and the output.
     pub fn forward(&self, g: &Graph, x: Var, dropout: Option<(DropoutPlan, u32)>) -> Result<Var> {
         let y = self.heads(g, x, dropout)?;
-        let mut y = self.proj.forward(g, y)?;
-        if let Some((plan, key)) = dropout {
-            y = g.dropout(y, plan.mask(key + 1))?;
-        }
-        Ok(y)
+        dropped(g, &self.proj, y, dropout.map(|(p, key)| p.mask(key + 1)))
     }
 
     /// `residual + forward(x)`, the output projection added onto the residual as one
