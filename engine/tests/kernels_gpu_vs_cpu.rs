@@ -214,8 +214,8 @@ fn loops_past_65535_iterations_run_to_the_end() {
     let (_, cs) = layernorm(&cx, &cg, &cg, 1e-5).unwrap();
     let (_, gs) = layernorm(&gx, &gg, &gg, 1e-5).unwrap();
     let (c, gr) = (
-        layernorm_backward(&cx, &cg, &cs, &cdy).unwrap(),
-        layernorm_backward(&gx, &gg, &gs, &gdy).unwrap(),
+        layernorm_backward(&cx, &cg, &cs, &cdy, None).unwrap(),
+        layernorm_backward(&gx, &gg, &gs, &gdy, None).unwrap(),
     );
     assert_close(
         "layernorm dbeta over 70,000 rows",
@@ -658,8 +658,8 @@ fn layernorm_forward_backward() {
             1e-4,
         );
         let (c, g) = (
-            layernorm_backward(&cx, &cg, &cs, &cdy).unwrap(),
-            layernorm_backward(&gx, &gg, &gs, &gdy).unwrap(),
+            layernorm_backward(&cx, &cg, &cs, &cdy, None).unwrap(),
+            layernorm_backward(&gx, &gg, &gs, &gdy, None).unwrap(),
         );
         assert_close(
             &format!("layernorm dx {what}"),

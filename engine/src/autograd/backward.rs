@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use super::{Grads, Graph, Op, Var};
 use crate::error::{shape_err, Result};
 use crate::kernels::binary::{broadcast_to, Binary};
+use crate::kernels::linear;
 use crate::kernels::matmul::{matmul, MatmulDims};
 use crate::kernels::reduce::sum_to_shape;
 use crate::kernels::unary::{times_derivative, unary, unary_backward, Unary};
@@ -125,19 +126,23 @@ pub(super) fn run(
                 if let Some(b) = bias.filter(|b| needs(*b)) {
                     out.push((b, sum_to_shape(&dz, value(b).shape())?));
                 }
-                let [dx, dw] = matmul_grads(
+                if needs(*x) {
+                    // Added onto the gradient `x` has in the product's rows, where `x` is no
+                    // other operand of this node (whose contributions come in their order).
+                    let alone = ![Some(*weight), *residual, *bias].contains(&Some(*x));
+                    let earlier = if alone { grads[x.0].take() } else { None };
+                    let dx = linear::input_gradient(&dz, value(*weight), earlier.as_ref())?;
+                    out.push((*x, dx));
+                }
+                let [_, dw] = matmul_grads(
                     value(*x),
                     value(*weight),
                     false,
                     false,
                     &dz,
-                    [needs(*x), needs(*weight)],
+                    [false, needs(*weight)],
                 )?;
-                out.extend(
-                    [(*x, dx), (*weight, dw)]
-                        .into_iter()
-                        .filter_map(|(v, g)| g.map(|g| (v, g))),
-                );
+                out.extend(dw.map(|dw| (*weight, dw)));
                 out
             }
             Op::Binary { a, b, op } => {
@@ -228,8 +233,17 @@ pub(super) fn run(
                 beta,
                 stats,
             } => {
-                let (dx, dgamma, dbeta) =
-                    layernorm::layernorm_backward(value(*x), value(*gamma), stats, &dy)?;
+                // `x`'s gradient added onto the one it has in the pass that computes it, where
+                // `x` is no other operand.
+                let alone = ![*gamma, *beta].contains(x);
+                let earlier = if alone { grads[x.0].take() } else { None };
+                let (dx, dgamma, dbeta) = layernorm::layernorm_backward(
+                    value(*x),
+                    value(*gamma),
+                    stats,
+                    &dy,
+                    earlier.as_ref(),
+                )?;
                 vec![(*x, dx), (*gamma, dgamma), (*beta, dbeta)]
             }
             Op::ImageNorm {

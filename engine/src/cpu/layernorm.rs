@@ -214,14 +214,20 @@ pub(crate) fn image_row(
 
 /// The input's gradient of a normalization whose output's gradient, times gamma, is what
 /// `gamma_times(row, g, room)` writes into `g` for row `row` (`room`, as long as a row, is
-/// free for building it): by groups of 16 rows in parallel, the reference's arithmetic.
+/// free for building it): by groups of 16 rows in parallel, the reference's arithmetic;
+/// with `onto` (as long as `x`), `onto + that` for each element.
 fn input_gradient(
     x: &[f32],
     stats: &[f32],
     cols: usize,
     gamma_times: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+    onto: Option<&[f32]>,
 ) -> Vec<f32> {
     assert!(cols > 0 && x.len().is_multiple_of(cols), "a partial row");
+    assert!(
+        onto.is_none_or(|o| o.len() == x.len()),
+        "onto not x's length"
+    );
     let rows_per_task = (CHUNK / cols).max(1);
     let mut dx = Unwritten::new(x.len());
     // g = dy * gamma, then g * xhat, for the rows' two sums: room for a group, made once a
@@ -241,7 +247,15 @@ fn input_gradient(
                         for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
                             let first = t * rows_per_task + k * SIDE_BY_SIDE;
                             let group = first..first + out.len() / cols;
-                            group_input_gradient(x, stats, group, &gamma_times, scratch, out);
+                            let onto = onto.map(|o| &o[first * cols..][..out.len()]);
+                            group_input_gradient(
+                                x,
+                                stats,
+                                group,
+                                (&gamma_times, onto),
+                                scratch,
+                                out,
+                            );
                         }
                     },
                 );
@@ -273,14 +287,14 @@ impl GroupGradientScratch {
 /// The input gradient of rows `group` (at most 16) into `out` (as long as the rows, every
 /// slot written), from `x`, the rows' `stats` and their output gradients times gamma, which
 /// `gamma_times` writes into the scratch: the reference's arithmetic, the rows' sums side by
-/// side ([`sixteen_row_sums`]) when the group is whole. Always inlined, to run on the
-/// caller's vector unit.
+/// side ([`sixteen_row_sums`]) when the group is whole; added onto the rows' `onto` (as long
+/// as `out`) where there is one. Always inlined, to run on the caller's vector unit.
 #[inline(always)]
 fn group_input_gradient(
     x: &[f32],
     stats: &[f32],
     group: std::ops::Range<usize>,
-    gamma_times: &impl Fn(usize, &mut [f32], &mut [f32]),
+    (gamma_times, onto): (&impl Fn(usize, &mut [f32], &mut [f32]), Option<&[f32]>),
     scratch: &mut GroupGradientScratch,
     out: &mut [MaybeUninit<f32>],
 ) {
@@ -324,8 +338,21 @@ fn group_input_gradient(
     for (i, out) in out.chunks_mut(cols).enumerate() {
         let (mean, rstd) = stat(i);
         let (mean_g, mean_gx) = (sums_g[i] / cols as f32, sums_gx[i] / cols as f32);
-        for ((o, &g), &v) in out.iter_mut().zip(g_row(i)).zip(row(i)) {
-            o.write(rstd * (g - mean_g - (v - mean) * rstd * mean_gx));
+        let dx = |g: f32, v: f32| rstd * (g - mean_g - (v - mean) * rstd * mean_gx);
+        let values = out.iter_mut().zip(g_row(i)).zip(row(i));
+        match onto {
+            // `acc + dx`, as the backward pass's accumulation adds a gradient to the one
+            // before it.
+            Some(onto) => {
+                for (((o, &g), &v), &acc) in values.zip(&onto[i * cols..][..cols]) {
+                    o.write(acc + dx(g, v));
+                }
+            }
+            None => {
+                for ((o, &g), &v) in values {
+                    o.write(dx(g, v));
+                }
+            }
         }
     }
 }
@@ -448,17 +475,21 @@ pub(crate) fn image_input_gradient(
                 }
             }
         },
+        None,
     )
 }
 
 /// `(dx, dgamma, dbeta)`. `dx` by rows in parallel; `dgamma` and `dbeta` by column blocks,
-/// each column summed over the rows in ascending order from 0, as the reference does.
+/// each column summed over the rows in ascending order from 0, as the reference does. With
+/// `onto` (as long as `x`), `dx` is `onto + dx`, element by element: the input's gradient
+/// added onto the one it already has, in the pass that computes it.
 pub fn backward(
     x: &[f32],
     gamma: &[f32],
     stats: &[f32],
     dy: &[f32],
     cols: usize,
+    onto: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let dx = input_gradient(
         x,
@@ -470,6 +501,7 @@ pub fn backward(
                 *g = d * w;
             }
         },
+        onto,
     );
     let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
     // Each block of columns walks the rows in order, its columns side by side in vector lanes.
@@ -562,9 +594,14 @@ mod tests {
             let (want_y, want_stats) = layernorm_ref(&x, &gamma, &beta, cols, 1e-5);
             assert_eq!(bits(&y), bits(&want_y), "[{rows}, {cols}] y");
             assert_eq!(bits(&stats), bits(&want_stats), "[{rows}, {cols}] stats");
-            let (dx, dg, db) = backward(&x, &gamma, &stats, &dy, cols);
+            let (dx, dg, db) = backward(&x, &gamma, &stats, &dy, cols, None);
             let (want_dx, want_dg, want_db) = layernorm_backward_ref(&x, &gamma, &stats, &dy, cols);
             assert_eq!(bits(&dx), bits(&want_dx), "[{rows}, {cols}] dx");
+            // Onto an earlier gradient: the sum an addition after it gives.
+            let acc: Vec<f32> = dy.iter().map(|d| d * -1.75 + 0.5).collect();
+            let (onto, _, _) = backward(&x, &gamma, &stats, &dy, cols, Some(&acc));
+            let want: Vec<f32> = acc.iter().zip(&want_dx).map(|(a, d)| a + d).collect();
+            assert_eq!(bits(&onto), bits(&want), "[{rows}, {cols}] onto");
             assert_eq!(bits(&dg), bits(&want_dg), "[{rows}, {cols}] dgamma");
             assert_eq!(bits(&db), bits(&want_db), "[{rows}, {cols}] dbeta");
         }

@@ -168,7 +168,7 @@ mod composed {
     ) -> Result<Tensor> {
         let (flat, ones, _) = rows(x)?;
         let dnormed = binary(dy, gamma, Binary::Mul)?.reshape(flat.shape())?;
-        layernorm_backward(&flat, &ones, stats, &dnormed)?
+        layernorm_backward(&flat, &ones, stats, &dnormed, None)?
             .0
             .reshape(x.shape())
     }

@@ -137,24 +137,37 @@ pub fn layernorm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<
     }
 }
 
-/// Gradients `(dx, dgamma, dbeta)` from the forward input, gamma, statistics and `dy`.
+/// Gradients `(dx, dgamma, dbeta)` from the forward input, gamma, statistics and `dy`; with
+/// `onto` (of `x`'s shape), `onto + dx` in place of `dx`: the input's gradient added onto the
+/// one it already has, the bits of that addition after this (test). The CPU path adds it as
+/// it writes `dx`: in a GPT step, each block's two layer norms' input gradients were added
+/// to the residual stream's in passes of their own.
 pub fn layernorm_backward(
     x: &Tensor,
     gamma: &Tensor,
     stats: &Tensor,
     dy: &Tensor,
+    onto: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (rows, cols) = check(x, gamma)?;
-    if dy.shape() != x.shape() || stats.shape() != [rows, 2] {
+    if dy.shape() != x.shape()
+        || stats.shape() != [rows, 2]
+        || onto.is_some_and(|o| o.shape() != x.shape())
+    {
         return shape_err(
             "layernorm_backward",
             format!(
-                "x {:?}, dy {:?}, stats {:?}",
+                "x {:?}, dy {:?}, stats {:?}, onto {:?}",
                 x.shape(),
                 dy.shape(),
-                stats.shape()
+                stats.shape(),
+                onto.map(|o| o.shape())
             ),
         );
+    }
+    if let Some(o) = onto {
+        o.expect_dtype("layernorm_backward", DType::F32)?;
+        x.same_device("layernorm_backward", o)?;
     }
     match x.device() {
         Device::Cpu => {
@@ -164,6 +177,7 @@ pub fn layernorm_backward(
                 stats.cpu_f32().expect("cpu"),
                 dy.cpu_f32().expect("cpu"),
                 cols,
+                onto.map(|o| o.cpu_f32().expect("cpu")),
             );
             let d = x.device();
             Ok((
@@ -206,8 +220,12 @@ pub fn layernorm_backward(
                     grid_1d(cols),
                 );
             }
+            let dx = Tensor::from_gpu(gpu, x.shape(), DType::F32, dx);
             Ok((
-                Tensor::from_gpu(gpu, x.shape(), DType::F32, dx),
+                match onto {
+                    Some(o) => o.add(&dx)?,
+                    None => dx,
+                },
                 Tensor::from_gpu(gpu, &[cols], DType::F32, dgamma),
                 Tensor::from_gpu(gpu, &[cols], DType::F32, dbeta),
             ))

@@ -218,10 +218,71 @@ pub fn forward_onto(
     }
 }
 
+/// The gradient of a layer's input, `dz Wᵀ` for `dz [.., outputs]` and `weight [inputs,
+/// outputs]`; with `onto` (of the input's shape), `onto + dz Wᵀ`: the input's gradient added
+/// onto the one it already has, as the backward pass adds a node's contribution to an earlier
+/// one, with the bits of the product and that addition (test). The CPU path adds each row as
+/// its sums complete, while it is in cache: in a GPT step, the gradient of the input that
+/// three projections share was added in passes of its own (a probe on the GPT's [2048, 64],
+/// operands from beyond the caches: 102–125 µs as a product and an addition, 62–79 in one).
+///
+/// Multiplying by an activation's derivative in the same way (the gradient of a GELU layer's
+/// output, [2048, 256]) was slower than a pass of its own, 272–314 µs against 258–277: the
+/// derivative's rows read among the product's stalled it, where a pass streams them.
+pub fn input_gradient(dz: &Tensor, weight: &Tensor, onto: Option<&Tensor>) -> Result<Tensor> {
+    dz.expect_dtype("linear input gradient", DType::F32)?;
+    weight.expect_dtype("linear input gradient", DType::F32)?;
+    dz.same_device("linear input gradient", weight)?;
+    if weight.shape().len() != 2 {
+        return shape_err(
+            "linear input gradient",
+            format!("weight must be [inputs, outputs], is {:?}", weight.shape()),
+        );
+    }
+    let (dims, shape) = MatmulDims::infer(dz.shape(), weight.shape(), false, true)?;
+    if let Some(acc) = onto {
+        acc.expect_dtype("linear input gradient", DType::F32)?;
+        dz.same_device("linear input gradient", acc)?;
+        if acc.shape() != shape.as_slice() {
+            return shape_err(
+                "linear input gradient",
+                format!("{:?} to add onto a gradient of {shape:?}", acc.shape()),
+            );
+        }
+    }
+    let (Some(dzs), Some(ws)) = (dz.cpu_f32(), weight.cpu_f32()) else {
+        let dx = matmul(dz, weight, false, true)?;
+        return match onto {
+            Some(acc) => acc.add(&dx),
+            None => Ok(dx),
+        };
+    };
+    let n = dims.n;
+    let dx = match onto {
+        None => crate::cpu::gemm::matmul(dzs, ws, &dims),
+        Some(acc) => {
+            let acc = acc.cpu_f32().expect("cpu");
+            crate::cpu::gemm::matmul_then(
+                dzs,
+                ws,
+                &dims,
+                #[inline(always)]
+                |i: usize, first_column: usize, row: &mut [f32]| {
+                    // `value + acc`: the bits of `acc + value` (an addition's operands commute).
+                    row.iter_mut()
+                        .zip(&acc[i * n + first_column..])
+                        .for_each(|(v, &a)| *v += a);
+                },
+            )
+        }
+    };
+    Tensor::from_vec(dz.device(), &shape, dx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::autograd::Graph;
+    use crate::autograd::{Graph, Var};
     use crate::rng::Rng;
 
     fn tensor(shape: &[usize], seed: u64, scale: f32) -> Tensor {
@@ -388,6 +449,74 @@ mod tests {
             &tensor(&[4, 2], 5, 1.0)
         )
         .is_err());
+    }
+
+    /// The reads of a GPT block, in a graph of `[rows, width]`: `x` read by a layer norm and
+    /// added back onto, the norm's output read by three layers, then a GELU layer and one onto
+    /// the residual. Its output and the gradients of `sum(out * s)` for every parameter;
+    /// `combined` reads each node directly, so that the backward pass adds a node's gradient
+    /// onto the one it has in the rows of the product or the norm that computes it, and
+    /// otherwise through a reshape, which the backward pass adds in a pass of its own.
+    fn shared_reads(params: &[&Tensor], s: &Tensor, combined: bool) -> (Tensor, Vec<Tensor>) {
+        let g = Graph::new(&Device::Cpu);
+        let v: Vec<Var> = params.iter().map(|p| g.param(p)).collect();
+        let &[x, gamma, beta, w1, w2, w3, wf, bf, wp] = v.as_slice() else {
+            panic!("nine parameters")
+        };
+        let via = |v: Var| {
+            if combined {
+                v
+            } else {
+                g.reshape(v, &g.shape(v)).unwrap()
+            }
+        };
+        let h = g.layer_norm(via(x), gamma, beta, 1e-5).unwrap();
+        let [a, b, c] = [w1, w2, w3].map(|w| g.linear(via(h), w, None, None).unwrap());
+        let y = g.add(g.add(a, b).unwrap(), c).unwrap();
+        let y = g.add(x, y).unwrap();
+        let m = g.linear(via(y), wf, Some(bf), Some(Unary::Gelu)).unwrap();
+        let out = g.linear_onto(via(m), wp, None, y).unwrap();
+        let loss = g.sum_all(g.mul(out, g.input(s)).unwrap()).unwrap();
+        let value = g.value(out);
+        (value, g.loss_and_grads(loss, params).unwrap().1)
+    }
+
+    #[test]
+    fn gradients_added_in_rows_give_the_additions_bits() {
+        // Rows off the tiles and a stack of them; widths off the vector lanes.
+        for (seed, (rows, width)) in [(1, 1), (7, 3), (45, 17), (130, 64)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 100 + seed as u64;
+            let square = |i: u64| tensor(&[width, width], seed + i, 0.5);
+            let params = [
+                tensor(&[rows, width], seed, 1.0),
+                tensor(&[width], seed + 1, 0.5),
+                tensor(&[width], seed + 2, 0.5),
+                square(3),
+                square(4),
+                square(5),
+                tensor(&[width, 4 * width], seed + 6, 0.5),
+                tensor(&[4 * width], seed + 7, 0.5),
+                tensor(&[4 * width, width], seed + 8, 0.5),
+            ];
+            let params: Vec<&Tensor> = params.iter().collect();
+            let s = tensor(&[rows, width], seed + 9, 1.0);
+            let (y, grads) = shared_reads(&params, &s, true);
+            let (y_ref, grads_ref) = shared_reads(&params, &s, false);
+            assert_eq!(bits(&y), bits(&y_ref), "output, [{rows}, {width}]");
+            for (i, (g, g_ref)) in grads.iter().zip(&grads_ref).enumerate() {
+                assert_eq!(bits(g), bits(g_ref), "gradient {i}, [{rows}, {width}]");
+            }
+        }
+        // The addition checks its operand.
+        let (dz, w) = (tensor(&[4, 2], 1, 1.0), tensor(&[3, 2], 2, 1.0));
+        assert!(input_gradient(&dz, &w, Some(&tensor(&[4, 2], 3, 1.0))).is_err());
+        assert!(input_gradient(&dz, &w, Some(&tensor(&[3], 4, 1.0))).is_err());
+        assert!(input_gradient(&dz, &tensor(&[3, 2, 1], 5, 1.0), None).is_err());
+        let dx = input_gradient(&dz, &w, Some(&tensor(&[4, 3], 6, 1.0))).unwrap();
+        assert_eq!(dx.shape(), [4, 3]);
     }
 
     #[test]
