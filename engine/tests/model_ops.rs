@@ -329,8 +329,10 @@ fn causal_attention_gpu_matches_cpu() {
                 1e-5,
                 1e-4,
             );
-            let c = causal_attention_backward(&q.0, &k.0, &v.0, &cw, heads, mask, &dy.0).unwrap();
-            let g = causal_attention_backward(&q.1, &k.1, &v.1, &gw, heads, mask, &dy.1).unwrap();
+            let c =
+                causal_attention_backward(&q.0, &k.0, &v.0, &cw, heads, mask, &dy.0, None).unwrap();
+            let g =
+                causal_attention_backward(&q.1, &k.1, &v.1, &gw, heads, mask, &dy.1, None).unwrap();
             for (name, (g, c)) in ["dq", "dk", "dv"].iter().zip(g.iter().zip(&c)) {
                 assert_close(
                     &format!("{name}, {what}"),

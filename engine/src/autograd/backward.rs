@@ -63,6 +63,10 @@ pub(super) fn run(
     };
     let mut grads: Vec<Option<Tensor>> = vec![None; nodes.len()];
     grads[loss.0] = Some(seed);
+    // Layers whose gradient in `grads` their only reader has already carried through their
+    // activation (the queries' scale, through attention's backward pass): the gradient of
+    // the layer's `x W + b`.
+    let mut through_activation = vec![false; nodes.len()];
 
     for i in (0..=loss.0).rev() {
         let node = &nodes[i];
@@ -115,6 +119,7 @@ pub(super) fn run(
                 // product's.
                 let z = pre_activation.as_ref().unwrap_or(&node.value);
                 let dz = match (activation, derivative) {
+                    _ if through_activation[i] => dy.clone(),
                     (None, _) => dy.clone(),
                     (Some(_), Some(derivative)) => times_derivative(derivative, &dy)?,
                     (Some(f), None) => unary_backward(z, &dy, *f)?,
@@ -206,6 +211,19 @@ pub(super) fn run(
                 mask,
                 weights,
             } => {
+                // Queries scaled by a layer whose only reader this is (a GPT's attention) get
+                // their gradient through the scale in attention's own pass over it, on the
+                // CPU path; the layer then takes it as its `x W + b`'s.
+                let dq_times = match &nodes[q.0].op {
+                    Op::Linear {
+                        activation: Some(Unary::Affine { alpha, .. }),
+                        ..
+                    } if nodes[q.0].readers == 1 && value(*q).cpu_f32().is_some() => {
+                        through_activation[q.0] = true;
+                        Some(*alpha)
+                    }
+                    _ => None,
+                };
                 let [dq, dk, dv] = attention::causal_attention_backward(
                     value(*q),
                     value(*k),
@@ -214,6 +232,7 @@ pub(super) fn run(
                     *heads,
                     mask.as_ref(),
                     &dy,
+                    dq_times,
                 )?;
                 vec![(*q, dq), (*k, dk), (*v, dv)]
             }

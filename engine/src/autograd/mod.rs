@@ -177,6 +177,9 @@ struct Node {
     op: Op,
     /// Whether any parameter feeds this node (otherwise its gradient is never computed).
     needs_grad: bool,
+    /// How many times later nodes read this one (a node reading it twice counts twice): with
+    /// one reader, that reader's gradient for it is its whole gradient.
+    readers: usize,
 }
 
 /// The tape of one forward pass.
@@ -230,6 +233,7 @@ impl Graph {
             value,
             op,
             needs_grad,
+            readers: 0,
         });
         Var(nodes.len() - 1)
     }
@@ -264,8 +268,14 @@ impl Graph {
         v
     }
 
+    /// A node of `op` computed from `inputs`: every node it reads, each time it reads it.
     fn record(&self, value: Tensor, op: Op, inputs: &[Var]) -> Var {
         let needs = self.needs(inputs);
+        let mut nodes = self.nodes.borrow_mut();
+        for v in inputs {
+            nodes[v.0].readers += 1;
+        }
+        drop(nodes);
         self.push(value, op, needs)
     }
 

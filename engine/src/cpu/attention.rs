@@ -411,7 +411,8 @@ pub fn forward(
 }
 
 /// The gradients `[dq, dk, dv]` of [`forward`] from the output's gradient `dy`, given the
-/// weights before dropout: a batch entry per task, head by head, the weights' gradient
+/// weights before dropout (`dq` times `dq_times` where there is one, each entry's while it
+/// is in cache): a batch entry per task, head by head, the weights' gradient
 /// (`dy vᵀ`, then through `dropout`'s mask as dropout's gradient is) and the scores' (the
 /// softmax's gradient) in `[time, time]` scratch, 16 KiB each at the GPT's 64 positions. Run
 /// as two passes, the weights' gradient was a `[batch, heads, time, time]` tensor (2 MiB a
@@ -424,6 +425,7 @@ pub fn backward(
     dy: &[f32],
     sh: HeadShape,
     dropout: WeightsDropout,
+    dq_times: Option<f32>,
 ) -> [Vec<f32>; 3] {
     let (t, d) = (sh.time, sh.width);
     if sh.numel() == 0 {
@@ -461,6 +463,9 @@ pub fn backward(
                         let d_w_h = dropped(d_weights, dropout, (z, h), sh, room);
                         softmax_backward_rows(w_h, d_w_h, t, d_scores);
                         scores_products(d_scores, finite_entry, (q_z, k_z), h, sh, (dq_z, dk_z));
+                    }
+                    if let Some(alpha) = dq_times {
+                        dq_z.iter_mut().for_each(|d| *d *= alpha);
                     }
                 },
             )

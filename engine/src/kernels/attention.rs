@@ -12,6 +12,7 @@ use super::dropout::{self, DropoutMask};
 use super::matmul::matmul;
 use super::permute::permute;
 use super::softmax::{causal_softmax, softmax_backward};
+use super::unary::{unary_backward, Unary};
 use crate::cpu::attention::{self as cpu, HeadShape};
 use crate::error::{shape_err, Result};
 use crate::tensor::{DType, Device, Tensor};
@@ -103,7 +104,11 @@ pub fn causal_attention(
 }
 
 /// The gradients of `q`, `k` and `v` from the output's gradient `dy`, given the weights
-/// [`causal_attention`] returned.
+/// [`causal_attention`] returned; with `dq_times`, `q`'s gradient times it, element by
+/// element: carried on through the scale that made `q` (`dq * alpha`, as the scale's own
+/// gradient multiplies), in the pass that computes it on the CPU path (test). A GPT step's
+/// queries' scale took a pass of its own over their gradient in every layer.
+#[allow(clippy::too_many_arguments)]
 pub fn causal_attention_backward(
     q: &Tensor,
     k: &Tensor,
@@ -112,6 +117,7 @@ pub fn causal_attention_backward(
     heads: usize,
     mask: Option<&DropoutMask>,
     dy: &Tensor,
+    dq_times: Option<f32>,
 ) -> Result<[Tensor; 3]> {
     let sh = head_shape(q, k, v, heads)?;
     q.same_device("attention backward", dy)?;
@@ -135,11 +141,19 @@ pub fn causal_attention_backward(
                 values_of(dy),
                 sh,
                 weights_dropout(mask, sh)?,
+                dq_times,
             );
             let out = |x: Vec<f32>| Tensor::from_vec(q.device(), q.shape(), x);
             Ok([out(dq)?, out(dk)?, out(dv)?])
         }
-        Device::Gpu(_) => composed::backward(q, k, v, weights, sh, mask, dy),
+        Device::Gpu(_) => {
+            let [dq, dk, dv] = composed::backward(q, k, v, weights, sh, mask, dy)?;
+            let dq = match dq_times {
+                Some(alpha) => unary_backward(&dq, &dq, Unary::Affine { alpha, beta: 0.0 })?,
+                None => dq,
+            };
+            Ok([dq, dk, dv])
+        }
     }
 }
 
@@ -231,6 +245,60 @@ mod tests {
         (sh, tensors)
     }
 
+    /// Attention over scaled queries from layers of `x`, and the gradients of `sum(y * s)` for
+    /// `x` and every weight and bias: the queries read by attention alone (so that its
+    /// backward pass carries their gradient through the scale), or through a reshape (which
+    /// leaves the scale's gradient to the layer).
+    fn scaled_queries(params: &[&Tensor], s: &Tensor, heads: usize, alone: bool) -> Vec<Tensor> {
+        use crate::autograd::Graph;
+        let g = Graph::new(&Device::Cpu);
+        let v: Vec<_> = params.iter().map(|p| g.param(p)).collect();
+        let &[x, wq, bq, wk, wv] = v.as_slice() else {
+            panic!("five parameters")
+        };
+        let scale = Unary::Affine {
+            alpha: 0.37,
+            beta: 0.0,
+        };
+        let mut q = g.linear(x, wq, Some(bq), Some(scale)).unwrap();
+        if !alone {
+            q = g.reshape(q, &g.shape(q)).unwrap();
+        }
+        let k = g.linear(x, wk, None, None).unwrap();
+        let v = g.linear(x, wv, None, None).unwrap();
+        let y = g.causal_attention(q, k, v, heads, None).unwrap();
+        let loss = g.sum_all(g.mul(y, g.input(s)).unwrap()).unwrap();
+        g.loss_and_grads(loss, params).unwrap().1
+    }
+
+    #[test]
+    fn queries_scale_carried_through_attention_gives_the_layers_bits() {
+        for (seed, (batch, time, heads, width)) in [(1, 1, 1, 1), (2, 9, 2, 3), (2, 20, 3, 16)]
+            .into_iter()
+            .enumerate()
+        {
+            let c = heads * width;
+            let params = [
+                tensor(&[batch, time, c], seed + 10, 1.0),
+                tensor(&[c, c], seed + 11, 0.5),
+                tensor(&[c], seed + 12, 0.5),
+                tensor(&[c, c], seed + 13, 0.5),
+                tensor(&[c, c], seed + 14, 0.5),
+            ];
+            let params: Vec<&Tensor> = params.iter().collect();
+            let s = tensor(&[batch, time, c], seed + 15, 1.0);
+            let got = scaled_queries(&params, &s, heads, true);
+            let want = scaled_queries(&params, &s, heads, false);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    bits(g),
+                    bits(w),
+                    "gradient {i}, [{batch}, {time}, {heads} x {width}]"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_cpu_path_gives_the_compositions_bits() {
         // Times off the 8-row blocks and past softmax's 64 lanes, widths off the 16 lanes,
@@ -265,12 +333,21 @@ mod tests {
         let (y_ref, weights_ref) = composed::forward(q, k, v, sh, mask).unwrap();
         assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
         assert_eq!(bits(&y), bits(&y_ref), "output, {what}");
-        let got = causal_attention_backward(q, k, v, &weights, sh.heads, mask, dy).unwrap();
+        let got = causal_attention_backward(q, k, v, &weights, sh.heads, mask, dy, None).unwrap();
         let want = composed::backward(q, k, v, &weights, sh, mask, dy).unwrap();
         for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
             assert_eq!(g.shape(), w.shape());
             assert_eq!(bits(g), bits(w), "{name}, {what}");
         }
+        // Through a scale that rounds: the scale's gradient after the composition's.
+        let scale = Unary::Affine {
+            alpha: 0.37,
+            beta: 0.0,
+        };
+        let [dq, ..] =
+            causal_attention_backward(q, k, v, &weights, sh.heads, mask, dy, Some(0.37)).unwrap();
+        let want_dq = unary_backward(&want[0], &want[0], scale).unwrap();
+        assert_eq!(bits(&dq), bits(&want_dq), "dq through a scale, {what}");
     }
 
     /// `x` with `value` written at `(entry, position, feature)`.
@@ -355,7 +432,7 @@ mod tests {
         assert!(causal_attention(&q, &tensor(&[2, 4, 3], 2, 1.0), &q, 3, None).is_err());
         assert!(causal_attention(&tensor(&[8, 6], 1, 1.0), &q, &q, 3, None).is_err());
         let (_, weights) = causal_attention(&q, &q, &q, 3, None).unwrap();
-        assert!(causal_attention_backward(&q, &q, &q, &weights, 2, None, &q).is_err());
-        assert!(causal_attention_backward(&q, &q, &q, &q, 3, None, &q).is_err());
+        assert!(causal_attention_backward(&q, &q, &q, &weights, 2, None, &q, None).is_err());
+        assert!(causal_attention_backward(&q, &q, &q, &q, 3, None, &q, None).is_err());
     }
 }
