@@ -132,10 +132,8 @@ pub(super) fn run(
                     out.push((b, sum_to_shape(&dz, value(b).shape())?));
                 }
                 if needs(*x) {
-                    // Added onto the gradient `x` has in the product's rows, where `x` is no
-                    // other operand of this node (whose contributions come in their order).
-                    let alone = ![Some(*weight), *residual, *bias].contains(&Some(*x));
-                    let earlier = if alone { grads[x.0].take() } else { None };
+                    let others = [Some(*weight), *residual, *bias].into_iter().flatten();
+                    let earlier = earlier_gradient(&mut grads, *x, others);
                     let dx = linear::input_gradient(&dz, value(*weight), earlier.as_ref())?;
                     out.push((*x, dx));
                 }
@@ -212,13 +210,13 @@ pub(super) fn run(
                 weights,
             } => {
                 // Queries scaled by a layer whose only reader this is (a GPT's attention) get
-                // their gradient through the scale in attention's own pass over it, on the
-                // CPU path; the layer then takes it as its `x W + b`'s.
+                // their gradient through the scale in attention's own pass over it; the layer
+                // then takes it as its `x W + b`'s.
                 let dq_times = match &nodes[q.0].op {
                     Op::Linear {
                         activation: Some(Unary::Affine { alpha, .. }),
                         ..
-                    } if nodes[q.0].readers == 1 && value(*q).cpu_f32().is_some() => {
+                    } if nodes[q.0].readers == 1 => {
                         through_activation[q.0] = true;
                         Some(*alpha)
                     }
@@ -252,10 +250,7 @@ pub(super) fn run(
                 beta,
                 stats,
             } => {
-                // `x`'s gradient added onto the one it has in the pass that computes it, where
-                // `x` is no other operand.
-                let alone = ![*gamma, *beta].contains(x);
-                let earlier = if alone { grads[x.0].take() } else { None };
+                let earlier = earlier_gradient(&mut grads, *x, [*gamma, *beta]);
                 let (dx, dgamma, dbeta) = layernorm::layernorm_backward(
                     value(*x),
                     value(*gamma),
@@ -364,6 +359,22 @@ pub(super) fn run(
         .filter_map(|(storage, v)| grads[v.0].take().map(|g| (storage, g)))
         .collect();
     Ok(Grads { by_storage })
+}
+
+/// The gradient `x` holds so far, taken out for the node being walked to add its own onto in
+/// the pass that computes it (`onto` of `linear::input_gradient` and `layernorm_backward`),
+/// where `x` is none of the node's `others` operands; `None` otherwise, and the node's
+/// contributions are added in their order as every node's are.
+fn earlier_gradient(
+    grads: &mut [Option<Tensor>],
+    x: Var,
+    others: impl IntoIterator<Item = Var>,
+) -> Option<Tensor> {
+    if others.into_iter().any(|v| v == x) {
+        None
+    } else {
+        grads[x.0].take()
+    }
 }
 
 /// Gradients of `C = op(A) op(B)` for the operands that need one:

@@ -106,8 +106,9 @@ pub fn causal_attention(
 /// The gradients of `q`, `k` and `v` from the output's gradient `dy`, given the weights
 /// [`causal_attention`] returned; with `dq_times`, `q`'s gradient times it, element by
 /// element: carried on through the scale that made `q` (`dq * alpha`, as the scale's own
-/// gradient multiplies), in the pass that computes it on the CPU path (test). A GPT step's
-/// queries' scale took a pass of its own over their gradient in every layer.
+/// gradient multiplies), in the pass that computes it on the CPU path and after the
+/// composition on the GPU (test). A GPT step's queries' scale took a pass of its own over
+/// their gradient in every layer.
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention_backward(
     q: &Tensor,
@@ -149,7 +150,7 @@ pub fn causal_attention_backward(
         Device::Gpu(_) => {
             let [dq, dk, dv] = composed::backward(q, k, v, weights, sh, mask, dy)?;
             let dq = match dq_times {
-                Some(alpha) => unary_backward(&dq, &dq, Unary::Affine { alpha, beta: 0.0 })?,
+                Some(alpha) => unary_backward(q, &dq, Unary::Affine { alpha, beta: 0.0 })?,
                 None => dq,
             };
             Ok([dq, dk, dv])

@@ -96,6 +96,21 @@ fn check_layer(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<()>
     Ok(())
 }
 
+/// A tensor to add a product onto (a residual, an earlier gradient): f32 on `x`'s device, of
+/// the product's `shape`. Checked on both paths: the GPU's addition would broadcast a tensor
+/// of another shape.
+fn check_onto(x: &Tensor, onto: &Tensor, shape: &[usize]) -> Result<()> {
+    onto.expect_dtype("linear", DType::F32)?;
+    x.same_device("linear", onto)?;
+    if onto.shape() != shape {
+        return shape_err(
+            "linear",
+            format!("{:?} to add onto a product of {shape:?}", onto.shape()),
+        );
+    }
+    Ok(())
+}
+
 fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) -> Result<Affine> {
     x.expect_dtype("linear", DType::F32)?;
     w.expect_dtype("linear", DType::F32)?;
@@ -107,8 +122,8 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
     // with the product and whose gradient needs no `z` (see `derivative_reads_output`).
     let z_of = |in_rows: Option<Unary>| -> Vec<f32> {
         match in_rows {
-            None => with_bias(xs, ws, &dims, (b, None), |z| z),
-            Some(Unary::Relu) => with_bias(
+            None => product_then(xs, ws, &dims, (b, None), |z| z),
+            Some(Unary::Relu) => product_then(
                 xs,
                 ws,
                 &dims,
@@ -116,7 +131,7 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
                 #[inline(always)]
                 |z| Unary::Relu.apply(z),
             ),
-            Some(Unary::Affine { alpha, beta }) => with_bias(
+            Some(Unary::Affine { alpha, beta }) => product_then(
                 xs,
                 ws,
                 &dims,
@@ -154,13 +169,14 @@ fn cpu_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, f: Option<Unary>) 
 }
 
 /// The product with `f(z + b_j)` applied to each row as it completes (`f(z)` without a bias),
-/// then `residual + that` where there is a residual (of the product's shape).
+/// then `onto + that` where there is a tensor to add it onto (of the product's shape: a
+/// residual stream, an input's earlier gradient).
 #[inline(always)]
-fn with_bias(
+fn product_then(
     x: &[f32],
     w: &[f32],
     dims: &MatmulDims,
-    (bias, residual): (Option<&[f32]>, Option<&[f32]>),
+    (bias, onto): (Option<&[f32]>, Option<&[f32]>),
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
     let n = dims.n;
@@ -177,7 +193,8 @@ fn with_bias(
                     .for_each(|(v, &b)| *v = f(*v + b)),
                 None => row.iter_mut().for_each(|v| *v = f(*v)),
             }
-            if let Some(r) = residual {
+            // `value + onto`: the bits of `onto + value` (an addition's operands commute).
+            if let Some(r) = onto {
                 row.iter_mut()
                     .zip(&r[i * n + first_column..])
                     .for_each(|(v, &r)| *v += r);
@@ -198,20 +215,12 @@ pub fn forward_onto(
     residual: &Tensor,
 ) -> Result<Tensor> {
     check_layer(x, weight, bias)?;
-    residual.expect_dtype("linear", DType::F32)?;
-    x.same_device("linear", residual)?;
     let (dims, shape) = MatmulDims::infer(x.shape(), weight.shape(), false, false)?;
-    // Checked on both paths: the GPU's addition would broadcast a residual of another shape.
-    if residual.shape() != shape.as_slice() {
-        return shape_err(
-            "linear",
-            format!("residual {:?} for an output of {shape:?}", residual.shape()),
-        );
-    }
+    check_onto(x, residual, &shape)?;
     match (x.cpu_f32(), weight.cpu_f32(), residual.cpu_f32()) {
         (Some(xs), Some(ws), Some(rs)) => {
             let b = bias.map(|b| b.cpu_f32().expect("cpu"));
-            let y = with_bias(xs, ws, &dims, (b, Some(rs)), |z| z);
+            let y = product_then(xs, ws, &dims, (b, Some(rs)), |z| z);
             Tensor::from_vec(x.device(), &shape, y)
         }
         _ => binary(residual, &forward(x, weight, bias, None)?.y, Binary::Add),
@@ -224,31 +233,20 @@ pub fn forward_onto(
 /// one, with the bits of the product and that addition (test). The CPU path adds each row as
 /// its sums complete, while it is in cache: in a GPT step, the gradient of the input that
 /// three projections share was added in passes of its own (a probe on the GPT's [2048, 64],
-/// operands from beyond the caches: 102–125 µs as a product and an addition, 62–79 in one).
+/// operands from beyond the caches: 97–128 µs as a product and an addition, 78–94 in one;
+/// docs/benchmarks.md, session 23).
 ///
 /// Multiplying by an activation's derivative in the same way (the gradient of a GELU layer's
 /// output, [2048, 256]) was slower than a pass of its own, 272–314 µs against 258–277: the
 /// derivative's rows read among the product's stalled it, where a pass streams them.
 pub fn input_gradient(dz: &Tensor, weight: &Tensor, onto: Option<&Tensor>) -> Result<Tensor> {
-    dz.expect_dtype("linear input gradient", DType::F32)?;
-    weight.expect_dtype("linear input gradient", DType::F32)?;
-    dz.same_device("linear input gradient", weight)?;
-    if weight.shape().len() != 2 {
-        return shape_err(
-            "linear input gradient",
-            format!("weight must be [inputs, outputs], is {:?}", weight.shape()),
-        );
-    }
+    dz.expect_dtype("linear", DType::F32)?;
+    weight.expect_dtype("linear", DType::F32)?;
+    check_layer(dz, weight, None)?;
+    dz.same_device("linear", weight)?;
     let (dims, shape) = MatmulDims::infer(dz.shape(), weight.shape(), false, true)?;
     if let Some(acc) = onto {
-        acc.expect_dtype("linear input gradient", DType::F32)?;
-        dz.same_device("linear input gradient", acc)?;
-        if acc.shape() != shape.as_slice() {
-            return shape_err(
-                "linear input gradient",
-                format!("{:?} to add onto a gradient of {shape:?}", acc.shape()),
-            );
-        }
+        check_onto(dz, acc, &shape)?;
     }
     let (Some(dzs), Some(ws)) = (dz.cpu_f32(), weight.cpu_f32()) else {
         let dx = matmul(dz, weight, false, true)?;
@@ -257,25 +255,8 @@ pub fn input_gradient(dz: &Tensor, weight: &Tensor, onto: Option<&Tensor>) -> Re
             None => Ok(dx),
         };
     };
-    let n = dims.n;
-    let dx = match onto {
-        None => crate::cpu::gemm::matmul(dzs, ws, &dims),
-        Some(acc) => {
-            let acc = acc.cpu_f32().expect("cpu");
-            crate::cpu::gemm::matmul_then(
-                dzs,
-                ws,
-                &dims,
-                #[inline(always)]
-                |i: usize, first_column: usize, row: &mut [f32]| {
-                    // `value + acc`: the bits of `acc + value` (an addition's operands commute).
-                    row.iter_mut()
-                        .zip(&acc[i * n + first_column..])
-                        .for_each(|(v, &a)| *v += a);
-                },
-            )
-        }
-    };
+    let acc = onto.map(|acc| acc.cpu_f32().expect("cpu"));
+    let dx = product_then(dzs, ws, &dims, (None, acc), |v| v);
     Tensor::from_vec(dz.device(), &shape, dx)
 }
 
@@ -514,6 +495,7 @@ mod tests {
         let (dz, w) = (tensor(&[4, 2], 1, 1.0), tensor(&[3, 2], 2, 1.0));
         assert!(input_gradient(&dz, &w, Some(&tensor(&[4, 2], 3, 1.0))).is_err());
         assert!(input_gradient(&dz, &w, Some(&tensor(&[3], 4, 1.0))).is_err());
+        assert!(input_gradient(&dz, &w, Some(&tensor(&[1, 3], 7, 1.0))).is_err());
         assert!(input_gradient(&dz, &tensor(&[3, 2, 1], 5, 1.0), None).is_err());
         let dx = input_gradient(&dz, &w, Some(&tensor(&[4, 3], 6, 1.0))).unwrap();
         assert_eq!(dx.shape(), [4, 3]);
