@@ -140,14 +140,36 @@ pub fn zeroed_par_chunk_triples<S>(
 /// made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's gradients of
 /// two operands, a row of pooled values and their argmax. Panics when the counts differ.
 pub fn zeroed_par_chunk_pairs<A, B, S>(
-    (len_a, chunk_a): (usize, usize),
-    (len_b, chunk_b): (usize, usize),
+    a: (usize, usize),
+    b: (usize, usize),
     init: impl Fn() -> S + Sync + Send,
     write: impl Fn(&mut S, usize, &mut [A], &mut [B]) + Sync + Send,
 ) -> (Vec<A>, Vec<B>)
 where
     A: Zeroable + Copy + Send,
     B: Zeroable + Copy + Send,
+{
+    // SAFETY: `zeroed` writes every slot of each chunk of b.
+    unsafe {
+        zeroed_and_unwritten_par_chunk_pairs(a, b, init, |s, i, a, b| write(s, i, a, zeroed(b)))
+    }
+}
+
+/// [`zeroed_par_chunk_pairs`] with only the first output's chunks zero-filled: chunk `i` of
+/// the second is handed to `write` unwritten, for it to write every slot (a batch entry's
+/// attention weights, which it writes whole). Panics when the counts differ.
+///
+/// # Safety
+/// `write` must write every slot of each chunk of the second output it is handed.
+pub unsafe fn zeroed_and_unwritten_par_chunk_pairs<A, B, S>(
+    (len_a, chunk_a): (usize, usize),
+    (len_b, chunk_b): (usize, usize),
+    init: impl Fn() -> S + Sync + Send,
+    write: impl Fn(&mut S, usize, &mut [A], &mut [MaybeUninit<B>]) + Sync + Send,
+) -> (Vec<A>, Vec<B>)
+where
+    A: Zeroable + Copy + Send,
+    B: Send,
 {
     use rayon::prelude::*;
     assert!(chunk_a > 0 && chunk_b > 0, "chunks of no values");
@@ -161,10 +183,9 @@ where
         .par_chunks_mut(chunk_a)
         .zip(b.slots().par_chunks_mut(chunk_b))
         .enumerate()
-        .for_each_init(init, |scratch, (i, (a, b))| {
-            write(scratch, i, zeroed(a), zeroed(b))
-        });
-    // SAFETY: as many chunks of each (asserted), so the zip zero-fills every one of both.
+        .for_each_init(init, |scratch, (i, (a, b))| write(scratch, i, zeroed(a), b));
+    // SAFETY: as many chunks of each (asserted), so the zip zero-fills every one of a, and
+    // the caller's `write` wrote every one of b.
     unsafe { (a.assume_init(), b.assume_init()) }
 }
 

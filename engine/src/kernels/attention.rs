@@ -330,6 +330,9 @@ mod tests {
         mask: Option<&DropoutMask>,
         what: &str,
     ) {
+        // The weights are written whole, never zero-filled first: hand them memory that
+        // held NaNs (a block just freed, which the allocator gives back).
+        drop(std::hint::black_box(vec![f32::NAN; sh.weights_numel()]));
         let (y, weights) = causal_attention(q, k, v, sh.heads, mask).unwrap();
         let (y_ref, weights_ref) = composed::forward(q, k, v, sh, mask).unwrap();
         assert_eq!(bits(&weights), bits(&weights_ref), "weights, {what}");
@@ -357,6 +360,30 @@ mod tests {
         let mut values = x.to_vec().unwrap();
         values[(z * t + i) * c + f] = value;
         Tensor::from_vec(&Device::Cpu, x.shape(), values).unwrap()
+    }
+
+    #[test]
+    fn a_row_of_nan_scores_weighs_the_keys_past_its_own_zero() {
+        // An early query of NaN: its row's scores, exps and sum are NaN, and the keys past its
+        // own still weigh +0, as the composition's causal softmax leaves them. The NaNs' sign
+        // bits are not the composition's (they were not before the CPU path wrote a block of
+        // 16 rows' weights at once either): compared as one NaN.
+        let (sh, [q, k, v, _]) = operands(2, 40, 2, 3);
+        let q = with(&q, (0, 2, 1), f32::NAN);
+        let (_, weights) = causal_attention(&q, &k, &v, sh.heads, None).unwrap();
+        let (_, want) = composed::forward(&q, &k, &v, sh, None).unwrap();
+        let one_nan = |x: &Tensor| -> Vec<u32> {
+            let values = x.to_vec().unwrap();
+            values
+                .into_iter()
+                .map(|w| if w.is_nan() { f32::NAN } else { w }.to_bits())
+                .collect()
+        };
+        assert_eq!(one_nan(&weights), one_nan(&want));
+        // Entry 0, head 0 (features 0..3), row 2.
+        let row = &weights.to_vec().unwrap()[2 * sh.time..][..sh.time];
+        assert!(row[..3].iter().all(|w| w.is_nan()), "{row:?}");
+        assert!(row[3..].iter().all(|w| w.to_bits() == 0), "{row:?}");
     }
 
     #[test]
