@@ -34,7 +34,8 @@ use std::mem::MaybeUninit;
 
 use super::elementwise::{finite, largest_bits};
 use super::output::{
-    assume_written, zeroed_and_unwritten_par_chunk_pairs, zeroed_par_chunk_triples, Unwritten,
+    assume_written, unwritten_par_chunks_with, zeroed_and_unwritten_par_chunk_pairs,
+    zeroed_par_chunk_triples,
 };
 use super::rows::softmax_backward_rows;
 use super::strided_product::{banded_product, product, Band, Strided};
@@ -135,15 +136,13 @@ const KEYS_PER_BLOCK: usize = EXP_BLOCK / QUERY_LANES;
 /// The attention weights `[batch, heads, time, time]` alone, a head per task: [`forward`]'s
 /// weights where it has no output to pair them with (heads of no width).
 fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
-    use rayon::prelude::*;
-    let mut weights = Unwritten::new(sh.weights_numel());
-    weights
-        .slots()
-        .par_chunks_mut(sh.square().max(1))
-        .enumerate()
-        .for_each_init(
+    // SAFETY: each chunk is a head's weights, and `head_weights` writes every one.
+    unsafe {
+        unwritten_par_chunks_with(
+            sh.weights_numel(),
+            sh.square(),
             || WeightsScratch::new(sh),
-            |scratch, (zh, weights_h)| {
+            |scratch, zh, weights_h| {
                 let (z, h) = (zh / sh.heads, zh % sh.heads);
                 widest(
                     #[inline(always)]
@@ -158,9 +157,8 @@ fn weights(q: &[f32], k: &[f32], sh: HeadShape) -> Vec<f32> {
                     },
                 )
             },
-        );
-    // SAFETY: the chunks are the heads' weights, and `head_weights` wrote every one.
-    unsafe { weights.assume_init() }
+        )
+    }
 }
 
 /// Batch entry `z` of q, k, v or the output, `[time, heads * width]`.
@@ -257,25 +255,31 @@ fn head_weights<'w>(
         ..
     } = scratch;
     let stride = *stride;
-    transpose_head(q_z, h, sh, q_t, stride);
-    // Key `j`'s scores for the queries from its own block of lanes on (the earlier queries
-    // never see it); a block of score rows never straddles two blocks of lanes, as
-    // `SCORE_ROWS` divides `QUERY_LANES`.
-    for j0 in (0..t).step_by(SCORE_ROWS) {
-        let rows = SCORE_ROWS.min(t - j0);
-        let first = j0 - j0 % QUERY_LANES;
-        let k_rows = Strided::rows(k_z, j0 * c + h * d, c);
-        let out = &mut scores_t[j0 * stride + first..];
-        product(
-            rows,
-            t - first,
-            d,
-            k_rows,
-            &q_t[first..],
-            stride,
-            out,
-            stride,
-        );
+    if d == 0 {
+        // Heads of no width: every score a sum of no terms, +0 (the softmax below left the
+        // last head's exps here).
+        scores_t.fill(0.0);
+    } else {
+        transpose_head(q_z, h, sh, q_t, stride);
+        // Key `j`'s scores for the queries from its own block of lanes on (the earlier
+        // queries never see it); a block of score rows never straddles two blocks of lanes,
+        // as `SCORE_ROWS` divides `QUERY_LANES`.
+        for j0 in (0..t).step_by(SCORE_ROWS) {
+            let rows = SCORE_ROWS.min(t - j0);
+            let first = j0 - j0 % QUERY_LANES;
+            let k_rows = Strided::rows(k_z, j0 * c + h * d, c);
+            let out = &mut scores_t[j0 * stride + first..];
+            product(
+                rows,
+                t - first,
+                d,
+                k_rows,
+                &q_t[first..],
+                stride,
+                out,
+                stride,
+            );
+        }
     }
     for i0 in (0..t).step_by(QUERY_LANES) {
         softmax_in_lanes(scores_t, stride, i0, t, weights_h);

@@ -94,15 +94,30 @@ pub fn zeroed_par_chunks_with<S>(
     init: impl Fn() -> S + Sync + Send,
     write: impl Fn(&mut S, usize, &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
+    // SAFETY: `zeroed` writes every slot of each chunk.
+    unsafe { unwritten_par_chunks_with(len, chunk, init, |s, i, slots| write(s, i, zeroed(slots))) }
+}
+
+/// [`zeroed_par_chunks_with`] with the chunks handed to `write` unwritten, for it to write
+/// every slot (a head's attention weights, which it writes whole).
+///
+/// # Safety
+/// `write` must write every slot of each chunk it is handed.
+pub unsafe fn unwritten_par_chunks_with<S>(
+    len: usize,
+    chunk: usize,
+    init: impl Fn() -> S + Sync + Send,
+    write: impl Fn(&mut S, usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+) -> Vec<f32> {
     use rayon::prelude::*;
     let mut out = Unwritten::new(len);
     if len > 0 {
         out.slots()
             .par_chunks_mut(chunk)
             .enumerate()
-            .for_each_init(init, |scratch, (i, slots)| write(scratch, i, zeroed(slots)));
+            .for_each_init(init, |scratch, (i, slots)| write(scratch, i, slots));
     }
-    // SAFETY: the chunks cover every slot, and `zeroed` wrote each one.
+    // SAFETY: the chunks cover every slot, and the caller's `write` wrote each one.
     unsafe { out.assume_init() }
 }
 

@@ -363,6 +363,19 @@ mod tests {
     }
 
     #[test]
+    fn heads_of_no_width_still_have_the_compositions_weights() {
+        // No output, but a causal softmax of zero scores per head: written whole, never
+        // zero-filled first, so hand them memory that held NaNs.
+        let (sh, [q, ..]) = operands(2, 21, 3, 0);
+        drop(std::hint::black_box(vec![f32::NAN; sh.weights_numel()]));
+        let (y, weights) = causal_attention(&q, &q, &q, sh.heads, None).unwrap();
+        let (y_ref, weights_ref) = composed::forward(&q, &q, &q, sh, None).unwrap();
+        assert_eq!(y.numel(), 0);
+        assert_eq!(y.shape(), y_ref.shape());
+        assert_eq!(bits(&weights), bits(&weights_ref));
+    }
+
+    #[test]
     fn a_row_of_nan_scores_weighs_the_keys_past_its_own_zero() {
         // An early query of NaN: its row's scores, exps and sum are NaN, and the keys past its
         // own still weigh +0, as the composition's causal softmax leaves them. The NaNs' sign
