@@ -4,9 +4,9 @@
 
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
+use super::chunks::{for_each_chunk, ChunksMut};
 use super::output::{write_slice, zeroed, Unwritten};
+use super::pool::for_each_index;
 use super::vector_unit::widest;
 
 /// The largest magnitude in `values` as f32 bits without the sign: below `f32::INFINITY`'s
@@ -37,7 +37,7 @@ pub fn all_finite(values: &[f32]) -> bool {
     )
 }
 
-/// Elements per rayon task: below this, handing work to another thread costs more than it
+/// Elements per task: below this, handing work to another thread costs more than it
 /// saves.
 pub const CHUNK: usize = 1 << 14;
 
@@ -54,14 +54,12 @@ pub fn for_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
             || f(0, out),
         );
     } else {
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                widest(
-                    #[inline(always)]
-                    || f(c * CHUNK, chunk),
-                )
-            });
+        for_each_chunk(out, CHUNK, |c, chunk| {
+            widest(
+                #[inline(always)]
+                || f(c * CHUNK, chunk),
+            )
+        });
     }
 }
 
@@ -76,18 +74,16 @@ pub fn for_rows<T: Send>(out: &mut [T], cols: usize, f: impl Fn(usize, &mut [T])
             || out.chunks_mut(cols).enumerate().for_each(|(r, o)| f(r, o)),
         );
     } else {
-        out.par_chunks_mut(rows_per_task * cols)
-            .enumerate()
-            .for_each(|(t, rows)| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        for (i, o) in rows.chunks_mut(cols).enumerate() {
-                            f(t * rows_per_task + i, o);
-                        }
-                    },
-                )
-            });
+        for_each_chunk(out, rows_per_task * cols, |t, rows| {
+            widest(
+                #[inline(always)]
+                || {
+                    for (i, o) in rows.chunks_mut(cols).enumerate() {
+                        f(t * rows_per_task + i, o);
+                    }
+                },
+            )
+        });
     }
 }
 
@@ -185,17 +181,18 @@ pub fn map_pair_in_blocks<const B: usize>(
             || fill(x, first.slots(), second.slots(), &f),
         );
     } else {
-        first
-            .slots()
-            .par_chunks_mut(CHUNK)
-            .zip(second.slots().par_chunks_mut(CHUNK))
-            .enumerate()
-            .for_each(|(c, (firsts, seconds))| {
-                widest(
-                    #[inline(always)]
-                    || fill(&x[c * CHUNK..], firsts, seconds, &f),
-                )
-            });
+        let (firsts, seconds) = (
+            ChunksMut::new(first.slots(), CHUNK),
+            ChunksMut::new(second.slots(), CHUNK),
+        );
+        for_each_index(firsts.count(), |c| {
+            // SAFETY: each index is taken once, and both outputs split alike.
+            let (firsts, seconds) = unsafe { (firsts.chunk(c), seconds.chunk(c)) };
+            widest(
+                #[inline(always)]
+                || fill(&x[c * CHUNK..], firsts, seconds, &f),
+            )
+        });
     }
     // SAFETY: the chunks of both outputs pair up and cover them, and `fill` writes each
     // slot of both, whole blocks and the rest.

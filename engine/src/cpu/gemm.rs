@@ -17,7 +17,8 @@
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
+use super::chunks::for_each_chunk;
+use super::pool::for_each_index;
 
 use super::output::{assume_written, write_slice, Unwritten};
 use super::vector_unit::widest;
@@ -518,10 +519,7 @@ fn product<const MR: usize, const NR: usize>(
         pack_b_panel::<NR>(&b[z * b_stride..][..b_stride], d, jp, panel);
     };
     if parallel {
-        b_packed[..b_len]
-            .par_chunks_mut(k * NR)
-            .enumerate()
-            .for_each(pack);
+        for_each_chunk(&mut b_packed[..b_len], k * NR, |i, panel| pack((i, panel)));
     } else {
         b_packed[..b_len]
             .chunks_mut(k * NR)
@@ -540,16 +538,14 @@ fn product<const MR: usize, const NR: usize>(
         );
     };
     if parallel && by_entry_alone {
-        c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
+        for_each_chunk(c, m * n, |z, c_z| {
             for (ip, rows) in c_z.chunks_mut(MR * n).enumerate() {
                 row_panel(z, ip, rows);
             }
         });
     } else if parallel {
-        c.par_chunks_mut(m * n).enumerate().for_each(|(z, c_z)| {
-            c_z.par_chunks_mut(MR * n)
-                .enumerate()
-                .for_each(|(ip, rows)| row_panel(z, ip, rows))
+        for_each_chunk(c, m * n, |z, c_z| {
+            for_each_chunk(c_z, MR * n, |ip, rows| row_panel(z, ip, rows))
         });
     } else {
         for (z, c_z) in c.chunks_mut(m * n).enumerate() {
@@ -612,7 +608,7 @@ fn column_blocks<const MR: usize, const NR: usize>(
     let per_block = panels.div_ceil(panels.min(COLUMN_BLOCKS_PER_THREAD * threads));
     let blocks = panels.div_ceil(per_block);
     let output = SharedOutput::new(c, n);
-    (0..d.batch * blocks).into_par_iter().for_each(|task| {
+    for_each_index(d.batch * blocks, |task| {
         let (z, first_panel) = (task / blocks, task % blocks * per_block);
         let block_panels = per_block.min(panels - first_panel);
         let cols = first_panel * NR..n.min((first_panel + block_panels) * NR);

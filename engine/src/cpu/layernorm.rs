@@ -7,8 +7,10 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::chunks::{for_each_chunk_with, ChunksMut};
 use super::elementwise::CHUNK;
 use super::output::Unwritten;
+use super::pool::{for_each_index, for_each_index_with};
 use super::vector_unit::widest;
 use crate::kernels::column_sums::ColumnSums;
 use crate::kernels::math::{sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE};
@@ -101,31 +103,33 @@ unsafe fn by_rows(
     let rows_per_task = (CHUNK / cols).max(1);
     let mut y = Unwritten::new(x.len());
     let mut stats = vec![0.0; 2 * rows];
-    // As many chunks of each: the zip pairs every one.
-    y.slots()
-        .par_chunks_mut(rows_per_task * cols)
-        .zip(stats.par_chunks_mut(2 * rows_per_task))
-        .enumerate()
-        .for_each_init(
-            // The squared deviations' room, in cache for the rows' second sums: a group's,
-            // made once a worker's run of tasks (see `input_gradient`).
-            || vec![0.0; SIDE_BY_SIDE.min(rows_per_task) * cols],
-            |scratch, (t, (y, stats))| {
-                let x = &x[t * rows_per_task * cols..][..y.len()];
-                widest(
-                    #[inline(always)]
-                    || {
-                        let groups = x.chunks(SIDE_BY_SIDE * cols);
-                        let outs = y.chunks_mut(SIDE_BY_SIDE * cols);
-                        for ((rows, out), stats) in
-                            groups.zip(outs).zip(stats.chunks_mut(2 * SIDE_BY_SIDE))
-                        {
-                            group(rows, scratch, out, stats);
-                        }
-                    },
-                )
-            },
-        );
+    let (ys, all_stats) = (
+        ChunksMut::new(y.slots(), rows_per_task * cols),
+        ChunksMut::new(&mut stats, 2 * rows_per_task),
+    );
+    for_each_index_with(
+        ys.count(),
+        // The squared deviations' room, in cache for the rows' second sums: a group's, made
+        // once per thread (see `input_gradient`).
+        || vec![0.0; SIDE_BY_SIDE.min(rows_per_task) * cols],
+        |scratch, t| {
+            // SAFETY: each index is taken once; as many chunks of each (whole rows).
+            let (y, stats) = unsafe { (ys.chunk(t), all_stats.chunk(t)) };
+            let x = &x[t * rows_per_task * cols..][..y.len()];
+            widest(
+                #[inline(always)]
+                || {
+                    let groups = x.chunks(SIDE_BY_SIDE * cols);
+                    let outs = y.chunks_mut(SIDE_BY_SIDE * cols);
+                    for ((rows, out), stats) in
+                        groups.zip(outs).zip(stats.chunks_mut(2 * SIDE_BY_SIDE))
+                    {
+                        group(rows, scratch, out, stats);
+                    }
+                },
+            )
+        },
+    );
     // SAFETY: the chunks of `y` cover it, whole rows each (asserted), and the caller's
     // `group` wrote every slot of each.
     (unsafe { y.assume_init() }, stats)
@@ -235,32 +239,24 @@ fn input_gradient(
     // values (two to a task) cost 51 MB of zeros a CNN step, a quarter of its backward pass
     // (`np` probe, session 20).
     let group_rows = SIDE_BY_SIDE.min(rows_per_task);
-    dx.slots()
-        .par_chunks_mut(rows_per_task * cols)
-        .enumerate()
-        .for_each_init(
-            || GroupGradientScratch::new(group_rows, cols),
-            |scratch, (t, dx)| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
-                            let first = t * rows_per_task + k * SIDE_BY_SIDE;
-                            let group = first..first + out.len() / cols;
-                            let onto = onto.map(|o| &o[first * cols..][..out.len()]);
-                            group_input_gradient(
-                                x,
-                                stats,
-                                group,
-                                (&gamma_times, onto),
-                                scratch,
-                                out,
-                            );
-                        }
-                    },
-                );
-            },
-        );
+    for_each_chunk_with(
+        dx.slots(),
+        rows_per_task * cols,
+        || GroupGradientScratch::new(group_rows, cols),
+        |scratch, t, dx| {
+            widest(
+                #[inline(always)]
+                || {
+                    for (k, out) in dx.chunks_mut(SIDE_BY_SIDE * cols).enumerate() {
+                        let first = t * rows_per_task + k * SIDE_BY_SIDE;
+                        let group = first..first + out.len() / cols;
+                        let onto = onto.map(|o| &o[first * cols..][..out.len()]);
+                        group_input_gradient(x, stats, group, (&gamma_times, onto), scratch, out);
+                    }
+                },
+            );
+        },
+    );
     // SAFETY: the chunks cover `dx`, whole rows each (asserted), and `group_input_gradient`
     // wrote every slot of every row.
     unsafe { dx.assume_init() }
@@ -511,26 +507,28 @@ pub fn backward(
     // 39.7% of all its samples on that loop's lines, a chain of store-to-load forwarding per
     // row).
     const BLOCK: usize = 16;
-    dgamma
-        .par_chunks_mut(BLOCK)
-        .zip(dbeta.par_chunks_mut(BLOCK))
-        .enumerate()
-        .for_each(|(b, (dg, db))| {
-            let first = b * BLOCK;
-            widest(
-                #[inline(always)]
-                || {
-                    if dg.len() == BLOCK {
-                        let (mut g_sums, mut b_sums) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
-                        sum_columns(x, dy, stats, cols, first, &mut g_sums, &mut b_sums);
-                        dg.copy_from_slice(&g_sums);
-                        db.copy_from_slice(&b_sums);
-                    } else {
-                        sum_columns(x, dy, stats, cols, first, dg, db);
-                    }
-                },
-            )
-        });
+    let (dgammas, dbetas) = (
+        ChunksMut::new(&mut dgamma, BLOCK),
+        ChunksMut::new(&mut dbeta, BLOCK),
+    );
+    for_each_index(dgammas.count(), |b| {
+        // SAFETY: each index is taken once; as many chunks of each.
+        let (dg, db) = unsafe { (dgammas.chunk(b), dbetas.chunk(b)) };
+        let first = b * BLOCK;
+        widest(
+            #[inline(always)]
+            || {
+                if dg.len() == BLOCK {
+                    let (mut g_sums, mut b_sums) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
+                    sum_columns(x, dy, stats, cols, first, &mut g_sums, &mut b_sums);
+                    dg.copy_from_slice(&g_sums);
+                    db.copy_from_slice(&b_sums);
+                } else {
+                    sum_columns(x, dy, stats, cols, first, dg, db);
+                }
+            },
+        )
+    });
     (dx, dgamma, dbeta)
 }
 

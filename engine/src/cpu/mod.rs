@@ -4,6 +4,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod chunks;
 pub mod conv;
 pub mod conv_pool;
 pub mod elementwise;

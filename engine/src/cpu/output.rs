@@ -4,13 +4,16 @@
 //! trainer keeps its large blocks, docs/benchmarks.md), so glibc zero-fills it with one
 //! `memset` on the calling thread while the other threads wait, and the kernel then writes
 //! every element again, after the zeros have left the caches. In the CPU path's GPT step
-//! that `memset` was 6% of all samples (`perf record`, 2026-11-29). Here each rayon task
+//! that `memset` was 6% of all samples (`perf record`, 2026-11-29). Here each task
 //! zero-fills (or simply writes) its own part just before computing it: in parallel, and
 //! in cache when the results land.
 
 use std::mem::MaybeUninit;
 
 use bytemuck::Zeroable;
+
+use super::chunks::{for_each_chunk_with, ChunksMut};
+use super::pool::for_each_index_with;
 
 /// `len` values not yet initialised: the kernel hands [`Unwritten::slots`] to its tasks,
 /// which write every slot (directly, or through [`zeroed`]), then takes the vector with
@@ -75,7 +78,7 @@ pub fn write_slice<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
     }
 }
 
-/// `len` values, each chunk of `chunk` (the last one shorter) zero-filled by the rayon
+/// `len` values, each chunk of `chunk` (the last one shorter) zero-filled by the
 /// task that then runs `write(chunk index, chunk)` on it.
 pub fn zeroed_par_chunks(
     len: usize,
@@ -85,8 +88,8 @@ pub fn zeroed_par_chunks(
     zeroed_par_chunks_with(len, chunk, || (), |_, i, chunk| write(i, chunk))
 }
 
-/// [`zeroed_par_chunks`] with a scratch value that `init` makes once per rayon split and
-/// `write(scratch, chunk index, chunk)` reuses across the chunks it runs (an image's
+/// [`zeroed_par_chunks`] with a scratch value that `init` makes once per thread that takes
+/// chunks and `write(scratch, chunk index, chunk)` reuses across the chunks it runs (an image's
 /// columns, a head's scores), as rayon's `for_each_init`.
 pub fn zeroed_par_chunks_with<S>(
     len: usize,
@@ -109,50 +112,44 @@ pub unsafe fn unwritten_par_chunks_with<S>(
     init: impl Fn() -> S + Sync + Send,
     write: impl Fn(&mut S, usize, &mut [MaybeUninit<f32>]) + Sync + Send,
 ) -> Vec<f32> {
-    use rayon::prelude::*;
     let mut out = Unwritten::new(len);
-    if len > 0 {
-        out.slots()
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .for_each_init(init, |scratch, (i, slots)| write(scratch, i, slots));
-    }
+    for_each_chunk_with(out.slots(), chunk, init, write);
     // SAFETY: the chunks cover every slot, and the caller's `write` wrote each one.
     unsafe { out.assume_init() }
 }
 
 /// Three outputs of `len` values split into chunks of `chunk`, chunk `i` of each zero-filled
-/// by one rayon task that then runs `write(scratch, i, [chunk of each])`, with a scratch
-/// value made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's
+/// by one task that then runs `write(scratch, i, [chunk of each])`, with a scratch
+/// value made once per thread as in [`zeroed_par_chunks_with`]: a batch entry's
 /// gradients of three operands.
 pub fn zeroed_par_chunk_triples<S>(
     (len, chunk): (usize, usize),
     init: impl Fn() -> S + Sync + Send,
     write: impl Fn(&mut S, usize, [&mut [f32]; 3]) + Sync + Send,
 ) -> [Vec<f32>; 3] {
-    use rayon::prelude::*;
-    assert!(chunk > 0, "chunks of no values");
     let mut outs = [
         Unwritten::new(len),
         Unwritten::new(len),
         Unwritten::new(len),
     ];
     let [a, b, c] = &mut outs;
-    a.slots()
-        .par_chunks_mut(chunk)
-        .zip(b.slots().par_chunks_mut(chunk))
-        .zip(c.slots().par_chunks_mut(chunk))
-        .enumerate()
-        .for_each_init(init, |scratch, (i, ((a, b), c))| {
-            write(scratch, i, [zeroed(a), zeroed(b), zeroed(c)])
-        });
-    // SAFETY: the three split into the same chunks, so the zip zero-fills every one of each.
+    let (a, b, c) = (
+        ChunksMut::new(a.slots(), chunk),
+        ChunksMut::new(b.slots(), chunk),
+        ChunksMut::new(c.slots(), chunk),
+    );
+    for_each_index_with(a.count(), init, |scratch, i| {
+        // SAFETY: each index is taken once.
+        let [a, b, c] = unsafe { [a.chunk(i), b.chunk(i), c.chunk(i)] };
+        write(scratch, i, [zeroed(a), zeroed(b), zeroed(c)])
+    });
+    // SAFETY: the three split into the same chunks, each zero-filled by its task.
     outs.map(|out| unsafe { out.assume_init() })
 }
 
-/// Two outputs split into as many chunks each, chunk `i` of both zero-filled by one rayon
+/// Two outputs split into as many chunks each, chunk `i` of both zero-filled by one
 /// task that then runs `write(scratch, i, chunk of a, chunk of b)`, with a scratch value
-/// made once per rayon split as in [`zeroed_par_chunks_with`]: a batch entry's gradients of
+/// made once per thread as in [`zeroed_par_chunks_with`]: a batch entry's gradients of
 /// two operands, a row of pooled values and their argmax. Panics when the counts differ.
 pub fn zeroed_par_chunk_pairs<A, B, S>(
     a: (usize, usize),
@@ -186,20 +183,22 @@ where
     A: Zeroable + Copy + Send,
     B: Send,
 {
-    use rayon::prelude::*;
-    assert!(chunk_a > 0 && chunk_b > 0, "chunks of no values");
+    let (mut a, mut b) = (Unwritten::new(len_a), Unwritten::new(len_b));
+    let (chunks_a, chunks_b) = (
+        ChunksMut::new(a.slots(), chunk_a),
+        ChunksMut::new(b.slots(), chunk_b),
+    );
     assert_eq!(
-        len_a.div_ceil(chunk_a),
-        len_b.div_ceil(chunk_b),
+        chunks_a.count(),
+        chunks_b.count(),
         "the two outputs split into different numbers of chunks"
     );
-    let (mut a, mut b) = (Unwritten::new(len_a), Unwritten::new(len_b));
-    a.slots()
-        .par_chunks_mut(chunk_a)
-        .zip(b.slots().par_chunks_mut(chunk_b))
-        .enumerate()
-        .for_each_init(init, |scratch, (i, (a, b))| write(scratch, i, zeroed(a), b));
-    // SAFETY: as many chunks of each (asserted), so the zip zero-fills every one of a, and
+    for_each_index_with(chunks_a.count(), init, |scratch, i| {
+        // SAFETY: each index is taken once.
+        let (a, b) = unsafe { (chunks_a.chunk(i), chunks_b.chunk(i)) };
+        write(scratch, i, zeroed(a), b)
+    });
+    // SAFETY: as many chunks of each (asserted), each task zero-fills its chunk of a, and
     // the caller's `write` wrote every one of b.
     unsafe { (a.assume_init(), b.assume_init()) }
 }

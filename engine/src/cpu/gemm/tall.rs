@@ -7,8 +7,6 @@
 #[cfg(target_arch = "x86_64")]
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
 use super::{Isa, PARALLEL_MIN_TERMS};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::output::zeroed;
@@ -111,9 +109,7 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f3
         }
     };
     if parallel {
-        c.par_chunks_mut(rows_per_task * n)
-            .enumerate()
-            .for_each(task);
+        crate::cpu::chunks::for_each_chunk(c, rows_per_task * n, |t, rows| task((t, rows)));
     } else {
         c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
     }
