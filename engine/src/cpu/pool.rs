@@ -14,7 +14,8 @@
 //! could start (a futex wake, and in a virtual machine an interrupt to a halted virtual CPU).
 //! So for the length of a step the other threads stay awake: each runs a job that takes the
 //! step's work as soon as it is there. Within a loop, the thread that started it waits for
-//! the others' last tasks awake too: the CPU kernels' loops run through [`for_each_index`].
+//! the others' last tasks awake too: most of the CPU kernels' loops run through
+//! [`for_each_index`].
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -145,8 +146,12 @@ fn stay_awake(step: &StepState) {
 
 /// Runs `task(i)` for every `i` in `0..tasks` on the pool's threads and returns when all
 /// have run: the threads take runs of indices as they finish the last (`Indices`), and the
-/// calling thread, once none are left, waits for the others' last tasks awake. The CPU
-/// kernels' loops run here (through `cpu::chunks`), not as rayon's parallel iterators.
+/// calling thread, once none are left, waits for the others' last tasks awake. The products,
+/// layer norm, the elementwise loops and `cpu::output`'s helpers (attention, convolutions)
+/// run their loops here, through `cpu::chunks`. The reductions, the rows' softmax and
+/// cross-entropy and AdamW's chunks stay rayon loops: moved here they measured 0.99 (GPT, 10
+/// pairs), 0.99 (MLP, 8) and 0.99 (CNN, 6) of the build without them, within the noise
+/// either way.
 ///
 /// A rayon loop's calling thread waits for the halves other threads took as rayon waits: it
 /// looks for work about 32 times and then sleeps in the kernel, and whoever finishes the last
