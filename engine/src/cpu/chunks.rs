@@ -73,6 +73,29 @@ pub fn for_each_chunk_with<T: Send, S>(
     });
 }
 
+/// `task(scratch, i, chunk i of a, chunk i of b)` for two outputs split into as many chunks
+/// (`len_a` and `len_b` values each; panics when the counts differ), as
+/// [`for_each_chunk_with`] runs its tasks: a kernel's two outputs by the same rows (values
+/// and their statistics, a product's two halves).
+pub fn for_each_chunk_pair_with<A: Send, B: Send, S>(
+    (a, len_a): (&mut [A], usize),
+    (b, len_b): (&mut [B], usize),
+    init: impl Fn() -> S + Sync,
+    task: impl Fn(&mut S, usize, &mut [A], &mut [B]) + Sync,
+) {
+    let (a, b) = (ChunksMut::new(a, len_a), ChunksMut::new(b, len_b));
+    assert_eq!(
+        a.count(),
+        b.count(),
+        "the two outputs split into different numbers of chunks"
+    );
+    for_each_index_with(a.count(), init, |s, i| {
+        // SAFETY: `for_each_index_with` hands each index to one task.
+        let (a, b) = unsafe { (a.chunk(i), b.chunk(i)) };
+        task(s, i, a, b)
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +126,27 @@ mod tests {
                 "{n} in chunks of {len}"
             );
         }
+    }
+
+    #[test]
+    fn pairs_of_chunks_go_together_and_must_be_as_many() {
+        let (mut a, mut b) = (vec![0usize; 45], vec![0usize; 14]);
+        for_each_chunk_pair_with(
+            (&mut a, 7),
+            (&mut b, 2),
+            || (),
+            |_, i, a, b| {
+                a.fill(i);
+                b.fill(i);
+            },
+        );
+        assert_eq!(a, (0..45).map(|j| j / 7).collect::<Vec<_>>());
+        assert_eq!(b, (0..14).map(|j| j / 2).collect::<Vec<_>>());
+        let uneven = std::panic::catch_unwind(|| {
+            let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 10]);
+            for_each_chunk_pair_with((&mut a, 5), (&mut b, 2), || (), |_, _, _, _| {});
+        });
+        assert!(uneven.is_err(), "2 chunks paired with 5");
     }
 
     /// Each thread that takes chunks makes its scratch once, however many it takes.

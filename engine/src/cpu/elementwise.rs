@@ -4,9 +4,8 @@
 
 use std::mem::MaybeUninit;
 
-use super::chunks::{for_each_chunk, ChunksMut};
+use super::chunks::{for_each_chunk, for_each_chunk_pair_with};
 use super::output::{write_slice, zeroed, Unwritten};
-use super::pool::for_each_index;
 use super::vector_unit::widest;
 
 /// The largest magnitude in `values` as f32 bits without the sign: below `f32::INFINITY`'s
@@ -181,18 +180,17 @@ pub fn map_pair_in_blocks<const B: usize>(
             || fill(x, first.slots(), second.slots(), &f),
         );
     } else {
-        let (firsts, seconds) = (
-            ChunksMut::new(first.slots(), CHUNK),
-            ChunksMut::new(second.slots(), CHUNK),
+        for_each_chunk_pair_with(
+            (first.slots(), CHUNK),
+            (second.slots(), CHUNK),
+            || (),
+            |_, c, firsts, seconds| {
+                widest(
+                    #[inline(always)]
+                    || fill(&x[c * CHUNK..], firsts, seconds, &f),
+                )
+            },
         );
-        for_each_index(firsts.count(), |c| {
-            // SAFETY: each index is taken once, and both outputs split alike.
-            let (firsts, seconds) = unsafe { (firsts.chunk(c), seconds.chunk(c)) };
-            widest(
-                #[inline(always)]
-                || fill(&x[c * CHUNK..], firsts, seconds, &f),
-            )
-        });
     }
     // SAFETY: the chunks of both outputs pair up and cover them, and `fill` writes each
     // slot of both, whole blocks and the rest.

@@ -18,9 +18,8 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::chunks::for_each_chunk;
-use super::pool::for_each_index;
-
 use super::output::{assume_written, write_slice, Unwritten};
+use super::pool::for_each_index;
 use super::vector_unit::widest;
 use crate::kernels::matmul_dims::MatmulDims;
 use block::{Block, SharedOutput};

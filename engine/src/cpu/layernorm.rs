@@ -7,10 +7,9 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::chunks::{for_each_chunk_with, ChunksMut};
+use super::chunks::{for_each_chunk_pair_with, for_each_chunk_with};
 use super::elementwise::CHUNK;
 use super::output::Unwritten;
-use super::pool::{for_each_index, for_each_index_with};
 use super::vector_unit::widest;
 use crate::kernels::column_sums::ColumnSums;
 use crate::kernels::math::{sixteen_row_sums, workgroup_sum_of, ROW_LANES, SIDE_BY_SIDE};
@@ -103,18 +102,13 @@ unsafe fn by_rows(
     let rows_per_task = (CHUNK / cols).max(1);
     let mut y = Unwritten::new(x.len());
     let mut stats = vec![0.0; 2 * rows];
-    let (ys, all_stats) = (
-        ChunksMut::new(y.slots(), rows_per_task * cols),
-        ChunksMut::new(&mut stats, 2 * rows_per_task),
-    );
-    for_each_index_with(
-        ys.count(),
+    for_each_chunk_pair_with(
+        (y.slots(), rows_per_task * cols),
+        (&mut stats, 2 * rows_per_task),
         // The squared deviations' room, in cache for the rows' second sums: a group's, made
         // once per thread (see `input_gradient`).
         || vec![0.0; SIDE_BY_SIDE.min(rows_per_task) * cols],
-        |scratch, t| {
-            // SAFETY: each index is taken once; as many chunks of each (whole rows).
-            let (y, stats) = unsafe { (ys.chunk(t), all_stats.chunk(t)) };
+        |scratch, t, y, stats| {
             let x = &x[t * rows_per_task * cols..][..y.len()];
             widest(
                 #[inline(always)]
@@ -507,28 +501,27 @@ pub fn backward(
     // 39.7% of all its samples on that loop's lines, a chain of store-to-load forwarding per
     // row).
     const BLOCK: usize = 16;
-    let (dgammas, dbetas) = (
-        ChunksMut::new(&mut dgamma, BLOCK),
-        ChunksMut::new(&mut dbeta, BLOCK),
+    for_each_chunk_pair_with(
+        (&mut dgamma, BLOCK),
+        (&mut dbeta, BLOCK),
+        || (),
+        |_, b, dg, db| {
+            let first = b * BLOCK;
+            widest(
+                #[inline(always)]
+                || {
+                    if dg.len() == BLOCK {
+                        let (mut g_sums, mut b_sums) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
+                        sum_columns(x, dy, stats, cols, first, &mut g_sums, &mut b_sums);
+                        dg.copy_from_slice(&g_sums);
+                        db.copy_from_slice(&b_sums);
+                    } else {
+                        sum_columns(x, dy, stats, cols, first, dg, db);
+                    }
+                },
+            )
+        },
     );
-    for_each_index(dgammas.count(), |b| {
-        // SAFETY: each index is taken once; as many chunks of each.
-        let (dg, db) = unsafe { (dgammas.chunk(b), dbetas.chunk(b)) };
-        let first = b * BLOCK;
-        widest(
-            #[inline(always)]
-            || {
-                if dg.len() == BLOCK {
-                    let (mut g_sums, mut b_sums) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
-                    sum_columns(x, dy, stats, cols, first, &mut g_sums, &mut b_sums);
-                    dg.copy_from_slice(&g_sums);
-                    db.copy_from_slice(&b_sums);
-                } else {
-                    sum_columns(x, dy, stats, cols, first, dg, db);
-                }
-            },
-        )
-    });
     (dx, dgamma, dbeta)
 }
 

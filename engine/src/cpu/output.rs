@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 
 use bytemuck::Zeroable;
 
-use super::chunks::{for_each_chunk_with, ChunksMut};
+use super::chunks::{for_each_chunk_pair_with, for_each_chunk_with, ChunksMut};
 use super::pool::for_each_index_with;
 
 /// `len` values not yet initialised: the kernel hands [`Unwritten::slots`] to its tasks,
@@ -184,20 +184,12 @@ where
     B: Send,
 {
     let (mut a, mut b) = (Unwritten::new(len_a), Unwritten::new(len_b));
-    let (chunks_a, chunks_b) = (
-        ChunksMut::new(a.slots(), chunk_a),
-        ChunksMut::new(b.slots(), chunk_b),
+    for_each_chunk_pair_with(
+        (a.slots(), chunk_a),
+        (b.slots(), chunk_b),
+        init,
+        |scratch, i, a, b| write(scratch, i, zeroed(a), b),
     );
-    assert_eq!(
-        chunks_a.count(),
-        chunks_b.count(),
-        "the two outputs split into different numbers of chunks"
-    );
-    for_each_index_with(chunks_a.count(), init, |scratch, i| {
-        // SAFETY: each index is taken once.
-        let (a, b) = unsafe { (chunks_a.chunk(i), chunks_b.chunk(i)) };
-        write(scratch, i, zeroed(a), b)
-    });
     // SAFETY: as many chunks of each (asserted), each task zero-fills its chunk of a, and
     // the caller's `write` wrote every one of b.
     unsafe { (a.assume_init(), b.assume_init()) }

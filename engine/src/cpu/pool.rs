@@ -95,6 +95,18 @@ impl Drop for Step {
     }
 }
 
+/// One round of waiting awake: runs one of the pool's jobs if there is one (true), or else
+/// yields the core to whoever else wants it (false): on a machine with more threads than
+/// cores (a node's network threads, other programs) a thread that only spins would take the
+/// core from the thread it waits for.
+fn look_for_work() -> bool {
+    if rayon::yield_now() == Some(rayon::Yield::Executed) {
+        return true;
+    }
+    std::thread::yield_now();
+    false
+}
+
 /// Threads kept awake for the step this thread runs (0 outside one): for tests.
 #[cfg(test)]
 fn awake_threads() -> usize {
@@ -125,7 +137,7 @@ fn stay_awake(step: &StepState) {
     let mut idle_since = Instant::now();
     let mut idle_rounds = 0u32;
     while step.running.load(Ordering::Acquire) {
-        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+        if look_for_work() {
             idle_rounds = 0;
             continue;
         }
@@ -136,10 +148,6 @@ fn stay_awake(step: &StepState) {
         if idle_rounds.is_multiple_of(ROUNDS_PER_READING) && idle_since.elapsed() > IDLE_LIMIT {
             break;
         }
-        // Whoever else wants this core gets it: on a machine with more threads than cores
-        // (a node's network threads, other programs) a thread that only spins would take
-        // the core from the step's own thread.
-        std::thread::yield_now();
     }
     step.awake.fetch_sub(1, Ordering::AcqRel);
 }
@@ -223,9 +231,7 @@ fn stretch<S>(
         run(true);
         // A helper nobody took is still in this thread's queue: `yield_now` runs it here.
         while finished.load(Ordering::Acquire) < helpers {
-            if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                std::hint::spin_loop();
-            }
+            look_for_work();
         }
     });
 }

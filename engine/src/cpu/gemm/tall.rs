@@ -9,6 +9,8 @@ use std::mem::MaybeUninit;
 
 use super::{Isa, PARALLEL_MIN_TERMS};
 #[cfg(target_arch = "x86_64")]
+use crate::cpu::chunks::for_each_chunk;
+#[cfg(target_arch = "x86_64")]
 use crate::cpu::output::zeroed;
 use crate::kernels::matmul_dims::MatmulDims;
 
@@ -109,7 +111,7 @@ pub(super) fn tall(a: &[f32], b: &[f32], d: &MatmulDims, c: &mut [MaybeUninit<f3
         }
     };
     if parallel {
-        crate::cpu::chunks::for_each_chunk(c, rows_per_task * n, |t, rows| task((t, rows)));
+        for_each_chunk(c, rows_per_task * n, |t, rows| task((t, rows)));
     } else {
         c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
     }
